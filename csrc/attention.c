@@ -1,0 +1,214 @@
+/* attention.c: the driver. Checks a problem, cuts it into tiles, sizes the
+ * scratch, and runs the tiles on the pool (pool.c). The tile itself is in
+ * tile_impl.h, written once for float and double. */
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "blas.h"
+#include "internal.h"
+#include "kernels.h"
+
+/* Tile sizes. A tile stacks up to TILE_ROWS query rows (heads of one group
+ * times query positions) against TILE_KEYS keys at a time. */
+#define TILE_ROWS 256
+#define TILE_KEYS 128
+#define TILE_ELEMS (1 << 22) /* cap on rows * width of one scratch matrix */
+
+/* ---- allocation, with a failure hook for the tests ---- */
+
+static _Atomic int64_t fail_alloc_after = -1;
+
+void npattn_debug_fail_alloc_after(int64_t n) { atomic_store(&fail_alloc_after, n); }
+
+void *npattn_alloc(size_t n_bytes) {
+    int64_t left = atomic_load(&fail_alloc_after);
+    if (left >= 0) {
+        if (left == 0) return NULL;
+        atomic_store(&fail_alloc_after, left - 1);
+    }
+    if (n_bytes == 0) n_bytes = 64;
+    if (n_bytes > SIZE_MAX - 63) return NULL;
+    return aligned_alloc(64, (n_bytes + 63) / 64 * 64);
+}
+
+void npattn_free(void *p) { free(p); }
+
+/* ---- statuses ---- */
+
+const char *npattn_status_string(enum npattn_status status) {
+    switch (status) {
+    case NPATTN_STATUS_OK: return "success";
+    case NPATTN_STATUS_NO_MEMORY: return "could not allocate scratch memory";
+    case NPATTN_STATUS_CANCELLED: return "the call was cancelled";
+    case NPATTN_STATUS_INVALID: return "the problem breaks a rule of attention.h";
+    case NPATTN_STATUS_TOO_LARGE: return "a size exceeds what one BLAS call can take (INT_MAX)";
+    case NPATTN_STATUS_NO_THREADS: return "could not start a worker thread";
+    }
+    return "unknown status";
+}
+
+/* ---- the plan shared by all tiles of one call ---- */
+
+struct plan {
+    const struct npattn_problem *p;
+    int64_t n_batch;      /* product of the batch shape */
+    int64_t group;        /* H_q / H_kv query heads per kv head */
+    int64_t bq, n_qblock; /* query rows per tile, and blocks of them */
+    int64_t bh, n_hblock; /* heads of a group per tile, and blocks of them */
+    int64_t bk;           /* keys per tile */
+    int64_t max_m;        /* bh * bq, the most stacked rows */
+    int64_t ldk, ldv;     /* BLAS leading dimensions of k and v */
+    int causal;
+    int64_t causal_offset; /* query i sees key j iff j <= i + causal_offset */
+    char *scratch;
+    size_t scratch_per_slot;
+    atomic_int *cancel_seen; /* set once the call is cancelled */
+};
+
+struct offsets {
+    int64_t q, k, v, out, mask;
+};
+
+/* Element offsets of flat batch index b in each operand. */
+static void batch_offsets(const struct npattn_problem *p, int64_t b, struct offsets *o) {
+    memset(o, 0, sizeof *o);
+    for (int32_t d = p->n_batch_dim - 1; d >= 0; d--) {
+        int64_t n = p->batch_shape[d];
+        int64_t i = b % n;
+        b /= n;
+        o->q += i * p->q_batch_stride[d];
+        o->k += i * p->k_batch_stride[d];
+        o->v += i * p->v_batch_stride[d];
+        o->out += i * p->out_batch_stride[d];
+        if (p->mask_kind == NPATTN_MASK_BOOL || p->mask_kind == NPATTN_MASK_ADD)
+            o->mask += i * p->mask_batch_stride[d];
+    }
+}
+
+#define REAL float
+#define SFX f32
+#define GEMM npattn_cblas_sgemm
+#define SOFTMAX_STEP npattn_softmax_step_f32
+#include "tile_impl.h"
+#undef REAL
+#undef SFX
+#undef GEMM
+#undef SOFTMAX_STEP
+
+#define REAL double
+#define SFX f64
+#define GEMM npattn_cblas_dgemm
+#define SOFTMAX_STEP npattn_softmax_step_f64
+#include "tile_impl.h"
+#undef REAL
+#undef SFX
+#undef GEMM
+#undef SOFTMAX_STEP
+
+/* ---- the entry point ---- */
+
+static void blas_single_threaded(void) { npattn_blas_set_num_threads(1); }
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+
+struct cancel_relay {
+    int (*cancel)(void *);
+    void *cancel_arg;
+    atomic_int seen;
+};
+
+/* Polled by the waiting caller; also tells running tiles to stop early. */
+static int relay_cancel(void *arg) {
+    struct cancel_relay *c = arg;
+    if (!c->cancel(c->cancel_arg)) return 0;
+    atomic_store(&c->seen, 1);
+    return 1;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Cheap re-checks of what the caller promised; the wrapper validated first. */
+static enum npattn_status check(const struct npattn_problem *p) {
+    if (p->dtype != NPATTN_DTYPE_F32 && p->dtype != NPATTN_DTYPE_F64) return NPATTN_STATUS_INVALID;
+    if (p->n_batch_dim < 0 || (p->n_batch_dim > 0 && !p->batch_shape)) return NPATTN_STATUS_INVALID;
+    for (int32_t d = 0; d < p->n_batch_dim; d++)
+        if (p->batch_shape[d] < 0) return NPATTN_STATUS_INVALID;
+    if (p->n_head_q < 0 || p->n_head_kv < 1 || p->n_head_q % p->n_head_kv != 0) return NPATTN_STATUS_INVALID;
+    if (p->n_query < 0 || p->n_key < 0 || p->n_embd_k < 1 || p->n_embd_v < 0) return NPATTN_STATUS_INVALID;
+    if (p->n_threads < 1 || !isfinite(p->scale)) return NPATTN_STATUS_INVALID;
+    if (p->mask_kind < NPATTN_MASK_NONE || p->mask_kind > NPATTN_MASK_ADD) return NPATTN_STATUS_INVALID;
+    if (p->n_embd_k > INT_MAX || p->n_embd_v > INT_MAX) return NPATTN_STATUS_TOO_LARGE;
+    return NPATTN_STATUS_OK;
+}
+
+enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
+    if (!p) return NPATTN_STATUS_INVALID;
+    enum npattn_status status = check(p);
+    if (status != NPATTN_STATUS_OK) return status;
+
+    struct plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.p = p;
+    pl.n_batch = 1;
+    for (int32_t d = 0; d < p->n_batch_dim; d++) {
+        int64_t n = p->batch_shape[d];
+        if (n != 0 && pl.n_batch > INT64_MAX / n) return NPATTN_STATUS_TOO_LARGE;
+        pl.n_batch *= n;
+    }
+    if (pl.n_batch == 0 || p->n_head_q == 0 || p->n_query == 0 || p->n_embd_v == 0)
+        return NPATTN_STATUS_OK;  /* an empty result */
+
+    int needs_mask = p->mask_kind == NPATTN_MASK_BOOL || p->mask_kind == NPATTN_MASK_ADD;
+    if (!p->q || !p->k || !p->v || !p->out || (needs_mask && !p->mask)) return NPATTN_STATUS_INVALID;
+    if (p->n_batch_dim > 0 && (!p->q_batch_stride || !p->k_batch_stride || !p->v_batch_stride ||
+                               !p->out_batch_stride || (needs_mask && !p->mask_batch_stride)))
+        return NPATTN_STATUS_INVALID;
+
+    /* BLAS reads k and v rows in place: a positive leading dimension that fits an int. */
+    pl.ldk = p->n_key > 1 ? p->k_row_stride : p->n_embd_k;
+    pl.ldv = p->n_key > 1 ? p->v_row_stride : max64(p->n_embd_v, 1);
+    if (pl.ldk < p->n_embd_k || pl.ldv < p->n_embd_v) return NPATTN_STATUS_INVALID;
+    if (pl.ldk > INT_MAX || pl.ldv > INT_MAX) return NPATTN_STATUS_TOO_LARGE;
+
+    pl.group = p->n_head_q / p->n_head_kv;
+    pl.causal = p->mask_kind == NPATTN_MASK_CAUSAL || p->mask_kind == NPATTN_MASK_CAUSAL_TOP_LEFT;
+    pl.causal_offset = p->mask_kind == NPATTN_MASK_CAUSAL ? p->n_key - p->n_query : 0;
+
+    /* Tile: stack a whole group's heads when it fits, query rows to fill the rest;
+     * shrink for very wide rows so that scratch stays bounded. */
+    int64_t width = max64(max64(p->n_embd_k, p->n_embd_v), TILE_KEYS);
+    int64_t rows = max64(1, min64(TILE_ROWS, TILE_ELEMS / width));
+    pl.bh = min64(pl.group, rows);
+    pl.bq = min64(p->n_query, max64(1, rows / pl.bh));
+    pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
+    pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
+    pl.bk = TILE_KEYS;
+    pl.max_m = pl.bh * pl.bq;
+
+    int64_t n_task = pl.n_batch;
+    if (n_task > INT64_MAX / p->n_head_kv / pl.n_hblock / pl.n_qblock) return NPATTN_STATUS_TOO_LARGE;
+    n_task *= p->n_head_kv * pl.n_hblock * pl.n_qblock;
+
+    size_t elem = p->dtype == NPATTN_DTYPE_F32 ? sizeof(float) : sizeof(double);
+    size_t per_slot = (size_t)(pl.max_m * (p->n_embd_k + pl.bk + p->n_embd_v + 2)) * elem;
+    pl.scratch_per_slot = (per_slot + 63) / 64 * 64;
+    int32_t n_slot = (int32_t)min64(p->n_threads, n_task);
+    if ((size_t)n_slot > SIZE_MAX / pl.scratch_per_slot) return NPATTN_STATUS_NO_MEMORY;
+    pl.scratch = npattn_alloc(pl.scratch_per_slot * (size_t)n_slot);
+    if (!pl.scratch) return NPATTN_STATUS_NO_MEMORY;
+
+    pthread_once(&blas_once, blas_single_threaded);
+
+    struct cancel_relay relay = {p->cancel, p->cancel_arg, 0};
+    pl.cancel_seen = p->cancel ? &relay.seen : NULL;
+    npattn_task_fn fn = p->dtype == NPATTN_DTYPE_F32 ? run_tile_f32 : run_tile_f64;
+    status = npattn_pool_run(fn, &pl, n_task, n_slot, p->cancel ? relay_cancel : NULL, &relay);
+
+    npattn_free(pl.scratch);
+    return status;
+}

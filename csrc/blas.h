@@ -1,0 +1,26 @@
+/* blas.h: the few OpenBLAS entry points npattn uses, under one set of names.
+ *
+ * The default build links the scipy-openblas32 wheel's library, whose symbols
+ * carry a `scipy_` prefix (its cblas.h declares the prefixed names); the
+ * system build (NPATTN_BLAS=system) links Debian's libopenblas, whose names
+ * are plain. setup.py defines NPATTN_BLAS_SCIPY for the former. Both are LP64
+ * with a 32-bit BLAS `int`, which is why no single call may exceed INT_MAX.
+ */
+#ifndef NPATTN_BLAS_H
+#define NPATTN_BLAS_H
+
+#include <cblas.h>
+
+#ifdef NPATTN_BLAS_SCIPY
+#define npattn_cblas_sgemm scipy_cblas_sgemm
+#define npattn_cblas_dgemm scipy_cblas_dgemm
+#define npattn_blas_set_num_threads scipy_openblas_set_num_threads
+#define npattn_blas_get_config scipy_openblas_get_config
+#else
+#define npattn_cblas_sgemm cblas_sgemm
+#define npattn_cblas_dgemm cblas_dgemm
+#define npattn_blas_set_num_threads openblas_set_num_threads
+#define npattn_blas_get_config openblas_get_config
+#endif
+
+#endif /* NPATTN_BLAS_H */

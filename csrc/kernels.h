@@ -1,0 +1,15 @@
+/* kernels.h: the hot inner pieces of the core (kernels.c). */
+#ifndef NPATTN_KERNELS_H
+#define NPATTN_KERNELS_H
+
+#include <stdint.h>
+
+/* One online-softmax step over a row of n scores in base-2 units (-inf =
+ * hidden). On return s holds exp2(s - m_new), *m = m_new = max(*m, max s),
+ * *l = *l * alpha + sum(s); returns alpha = exp2(m_old - m_new), the factor
+ * by which the row's accumulator must be rescaled. While nothing has been
+ * visible (*m stays -inf) s becomes zeros and alpha is 1. */
+float npattn_softmax_step_f32(float *s, int64_t n, float *m, float *l);
+double npattn_softmax_step_f64(double *s, int64_t n, double *m, double *l);
+
+#endif /* NPATTN_KERNELS_H */

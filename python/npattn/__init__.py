@@ -1,0 +1,16 @@
+"""npattn: scaled dot-product attention with grouped-query attention on NumPy arrays.
+
+    out = softmax(scale * q @ k^T + mask) @ v      (per query head, per row)
+
+``sdpa`` runs a C core on OpenBLAS; ``reference`` is the same computation in
+plain NumPy, written to be read. ``python -m npattn`` checks one against the
+other and times them.
+"""
+
+__version__ = "0.1.0"
+
+from . import reference
+from ._api import sdpa
+from .reference import causal_mask
+
+__all__ = ["sdpa", "causal_mask", "reference", "__version__"]
