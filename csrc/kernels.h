@@ -12,4 +12,11 @@
 float npattn_softmax_step_f32(float *s, int64_t n, float *m, float *l);
 double npattn_softmax_step_f64(double *s, int64_t n, double *m, double *l);
 
+/* The float32 SIMD variant in use: "avx512", "avx2" or "portable". */
+const char *npattn_simd_name(void);
+
+/* Test hook: use the named variant ("" or NULL: the best this CPU has).
+ * Returns -1, changing nothing, when this CPU cannot run it. */
+int npattn_simd_force(const char *name);
+
 #endif /* NPATTN_KERNELS_H */

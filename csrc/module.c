@@ -14,6 +14,7 @@
 
 #include "attention.h"
 #include "blas.h"
+#include "kernels.h"
 
 /* ---- Ctrl-C: the waiting caller takes the GIL back to check for signals ---- */
 
@@ -109,7 +110,7 @@ static PyObject *core_sdpa(PyObject *self, PyObject *args) {
         return NULL;
     for (int d = 0; d < nb; d++) batch_shape[d] = qs[d];
     /* BLAS reads k and v: contiguous last axis (the core checks the row stride) */
-    if ((ks[nb + 2] > 1 && kst[nb + 2] != 1) || (vs[nb + 2] > 1 && vst[nb + 2] != 1))
+    if (ks[nb + 1] > 0 && ((ks[nb + 2] > 1 && kst[nb + 2] != 1) || (vs[nb + 2] > 1 && vst[nb + 2] != 1)))
         return fail("k or v last axis is not contiguous"), NULL;
 
     struct npattn_problem p = {
@@ -195,11 +196,28 @@ static PyObject *core_debug_fail_alloc_after(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *core_simd(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    return PyUnicode_FromString(npattn_simd_name());
+}
+
+static PyObject *core_debug_force_simd(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    if (npattn_simd_force(name) != 0)
+        return PyErr_Format(PyExc_ValueError, "this CPU cannot run the %R kernels", arg);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_methods[] = {
     {"sdpa", core_sdpa, METH_VARARGS,
      "sdpa(q, k, v, out, scale, mask_kind, mask, sinks, threads)\n--\n\n"
      "Private: npattn.sdpa validates, then calls this on prepared arrays."},
     {"blas_info", core_blas_info, METH_NOARGS, "blas_info()\n--\n\nWhich OpenBLAS npattn runs on."},
+    {"simd", core_simd, METH_NOARGS, "simd()\n--\n\nThe float32 kernel variant in use: avx512, avx2 or portable."},
+    {"debug_force_simd", core_debug_force_simd, METH_O,
+     "debug_force_simd(name)\n--\n\nTest hook: run the named kernel variant; '' restores the best."},
     {"debug_fail_alloc_after", core_debug_fail_alloc_after, METH_O,
      "debug_fail_alloc_after(n)\n--\n\nTest hook: allocations in the core fail after n more; -1 turns it off."},
     {NULL, NULL, 0, NULL},

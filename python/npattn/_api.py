@@ -158,7 +158,10 @@ def sdpa(
         if rank2:
             result = result[np.newaxis]  # a view: out is written in place
 
-    _core.sdpa(q, k, v, result, scale, mask_kind, mask, sinks, threads)
+    if result.size == 0 or S == 0:
+        result[...] = 0  # nothing to compute; rows that see no key are zeros
+    else:
+        _core.sdpa(q, k, v, result, scale, mask_kind, mask, sinks, threads)
     if out is not None:
         return out
     return result.reshape(shape[-2:]) if rank2 else result
@@ -264,7 +267,7 @@ def _prepare_sinks(sinks: Any, H_q: int) -> Optional[np.ndarray]:
         raise TypeError(f"sdpa: sinks must be real numbers, got dtype {s.dtype}")
     if s.shape != (H_q,):
         raise ValueError(f"sdpa: sinks must have shape (H_q,) = ({H_q},), got {_shape(s)}")
-    return np.ascontiguousarray(s, dtype=np.float64)
+    return np.array(s, dtype=np.float64)  # a small aligned copy the core reads
 
 
 def _check_threads(threads: Any) -> int:
