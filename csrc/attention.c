@@ -63,6 +63,7 @@ struct plan {
     int64_t bk;           /* keys per tile */
     int64_t max_m;        /* bh * bq, the most stacked rows */
     int64_t ldk, ldv;     /* BLAS leading dimensions of k and v */
+    size_t elem_size;     /* bytes per stored element of q, k, v, out */
     int causal;
     int64_t causal_offset; /* query i sees key j iff j <= i + causal_offset */
     char *scratch;
@@ -94,7 +95,9 @@ static void batch_offsets(const struct npattn_problem *p, int64_t b, struct offs
 #define SFX f32
 #define GEMM npattn_cblas_sgemm
 #define SOFTMAX_STEP npattn_softmax_step_f32
+#define TILE_CONVERTS 1
 #include "tile_impl.h"
+#undef TILE_CONVERTS
 #undef REAL
 #undef SFX
 #undef GEMM
@@ -104,7 +107,9 @@ static void batch_offsets(const struct npattn_problem *p, int64_t b, struct offs
 #define SFX f64
 #define GEMM npattn_cblas_dgemm
 #define SOFTMAX_STEP npattn_softmax_step_f64
+#define TILE_CONVERTS 0
 #include "tile_impl.h"
+#undef TILE_CONVERTS
 #undef REAL
 #undef SFX
 #undef GEMM
@@ -134,7 +139,7 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* Cheap re-checks of what the caller promised; the wrapper validated first. */
 static enum npattn_status check(const struct npattn_problem *p) {
-    if (p->dtype != NPATTN_DTYPE_F32 && p->dtype != NPATTN_DTYPE_F64) return NPATTN_STATUS_INVALID;
+    if (p->dtype < NPATTN_DTYPE_F32 || p->dtype > NPATTN_DTYPE_BF16) return NPATTN_STATUS_INVALID;
     if (p->n_batch_dim < 0 || (p->n_batch_dim > 0 && !p->batch_shape)) return NPATTN_STATUS_INVALID;
     for (int32_t d = 0; d < p->n_batch_dim; d++)
         if (p->batch_shape[d] < 0) return NPATTN_STATUS_INVALID;
@@ -194,8 +199,12 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     if (n_task > INT64_MAX / p->n_head_kv / pl.n_hblock / pl.n_qblock) return NPATTN_STATUS_TOO_LARGE;
     n_task *= p->n_head_kv * pl.n_hblock * pl.n_qblock;
 
-    size_t elem = p->dtype == NPATTN_DTYPE_F32 ? sizeof(float) : sizeof(double);
-    size_t per_slot = (size_t)(pl.max_m * (p->n_embd_k + pl.bk + p->n_embd_v + 2)) * elem;
+    int f64 = p->dtype == NPATTN_DTYPE_F64;
+    pl.elem_size = f64 ? 8 : p->dtype == NPATTN_DTYPE_F32 ? 4 : 2;
+    size_t real = f64 ? sizeof(double) : sizeof(float);
+    int64_t per_slot_elems = pl.max_m * (p->n_embd_k + pl.bk + p->n_embd_v + 2);
+    if (pl.elem_size == 2) per_slot_elems += pl.bk * (p->n_embd_k + p->n_embd_v); /* converted K, V tiles */
+    size_t per_slot = (size_t)per_slot_elems * real;
     pl.scratch_per_slot = (per_slot + 63) / 64 * 64;
     int32_t n_slot = (int32_t)min64(p->n_threads, n_task);
     if ((size_t)n_slot > SIZE_MAX / pl.scratch_per_slot) return NPATTN_STATUS_NO_MEMORY;
@@ -206,7 +215,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
 
     struct cancel_relay relay = {p->cancel, p->cancel_arg, 0};
     pl.cancel_seen = p->cancel ? &relay.seen : NULL;
-    npattn_task_fn fn = p->dtype == NPATTN_DTYPE_F32 ? run_tile_f32 : run_tile_f64;
+    npattn_task_fn fn = f64 ? run_tile_f64 : run_tile_f32;
     status = npattn_pool_run(fn, &pl, n_task, n_slot, p->cancel ? relay_cancel : NULL, &relay);
 
     npattn_free(pl.scratch);

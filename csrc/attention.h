@@ -29,8 +29,11 @@
  * least their row width, at most INT_MAX. q, out and mask are read and written
  * by npattn itself and take any strides.
  *
- * Not supported here: float16/bfloat16 (the caller converts), masks in another
- * dtype than the one computed in, dropout, and anything that is not inference.
+ * float16 and bfloat16 are computed in float: each tile of q, k and v is
+ * converted as it is used, and out is rounded to nearest even.
+ *
+ * Not supported here: masks in another dtype than the one computed in,
+ * dropout, and anything that is not inference.
  *
  * Scratch memory is bounded by the tile sizes times the number of threads,
  * never L * S. The core never aborts, exits or prints; every failure is a
@@ -45,10 +48,13 @@
 extern "C" {
 #endif
 
-/* Element type of q, k, v, out and an additive mask. */
+/* Element type of q, k, v and out. An additive mask is double for F64 and
+ * float otherwise. */
 enum npattn_dtype {
-    NPATTN_DTYPE_F32, /* float, through sgemm, float accumulation */
-    NPATTN_DTYPE_F64, /* double, through dgemm */
+    NPATTN_DTYPE_F32,  /* float, through sgemm, float accumulation */
+    NPATTN_DTYPE_F64,  /* double, through dgemm */
+    NPATTN_DTYPE_F16,  /* IEEE half, converted to float tile by tile */
+    NPATTN_DTYPE_BF16, /* bfloat16 (the top half of a float), likewise */
 };
 
 enum npattn_mask_kind {
@@ -56,7 +62,7 @@ enum npattn_mask_kind {
     NPATTN_MASK_CAUSAL,           /* j <= i + (S - L), bottom-right */
     NPATTN_MASK_CAUSAL_TOP_LEFT,  /* j <= i, top-left */
     NPATTN_MASK_BOOL,             /* mask is uint8: nonzero = visible */
-    NPATTN_MASK_ADD,              /* mask has the problem's dtype; added to the scaled scores */
+    NPATTN_MASK_ADD,              /* mask is float (double for F64); added to the scaled scores */
 };
 
 enum npattn_status {
@@ -70,7 +76,7 @@ enum npattn_status {
 
 /* One attention problem. Batch strides are arrays of n_batch_dim entries. */
 struct npattn_problem {
-    enum npattn_dtype dtype;          /* element type of q, k, v, out */
+    enum npattn_dtype dtype;          /* element type of q, k, v, out; strides count these */
 
     int32_t n_batch_dim;              /* number of batch dims, may be 0 */
     const int64_t *batch_shape;       /* [n_batch_dim], each >= 0 */

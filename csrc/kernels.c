@@ -210,6 +210,101 @@ int npattn_simd_force(const char *name) {
     return 0;
 }
 
+/* ---- float16 and bfloat16 rows, to and from float32 ---- */
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13); /* inf, NaN */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13); /* normal: rebias 15 -> 127 */
+    } else {
+        float f = (float)man * 5.9604644775390625e-8f; /* subnormal: man * 2^-24 */
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float32 -> float16, round to nearest even; overflow to inf; NaN stays NaN. */
+static uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u) return sign | 0x7E00u;      /* NaN */
+    if (ax >= 0x477FF000u) return sign | 0x7C00u;     /* rounds to >= 65520: inf */
+    if (ax >= 0x38800000u) {                          /* normal in float16 */
+        uint32_t r = ax + 0x0FFFu + ((ax >> 13) & 1u); /* round to nearest even at bit 13 */
+        return sign | (uint16_t)((r - 0x38000000u) >> 13);
+    }
+    if (ax < 0x33000000u) return sign;                /* below half the smallest subnormal */
+    /* subnormal: the value in units of 2^-24, rounded to nearest even */
+    uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 126 - e;                          /* 14 .. 24 */
+    uint32_t half = 1u << (shift - 1), rest = m & ((1u << shift) - 1), q = m >> shift;
+    if (rest > half || (rest == half && (q & 1u))) q++;
+    return sign | (uint16_t)q;
+}
+
+static float bf16_to_f32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float32 -> bfloat16, round to nearest even; NaN stays NaN. */
+static uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+#ifdef NPATTN_X86
+__attribute__((target("avx2,f16c"))) static void f16_row_f16c(const uint16_t *src, int64_t n, float *dst) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
+    for (; j < n; j++) dst[j] = f16_to_f32(src[j]);
+}
+#endif
+
+void npattn_row_to_f32(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, float *dst) {
+    if (dtype == NPATTN_DTYPE_F32) {
+        const float *s = src;
+        for (int64_t j = 0; j < n; j++) dst[j] = s[j * stride];
+    } else if (dtype == NPATTN_DTYPE_BF16) {
+        const uint16_t *s = src;
+        for (int64_t j = 0; j < n; j++) dst[j] = bf16_to_f32(s[j * stride]);
+    } else {
+        const uint16_t *s = src;
+#ifdef NPATTN_X86
+        if (stride == 1 && simd() != &simd_portable && __builtin_cpu_supports("f16c")) {
+            f16_row_f16c(s, n, dst);
+            return;
+        }
+#endif
+        for (int64_t j = 0; j < n; j++) dst[j] = f16_to_f32(s[j * stride]);
+    }
+}
+
+void npattn_row_from_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst, int64_t stride) {
+    if (dtype == NPATTN_DTYPE_F32) {
+        float *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = src[j];
+    } else if (dtype == NPATTN_DTYPE_BF16) {
+        uint16_t *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = f32_to_bf16(src[j]);
+    } else {
+        uint16_t *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = f32_to_f16(src[j]);
+    }
+}
+
 /* ---- the step ---- */
 
 float npattn_softmax_step_f32(float *s, int64_t n, float *m, float *l) {

@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include "attention.h"
+
 /* One online-softmax step over a row of n scores in base-2 units (-inf =
  * hidden). On return s holds exp2(s - m_new), *m = m_new = max(*m, max s),
  * *l = *l * alpha + sum(s); returns alpha = exp2(m_old - m_new), the factor
@@ -11,6 +13,12 @@
  * visible (*m stays -inf) s becomes zeros and alpha is 1. */
 float npattn_softmax_step_f32(float *s, int64_t n, float *m, float *l);
 double npattn_softmax_step_f64(double *s, int64_t n, double *m, double *l);
+
+/* dst[j] = src[j * stride] as float, for j < n; src is F32, F16 or BF16. */
+void npattn_row_to_f32(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, float *dst);
+
+/* dst[j * stride] = src[j] rounded to nearest even in F32, F16 or BF16. */
+void npattn_row_from_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst, int64_t stride);
 
 /* The float32 SIMD variant in use: "avx512", "avx2" or "portable". */
 const char *npattn_simd_name(void);

@@ -50,25 +50,41 @@ static int element_strides(PyArrayObject *a, int64_t *out) {
     return 0;
 }
 
+/* type is a NumPy type number, or -1 for bfloat16: a 2-byte user dtype. */
 static int check_array(PyObject *o, int type, int nd, int writeable, const char *name) {
     if (!PyArray_Check(o)) return fail(name);
     PyArrayObject *a = (PyArrayObject *)o;
-    if (PyArray_TYPE(a) != type || PyArray_NDIM(a) != nd || !PyArray_ISALIGNED(a) ||
-        !PyArray_ISNOTSWAPPED(a) || (writeable && !PyArray_ISWRITEABLE(a)))
+    int type_ok = type >= 0 ? PyArray_TYPE(a) == type
+                            : PyArray_TYPE(a) >= NPY_USERDEF && PyArray_ITEMSIZE(a) == 2;
+    if (!type_ok || PyArray_NDIM(a) != nd || !PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a) ||
+        (writeable && !PyArray_ISWRITEABLE(a)))
         return fail(name);
     return 0;
+}
+
+/* The core's dtype for a NumPy type (-1: bfloat16), or -1. */
+static int core_dtype(int type) {
+    switch (type) {
+    case NPY_FLOAT32: return NPATTN_DTYPE_F32;
+    case NPY_FLOAT64: return NPATTN_DTYPE_F64;
+    case NPY_HALF: return NPATTN_DTYPE_F16;
+    case -1: return NPATTN_DTYPE_BF16;
+    default: return -1;
+    }
 }
 
 static PyObject *core_sdpa(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *qo, *ko, *vo, *oo, *mo, *so;
     double scale;
-    int mask_kind, threads;
-    if (!PyArg_ParseTuple(args, "OOOOdiOOi", &qo, &ko, &vo, &oo, &scale, &mask_kind, &mo, &so, &threads))
+    int mask_kind, threads, bf16;
+    if (!PyArg_ParseTuple(args, "OOOOdiOOip", &qo, &ko, &vo, &oo, &scale, &mask_kind, &mo, &so, &threads, &bf16))
         return NULL;
     if (!PyArray_Check(qo)) return fail("q"), NULL;
-    int type = PyArray_TYPE((PyArrayObject *)qo);
-    if (type != NPY_FLOAT32 && type != NPY_FLOAT64) return fail("dtype"), NULL;
+    int type = bf16 ? -1 : PyArray_TYPE((PyArrayObject *)qo);
+    int dtype = core_dtype(type);
+    if (dtype < 0) return fail("dtype"), NULL;
+    int mask_type = dtype == NPATTN_DTYPE_F64 ? NPY_FLOAT64 : NPY_FLOAT32;
     int nd = PyArray_NDIM((PyArrayObject *)qo);
     if (nd < 3 || nd > NPY_MAXDIMS) return fail("rank"), NULL;
     if (check_array(qo, type, nd, 0, "q") || check_array(ko, type, nd, 0, "k") ||
@@ -86,7 +102,7 @@ static PyObject *core_sdpa(PyObject *self, PyObject *args) {
     if (threads < 1) return fail("threads"), NULL;
 
     if (mask_kind == NPATTN_MASK_BOOL || mask_kind == NPATTN_MASK_ADD) {
-        if (check_array(mo, mask_kind == NPATTN_MASK_BOOL ? NPY_BOOL : type, nd, 0, "mask")) return NULL;
+        if (check_array(mo, mask_kind == NPATTN_MASK_BOOL ? NPY_BOOL : mask_type, nd, 0, "mask")) return NULL;
         mask = (PyArrayObject *)mo;
         npy_intp *ms = PyArray_DIMS(mask);
         for (int d = 0; d < nb; d++)
@@ -114,7 +130,7 @@ static PyObject *core_sdpa(PyObject *self, PyObject *args) {
         return fail("k or v last axis is not contiguous"), NULL;
 
     struct npattn_problem p = {
-        .dtype = type == NPY_FLOAT32 ? NPATTN_DTYPE_F32 : NPATTN_DTYPE_F64,
+        .dtype = (enum npattn_dtype)dtype,
         .n_batch_dim = nb,
         .batch_shape = batch_shape,
         .n_head_q = qs[nb],
@@ -212,7 +228,7 @@ static PyObject *core_debug_force_simd(PyObject *self, PyObject *arg) {
 
 static PyMethodDef core_methods[] = {
     {"sdpa", core_sdpa, METH_VARARGS,
-     "sdpa(q, k, v, out, scale, mask_kind, mask, sinks, threads)\n--\n\n"
+     "sdpa(q, k, v, out, scale, mask_kind, mask, sinks, threads, bfloat16)\n--\n\n"
      "Private: npattn.sdpa validates, then calls this on prepared arrays."},
     {"blas_info", core_blas_info, METH_NOARGS, "blas_info()\n--\n\nWhich OpenBLAS npattn runs on."},
     {"simd", core_simd, METH_NOARGS, "simd()\n--\n\nThe float32 kernel variant in use: avx512, avx2 or portable."},

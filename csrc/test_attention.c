@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "kernels.h"
 
 static int n_pass, n_fail;
 
@@ -159,6 +160,34 @@ static void run_case(const struct case_ *c) {
     for (int64_t i = 0; i < no; i++) err = fmax(err, fabs(gotf[i] - want[i]));
     expect(st == NPATTN_STATUS_OK && err < 2e-5, what);
 
+    /* float16 and bfloat16: the naive loop on the rounded inputs; the result
+     * is rounded once more (2^-11 and 2^-8 relative), |out| <= max|v| <= 1 */
+    static const enum npattn_dtype halves[2] = {NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
+    static const double half_tol[2] = {1.5e-3, 1.2e-2};
+    uint16_t *qh = malloc(2 * (size_t)(nq + 1)), *kh = malloc(2 * (size_t)(nk + 1));
+    uint16_t *vh = malloc(2 * (size_t)(nv + 1)), *oh = malloc(2 * (size_t)(no + 1));
+    float *tmp = malloc(4 * (size_t)(nq + nk + nv + no + 1));
+    for (int t = 0; t < 2; t++) {
+        npattn_row_from_f32(halves[t], qf, nq, qh, 1);
+        npattn_row_from_f32(halves[t], kf, nk, kh, 1);
+        npattn_row_from_f32(halves[t], vf, nv, vh, 1);
+        npattn_row_to_f32(halves[t], qh, 1, nq, tmp);
+        for (int64_t i = 0; i < nq; i++) q[i] = tmp[i];
+        npattn_row_to_f32(halves[t], kh, 1, nk, tmp);
+        for (int64_t i = 0; i < nk; i++) k[i] = tmp[i];
+        npattn_row_to_f32(halves[t], vh, 1, nv, tmp);
+        for (int64_t i = 0; i < nv; i++) v[i] = tmp[i];
+        naive(c->B, c->Hq, c->Hkv, c->L, c->S, c->D, c->Dv, q, k, v, 1.0 / sqrt((double)c->D), c->kind, bmask,
+              sk, want);
+        fill_problem(&p, c, halves[t], qh, kh, vh, oh, bmask, sk, bshape, bstr);
+        st = npattn_sdpa(&p);
+        npattn_row_to_f32(halves[t], oh, 1, no, tmp);
+        err = 0;
+        for (int64_t i = 0; i < no; i++) err = fmax(err, fabs(tmp[i] - want[i]));
+        expect(st == NPATTN_STATUS_OK && err < half_tol[t], what);
+    }
+    free(qh), free(kh), free(vh), free(oh), free(tmp);
+
     /* allocation failure is a status, not a crash (sanitizers watch for leaks) */
     npattn_debug_fail_alloc_after(0);
     st = npattn_sdpa(&p);
@@ -189,6 +218,22 @@ static void test_cancel(void) {
     /* the call may finish before the first poll on a fast machine */
     expect(st == NPATTN_STATUS_CANCELLED || (st == NPATTN_STATUS_OK && polls == 0), "cancel");
     free(q), free(k), free(v), free(o);
+}
+
+static void test_conversions(void) {
+    /* float16 and bfloat16 rounding, checked against values worked out by hand */
+    const float in[] = {1.0f, -2.5f, 65504.0f, 65520.0f, 1e-8f, 5.9604645e-8f, 2.9802322e-8f, 1.00048828125f,
+                        1.000732421875f, 3.0f};
+    const uint16_t f16[] = {0x3C00, 0xC100, 0x7BFF, 0x7C00, 0x0000, 0x0001, 0x0000, 0x3C00, 0x3C01, 0x4200};
+    const uint16_t bf16[] = {0x3F80, 0xC020, 0x4780, 0x4780, 0x322C, 0x3380, 0x3300, 0x3F80, 0x3F80, 0x4040};
+    uint16_t got[10];
+    npattn_row_from_f32(NPATTN_DTYPE_F16, in, 10, got, 1);
+    expect(memcmp(got, f16, sizeof got) == 0, "float32 -> float16 rounding");
+    npattn_row_from_f32(NPATTN_DTYPE_BF16, in, 10, got, 1);
+    expect(memcmp(got, bf16, sizeof got) == 0, "float32 -> bfloat16 rounding");
+    float back[10];
+    npattn_row_to_f32(NPATTN_DTYPE_F16, f16, 1, 10, back);
+    expect(back[1] == -2.5f && back[2] == 65504.0f && isinf(back[3]) && back[5] == 5.9604645e-8f, "float16 -> float32");
 }
 
 static void test_invalid(void) {
@@ -229,6 +274,7 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
     test_cancel();
+    test_conversions();
     test_invalid();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;

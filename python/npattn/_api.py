@@ -98,7 +98,10 @@ def sdpa(
 
     A row that sees no key comes out as zeros, never NaN. float32 computes in
     float32 through ``sgemm``; float64 is a true double path through
-    ``dgemm``. The GIL is released while computing.
+    ``dgemm``; float16 and ``ml_dtypes.bfloat16`` are converted to float32
+    tile by tile and the result is rounded back to the input dtype. Mixed
+    dtypes promote by ``np.result_type`` (float16 with bfloat16 gives
+    float32). The GIL is released while computing.
 
     Differences from peers:
 
@@ -123,12 +126,7 @@ def sdpa(
     q = _as_float_array(q, "q")
     k = _as_float_array(k, "k")
     v = _as_float_array(v, "v")
-    dtype = np.result_type(q, k, v)
-    if dtype not in (np.float32, np.float64):
-        raise TypeError(
-            f"sdpa: {dtype} inputs are not supported yet; use float32 or float64 "
-            f"(got q {q.dtype}, k {k.dtype}, v {v.dtype})"
-        )
+    dtype = _result_dtype(q.dtype, k.dtype, v.dtype)
     rank2 = q.ndim == 2 and k.ndim == 2 and v.ndim == 2
     q, k, v = (_with_heads(x) for x in (q, k, v))
     batch = _check_shapes(q, k, v)
@@ -161,7 +159,7 @@ def sdpa(
     if result.size == 0 or S == 0:
         result[...] = 0  # nothing to compute; rows that see no key are zeros
     else:
-        _core.sdpa(q, k, v, result, scale, mask_kind, mask, sinks, threads)
+        _core.sdpa(q, k, v, result, scale, mask_kind, mask, sinks, threads, _is_bfloat16(dtype))
     if out is not None:
         return out
     return result.reshape(shape[-2:]) if rank2 else result
@@ -174,6 +172,27 @@ def _shape(x: np.ndarray) -> str:
     return str(tuple(x.shape))
 
 
+def _is_bfloat16(dt: np.dtype) -> bool:
+    # ml_dtypes.bfloat16, recognised without importing ml_dtypes
+    return dt.kind == "V" and dt.itemsize == 2 and dt.name == "bfloat16"
+
+
+def _is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f" or _is_bfloat16(dt)
+
+
+def _result_dtype(*dtypes: np.dtype) -> np.dtype:
+    """np.result_type of the inputs; float16 with bfloat16 (which NumPy
+    cannot promote) computes in float32."""
+    try:
+        dt = np.result_type(*dtypes)
+    except TypeError:
+        dt = np.dtype(np.float32)
+    if dt.kind == "f" and dt.itemsize > 8:
+        raise TypeError(f"sdpa: {dt} is not supported; the widest dtype computed is float64")
+    return dt
+
+
 def _as_float_array(x: Any, name: str) -> np.ndarray:
     if x is None:
         raise TypeError(f"sdpa: {name} must be an array of floats, got None")
@@ -181,7 +200,7 @@ def _as_float_array(x: Any, name: str) -> np.ndarray:
         a = np.asarray(x)
     except Exception as e:  # ragged lists and the like
         raise ValueError(f"sdpa: {name} could not be converted to an array: {e}") from None
-    if a.dtype.kind != "f":
+    if not _is_float(a.dtype):
         raise TypeError(f"sdpa: {name} must be an array of floats, got dtype {a.dtype}")
     if a.ndim < 2:
         raise ValueError(f"sdpa: {name} must have rank >= 2 (..., L, D), got shape {_shape(a)}")
@@ -244,9 +263,10 @@ def _prepare_mask(mask: Any, full: tuple, dtype: np.dtype) -> tuple:
     m = np.asarray(mask)
     if m.dtype.kind == "b":
         kind = _core.MASK_BOOL
-    elif m.dtype.kind == "f":
+    elif _is_float(m.dtype):
         kind = _core.MASK_ADD
-        m = m.astype(dtype, copy=False)  # converted before broadcasting: stays small
+        # in the dtype computed in, converted before broadcasting: stays small
+        m = m.astype(np.float64 if dtype == np.float64 else np.float32, copy=False)
     else:
         raise TypeError(f"sdpa: mask must be a bool or float array, got dtype {m.dtype}")
     m = _native(m, m.dtype, blas=False)
@@ -263,7 +283,7 @@ def _prepare_sinks(sinks: Any, H_q: int) -> Optional[np.ndarray]:
     if sinks is None:
         return None
     s = np.asarray(sinks)
-    if s.dtype.kind not in "fiu":
+    if s.dtype.kind not in "fiu" and not _is_bfloat16(s.dtype):
         raise TypeError(f"sdpa: sinks must be real numbers, got dtype {s.dtype}")
     if s.shape != (H_q,):
         raise ValueError(f"sdpa: sinks must have shape (H_q,) = ({H_q},), got {_shape(s)}")
@@ -329,7 +349,7 @@ def _native(x: np.ndarray, dtype: np.dtype, blas: bool) -> np.ndarray:
     contiguous last axis and a positive row stride of at least a row that
     fits a 32-bit int. Copies only when x is not already so."""
     if x.dtype != dtype or not x.dtype.isnative or not x.flags.aligned:
-        x = np.array(x, dtype=np.dtype(dtype).newbyteorder("="), order="C")
+        x = np.array(x, dtype=np.dtype(dtype).newbyteorder("="))
     if any(s % x.itemsize for s in x.strides):
         x = np.ascontiguousarray(x)
     if blas and not _blas_readable(x):
