@@ -9,7 +9,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#define NPY_NO_DEPRECATED_API NPY_1_24_API_VERSION
 #include <numpy/arrayobject.h>
 
 #include "attention.h"
@@ -240,7 +239,7 @@ static PyMethodDef core_methods[] = {
 };
 
 static struct PyModuleDef core_module = {
-    PyModuleDef_HEAD_INIT, "npattn._core", "npattn's C core (private).", -1, core_methods,
+    PyModuleDef_HEAD_INIT, "npattn._core", "npattn's C core (private).", -1, core_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__core(void) {

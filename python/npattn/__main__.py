@@ -1,0 +1,207 @@
+"""``python -m npattn``: check this build against the reference, then time it.
+
+First, npattn.sdpa is compared with npattn.reference.sdpa (pure NumPy, float64)
+on the course's shape, grouped-query prefill, decode, every mask kind, float32
+and float64, sinks and strided inputs: one line per check. Then a short table
+times npattn against the tutorial's NumPy formula in float32 on model-sized
+shapes.
+
+Exit status: 0 when every check passes, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+
+import numpy as np
+
+import npattn
+from npattn import reference
+
+# A check's tolerance, in units of the result dtype's epsilon per unit of logit
+# and of max|v|. A logit s = scale * q.k (+ mask) is off by a few ulps of |s|;
+# softmax turns a logit error e into a relative weight error of about e, and the
+# output, a convex combination of v's rows, moves by about 2 e max|v| plus a few
+# ulps of max|v| from the weighted sum. The logit bound below (Cauchy-Schwarz)
+# is loose by 3-4x on random data, so a correct build passes with a wide margin,
+# while a real bug (wrong mask, wrong head, lost sink) is off by 1e-3 or more.
+ULPS = {np.dtype(np.float32): 8, np.dtype(np.float64): 64}
+
+
+def tolerance(q, k, v, scale, mask, sinks) -> float:
+    """Absolute tolerance for sdpa(q, k, v, scale, mask, sinks=sinks); see ULPS."""
+    dtype = np.result_type(q, k, v)
+    factor = abs(q.shape[-1] ** -0.5 if scale is None else scale)
+
+    def row_norm(x):
+        return float(np.sqrt((np.asarray(x, np.float64) ** 2).sum(-1)).max()) if x.size else 0.0
+
+    def finite_max(x):
+        if x is None or isinstance(x, str) or np.asarray(x).dtype == bool:
+            return 0.0
+        x = np.asarray(x, np.float64)
+        x = x[np.isfinite(x)]
+        return float(np.abs(x).max()) if x.size else 0.0
+
+    logit = factor * row_norm(q) * row_norm(k) + finite_max(mask) + finite_max(sinks)
+    v_size = finite_max(v) or 1.0
+    return ULPS[np.dtype(dtype)] * float(np.finfo(dtype).eps) * (1.0 + logit) * v_size
+
+
+def checks(rng: np.random.Generator) -> Iterator[tuple[str, tuple, dict]]:
+    """(name, (q, k, v), keyword arguments) for every check."""
+
+    def qkv(batch, h_q, h_kv, L, S, D, D_v=None, dtype=np.float32):
+        D_v = D if D_v is None else D_v
+        return tuple(
+            rng.standard_normal((*batch, *shape)).astype(dtype)
+            for shape in ((h_q, L, D), (h_kv, S, D), (h_kv, S, D_v))
+        )
+
+    course = {"batch": (2,), "h_q": 18, "h_kv": 6, "L": 3, "S": 7, "D": 5}
+    f64 = {"dtype": np.float64}
+    yield "course (2,) 18/6 L=3 S=7 D=5, causal", qkv(**course), {}
+    yield "course, scale=0.8, no mask, float64", qkv(**course, **f64), {"scale": 0.8, "mask": None}
+    yield "course, additive causal_mask(3, 7)", qkv(**course), {"mask": npattn.causal_mask(3, 7)}
+
+    yield "GQA prefill 14/2/64 L=S=200, causal", qkv((), 14, 2, 200, 200, 64), {}
+    yield "chunked prefill 32/8/128 L=64 S=300", qkv((1,), 32, 8, 64, 300, 128), {}
+    yield "decode 32/8/128 L=1 S=1000, causal", qkv((2,), 32, 8, 1, 1000, 128), {}
+    yield "decode 32/8/128 L=1 S=1000, float64", qkv((1,), 32, 8, 1, 1000, 128, **f64), {}
+
+    yield "mask causal_top_left, L=5 S=9", qkv((2,), 4, 2, 5, 9, 16), {"mask": "causal_top_left"}
+    yield "mask None, L=5 S=9", qkv((2,), 4, 2, 5, 9, 16), {"mask": None}
+    visible = rng.random((5, 9)) < 0.6
+    yield "mask bool (L, S), broadcast", qkv((2,), 4, 2, 5, 9, 16), {"mask": visible}
+    additive = np.where(rng.random((2, 4, 5, 9)) < 0.7, rng.standard_normal((2, 4, 5, 9)), -np.inf)
+    yield "mask float64 (B, H_q, L, S) with -inf", qkv((2,), 4, 2, 5, 9, 16), {"mask": additive}
+    yield "causal L=6 > S=4: rows that see no key", qkv((), 4, 2, 6, 4, 8), {}
+    yield "float64 prefill 12/12/64 L=S=100", qkv((), 12, 12, 100, 100, 64, **f64), {}
+
+    sinks = rng.standard_normal(8)
+    yield "sinks, 8/2/32 L=S=50", qkv((2,), 8, 2, 50, 50, 32), {"sinks": sinks}
+    yield "sinks, float64, decode S=77", qkv((), 8, 2, 1, 77, 32, **f64), {"sinks": sinks}
+    yield "D_v=24 != D=40, causal", qkv((3,), 6, 3, 20, 33, 40, D_v=24), {}
+
+    # Models store (B, L, H, D); npattn reads the (B, H, L, D) views in place.
+    L, S = 17, 65
+    q, k, v = (
+        rng.standard_normal(shape, dtype=np.float32).transpose(0, 2, 1, 3)
+        for shape in ((2, L, 8, 64), (2, S, 4, 64), (2, S, 4, 64))
+    )
+    yield "transposed (B, L, H, D) views 8/4/64", (q, k, v), {}
+
+
+def run_checks() -> bool:
+    """Print one line per check; True when every check passes."""
+    rng = np.random.default_rng(20241129)
+    all_ok = True
+    print("checks against npattn.reference (float64 NumPy):")
+    for name, (q, k, v), kwargs in checks(rng):
+        f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
+        expected_dtype = np.result_type(q, k, v)
+        try:
+            got = npattn.sdpa(q, k, v, **kwargs)
+            want = reference.sdpa(*f64, **kwargs)
+            if got.shape != want.shape or got.dtype != expected_dtype:
+                raise AssertionError(
+                    f"got {got.dtype} {got.shape}, expected {expected_dtype} {want.shape}"
+                )
+            err = float(np.abs(got.astype(np.float64) - want).max()) if got.size else 0.0
+            if np.isnan(got).any() != np.isnan(want).any():
+                err = float("nan")
+        except Exception as exc:  # noqa: BLE001 -- a check that raises fails; the rest still run
+            print(f"  {name:<44} FAIL  {type(exc).__name__}: {exc}")
+            all_ok = False
+            continue
+        tol = tolerance(q, k, v, kwargs.get("scale"), kwargs.get("mask"), kwargs.get("sinks"))
+        ok = err <= tol  # False for NaN
+        all_ok &= ok
+        print(f"  {name:<44} max|err| {err:8.1e}  tol {tol:7.1e}  {'ok' if ok else 'FAIL'}")
+    return all_ok
+
+
+def numpy_sdpa(q, k, v, scale, mask):
+    """The tutorial's formula in NumPy: scores, scale, mask, softmax, @ v; GQA by reshape."""
+    *batch, h_q, L, D = q.shape
+    h_kv = k.shape[-3]
+    q = q.reshape(*batch, h_kv, h_q // h_kv, L, D)  # query head h reads kv head h // (h_q // h_kv)
+    scores = q @ k[..., None, :, :].swapaxes(-1, -2) * np.float32(scale)
+    if mask is not None:
+        scores = scores + mask
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return (scores @ v[..., None, :, :]).reshape(*batch, h_q, L, v.shape[-1])
+
+
+def median_ms(fn: Callable[[], object], repeats: int = 3) -> float:
+    """Median wall time of fn() in milliseconds, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def run_speed() -> bool:
+    """Print the speed table; True unless npattn raised."""
+    rng = np.random.default_rng(0)
+    cases = [
+        # name, (H_q, H_kv, D), L, S, causal
+        ("Qwen3-4B 32/8/128 prefill L=S=1024", (32, 8, 128), 1024, 1024, True),
+        ("Qwen2-0.5B 14/2/64 prefill L=S=2048", (14, 2, 64), 2048, 2048, True),
+        ("32/8/128 decode L=1 S=8192", (32, 8, 128), 1, 8192, False),
+    ]
+    print("\nspeed, float32, batch 1, median of 3 after a warm-up:")
+    print(f"  {'case':<38} {'npattn ms':>10} {'numpy ms':>10} {'speedup':>8}")
+    ok = True
+    for name, (h_q, h_kv, D), L, S, causal in cases:
+        q = rng.standard_normal((1, h_q, L, D), dtype=np.float32)
+        k = rng.standard_normal((1, h_kv, S, D), dtype=np.float32)
+        v = rng.standard_normal((1, h_kv, S, D), dtype=np.float32)
+        scale = D**-0.5
+        try:
+            ours = median_ms(partial(npattn.sdpa, q, k, v, scale, "causal" if causal else None))
+        except Exception as exc:  # noqa: BLE001 -- report it in the table, fail the run
+            print(f"  {name:<38} FAIL  {type(exc).__name__}: {exc}")
+            ok = False
+            continue
+        mask = npattn.causal_mask(L, S, np.float32) if causal and L > 1 else None
+        theirs = median_ms(partial(numpy_sdpa, q, k, v, scale, mask))
+        print(f"  {name:<38} {ours:10.1f} {theirs:10.1f} {theirs / ours:7.1f}x")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m npattn", description=__doc__.split("\n")[0])
+    parser.add_argument("--no-speed", action="store_true", help="run the checks only")
+    args = parser.parse_args(argv)
+
+    python = platform.python_version()
+    print(f"npattn {npattn.__version__}, NumPy {np.__version__}, Python {python}")
+    from npattn import _core
+
+    if hasattr(_core, "blas_info"):
+        print(f"BLAS: {_core.blas_info()}")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = os.environ.get("NPATTN_NUM_THREADS", "(unset)")
+    print(f"CPUs available: {cpus}, NPATTN_NUM_THREADS={threads}")
+    print()
+
+    ok = run_checks()
+    if not args.no_speed:
+        ok &= run_speed()
+    print(f"\n{'all checks passed' if ok else 'SOME CHECKS FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Build npattn's one extension, npattn._core, and say where OpenBLAS comes from.
+
+NPATTN_BLAS chooses the OpenBLAS:
+
+  (unset) or "scipy"  the scipy-openblas32 wheel, a pinned build requirement.
+                      Its symbols carry a `scipy_` prefix (csrc/blas.h maps the
+                      names when NPATTN_BLAS_SCIPY is defined). The library is
+                      copied beside the extension and found through an $ORIGIN
+                      RPATH, as auditwheel would vendor it, so nothing imports
+                      scipy_openblas32 at run time.
+  "system"            the system OpenBLAS (Debian: libopenblas-dev), found with
+                      `pkg-config openblas`, else plain -lopenblas.
+
+Everything else (metadata, dependencies, package data) is in pyproject.toml.
+"""
+
+import glob
+import os
+import shlex
+import shutil
+import subprocess
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+BLAS_MODES = ("scipy", "system")
+BLAS_MODE = os.environ.get("NPATTN_BLAS", "").strip().lower() or "scipy"
+if BLAS_MODE not in BLAS_MODES:
+    raise SystemExit(
+        f"NPATTN_BLAS must be unset, 'scipy' (the scipy-openblas32 wheel) or "
+        f"'system' (pkg-config openblas); got {os.environ['NPATTN_BLAS']!r}"
+    )
+
+# The scipy-openblas32 wheel's shared library, as copied next to the extension.
+VENDORED_LIB = "libscipy_openblas.so"
+
+# The C core and its CPython glue; test_*.c and fuzz_*.c are stand-alone programs.
+SOURCES = sorted(
+    path
+    for path in glob.glob("csrc/*.c")
+    if not os.path.basename(path).startswith(("test_", "fuzz_"))
+)
+
+
+def system_blas_flags():
+    """Compile and link flags for the system OpenBLAS: pkg-config, else -lopenblas."""
+    try:
+        cflags = subprocess.run(
+            ["pkg-config", "--cflags", "openblas"], check=True, capture_output=True, text=True
+        ).stdout
+        libs = subprocess.run(
+            ["pkg-config", "--libs", "openblas"], check=True, capture_output=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        print("npattn: pkg-config found no openblas; linking plain -lopenblas")
+        return [], [], ["openblas"], []
+    include_dirs, library_dirs, libraries, other = [], [], [], []
+    for flag in shlex.split(cflags) + shlex.split(libs):
+        for prefix, bucket in (("-I", include_dirs), ("-L", library_dirs), ("-l", libraries)):
+            if flag.startswith(prefix):
+                bucket.append(flag[len(prefix):])
+                break
+        else:
+            other.append(flag)
+    return include_dirs, library_dirs, libraries, other
+
+
+class BuildExt(build_ext):
+    """build_ext that wires in the chosen OpenBLAS and vendors the wheel's library."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        # Object files from the other BLAS mode must never be reused: always rebuild.
+        self.force = True
+
+    def run(self):
+        import numpy  # a build requirement; imported here so metadata needs no numpy
+
+        ext = self.extensions[0]
+        ext.include_dirs += [numpy.get_include(), "csrc"]
+        if BLAS_MODE == "scipy":
+            import scipy_openblas32 as wheel
+
+            lib_dir = wheel.get_lib_dir()
+            ext.include_dirs.append(wheel.get_include_dir())
+            ext.library_dirs.append(lib_dir)
+            ext.libraries.append(wheel.get_library())  # "scipy_openblas"
+            ext.define_macros.append(("NPATTN_BLAS_SCIPY", "1"))
+            ext.extra_link_args.append("-Wl,-rpath,$ORIGIN")
+            vendored = os.path.join(lib_dir, wheel.get_library(fullname=True))
+        else:
+            include_dirs, library_dirs, libraries, other = system_blas_flags()
+            ext.include_dirs += include_dirs
+            ext.library_dirs += library_dirs
+            ext.libraries += libraries
+            ext.extra_compile_args += [f for f in other if not f.startswith("-Wl,")]
+            ext.extra_link_args += [f for f in other if f.startswith("-Wl,")]
+            vendored = None
+
+        super().run()  # in an editable/inplace build this also copies the extension
+
+        # The library goes wherever the extension went: the build tree (wheels)
+        # and, for editable/inplace builds, the source package. A system build
+        # removes a copy left by an earlier default build.
+        package_dirs = {os.path.join(self.build_lib, "npattn")}
+        if self.inplace or getattr(self, "editable_mode", False):
+            package_dirs.add(self.get_finalized_command("build_py").get_package_dir("npattn"))
+        for package_dir in sorted(package_dirs):
+            target = os.path.join(package_dir, VENDORED_LIB)
+            if vendored:
+                os.makedirs(package_dir, exist_ok=True)
+                shutil.copyfile(vendored, target)
+                print(f"npattn: vendored {vendored} -> {target}")
+            elif os.path.exists(target):
+                os.remove(target)
+                print(f"npattn: removed stale {target}")
+
+
+core = Extension(
+    "npattn._core",
+    sources=SOURCES,
+    depends=sorted(glob.glob("csrc/*.h")),
+    define_macros=[
+        # Build against NumPy 2.x headers, run on NumPy >= 1.24.
+        ("NPY_NO_DEPRECATED_API", "NPY_1_24_API_VERSION"),
+        ("NPY_TARGET_VERSION", "NPY_1_24_API_VERSION"),
+    ],
+    # Portable: no -march=native; SIMD paths are chosen at run time in the C code.
+    extra_compile_args=["-O3", "-std=c11", "-fvisibility=hidden"],
+)
+
+setup(ext_modules=[core], cmdclass={"build_ext": BuildExt})
