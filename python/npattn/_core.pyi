@@ -23,11 +23,18 @@ def sdpa(
     mask: np.ndarray | None,
     sinks: np.ndarray | None,
     threads: int,
+    bfloat16: bool,
 ) -> None:
     """Fill ``out`` with attention over prepared q, k, v (shapes already checked)."""
 
 def blas_info() -> str:
     """Which OpenBLAS npattn runs on: its source and configuration string."""
+
+def simd() -> str:
+    """The float32 kernel variant in use: "avx512", "avx2" or "portable"."""
+
+def debug_force_simd(name: str, /) -> None:
+    """Test hook: run the named kernel variant; "" restores the best this CPU has."""
 
 def debug_fail_alloc_after(n: int, /) -> None:
     """Test hook: allocations in the core fail after ``n`` more; -1 turns it off."""
