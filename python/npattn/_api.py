@@ -9,7 +9,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from . import _core
+from . import _core, _interop
 
 __all__ = ["sdpa"]
 
@@ -197,7 +197,7 @@ def _as_float_array(x: Any, name: str) -> np.ndarray:
     if x is None:
         raise TypeError(f"sdpa: {name} must be an array of floats, got None")
     try:
-        a = np.asarray(x)
+        a = _interop.asarray(x)
     except Exception as e:  # ragged lists and the like
         raise ValueError(f"sdpa: {name} could not be converted to an array: {e}") from None
     if not _is_float(a.dtype):

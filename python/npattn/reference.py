@@ -72,6 +72,18 @@ def _additive_mask(mask, L, S):
     raise TypeError(f"sdpa: mask must be bool or floating; got dtype {mask.dtype}")
 
 
+def _sink_logits(sinks, H_q):
+    """One float64 logit per query head; -inf (exp(-inf) = 0) when there are no sinks."""
+    if sinks is None:
+        return np.full(H_q, -np.inf)
+    sinks = np.asarray(sinks)
+    if sinks.dtype.kind not in "iuf":
+        raise TypeError(f"sdpa: sinks must be real numbers; got dtype {sinks.dtype}")
+    if sinks.shape != (H_q,):
+        raise ValueError(f"sdpa: sinks must have shape ({H_q},), one per query head; got {sinks.shape}")
+    return sinks.astype(np.float64)
+
+
 def sdpa(q, k, v, scale=None, mask="causal", *, sinks=None, out=None, threads=None):
     """Scaled dot-product attention with grouped-query attention, in float64.
 
@@ -87,7 +99,7 @@ def sdpa(q, k, v, scale=None, mask="causal", *, sinks=None, out=None, threads=No
     all_rank_2 = q.ndim == k.ndim == v.ndim == 2
 
     # A rank-2 operand (L, D) is one head: (1, L, D). Compute in float64.
-    q, k, v = (x.reshape((1,) + x.shape if x.ndim == 2 else x.shape).astype(np.float64) for x in (q, k, v))
+    q, k, v = (np.asarray(x[None] if x.ndim == 2 else x, dtype=np.float64) for x in (q, k, v))
     *Bq, H_q, L, D = q.shape
     *Bk, H_kv, S, D_k = k.shape
     *Bv, H_kv_v, S_v, D_v = v.shape
@@ -112,16 +124,8 @@ def sdpa(q, k, v, scale=None, mask="causal", *, sinks=None, out=None, threads=No
     bias = np.broadcast_to(_additive_mask(mask, L, S), (*B, H_q, L, S))
     scores = scores + bias.reshape(*B, H_kv, n_repeats, L, S)
 
-    # Step 4: softmax over the keys; a sink logit joins each row's max and sum.
-    if sinks is None:
-        sink = np.full((H_kv, n_repeats, 1, 1), -np.inf)  # exp(-inf) = 0: no sink
-    else:
-        sinks = np.asarray(sinks)
-        if sinks.dtype.kind not in "iuf":
-            raise TypeError(f"sdpa: sinks must be real numbers; got dtype {sinks.dtype}")
-        if sinks.shape != (H_q,):
-            raise ValueError(f"sdpa: sinks must have shape ({H_q},), one per query head; got {sinks.shape}")
-        sink = sinks.astype(np.float64).reshape(H_kv, n_repeats, 1, 1)  # one logit per query head
+    # Step 4: softmax over the keys; each head's sink logit joins its rows' max and sum.
+    sink = _sink_logits(sinks, H_q).reshape(H_kv, n_repeats, 1, 1)
     # Subtract the row max so exp never overflows.
     row_max = np.maximum(scores.max(axis=-1, keepdims=True, initial=-np.inf), sink)
     # A row that sees no key has max -inf: shift by 0 instead, so exp gives zeros, not NaN.
