@@ -1,6 +1,7 @@
 /* attention.c: the driver. Checks a problem, cuts it into tiles, sizes the
  * scratch, and runs the tiles on the pool (pool.c). The tile itself is in
  * tile_impl.h, written once for float and double. */
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -13,11 +14,15 @@
 #include "internal.h"
 #include "kernels.h"
 
-/* Tile sizes. A tile stacks up to TILE_ROWS query rows (heads of one group
- * times query positions) against TILE_KEYS keys at a time. */
-#define TILE_ROWS 256
-#define TILE_KEYS 128
-#define TILE_ELEMS (1 << 22) /* cap on rows * width of one scratch matrix */
+/* Tile sizes. OpenBLAS multiplies small matrices without packing them, much
+ * faster, while rows * keys * width <= 1e6 (its small-matrix threshold), so
+ * a tile of stacked query rows against a tile of keys aims just below it. */
+#define TILE_FLOPS_BUDGET 1000000 /* rows * keys * max(D, D_v) per gemm */
+#define TILE_ROWS 64              /* stacked query rows (heads x positions) */
+#define TILE_KEYS_MIN 16
+#define TILE_KEYS_MAX 512
+#define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
+#define SPLIT_MIN_KEYS 1024       /* split-K only gives each part at least this many keys */
 
 /* ---- allocation, with a failure hook for the tests ---- */
 
@@ -61,6 +66,8 @@ struct plan {
     int64_t bq, n_qblock; /* query rows per tile, and blocks of them */
     int64_t bh, n_hblock; /* heads of a group per tile, and blocks of them */
     int64_t bk;           /* keys per tile */
+    int64_t n_split;      /* tasks per unit, each over a share of the keys (split-K) */
+    void *partials;       /* with split-K: (m, l, O) per task, merged afterwards */
     int64_t max_m;        /* bh * bq, the most stacked rows */
     int64_t ldk, ldv;     /* BLAS leading dimensions of k and v */
     size_t elem_size;     /* bytes per stored element of q, k, v, out */
@@ -92,28 +99,32 @@ static void batch_offsets(const struct npattn_problem *p, int64_t b, struct offs
 }
 
 #define REAL float
+#define REAL_MAX FLT_MAX
 #define SFX f32
 #define GEMM npattn_cblas_sgemm
-#define SOFTMAX_STEP npattn_softmax_step_f32
+#define SOFTMAX_COLS npattn_softmax_cols_f32
 #define TILE_CONVERTS 1
 #include "tile_impl.h"
 #undef TILE_CONVERTS
 #undef REAL
+#undef REAL_MAX
 #undef SFX
 #undef GEMM
-#undef SOFTMAX_STEP
+#undef SOFTMAX_COLS
 
 #define REAL double
+#define REAL_MAX DBL_MAX
 #define SFX f64
 #define GEMM npattn_cblas_dgemm
-#define SOFTMAX_STEP npattn_softmax_step_f64
+#define SOFTMAX_COLS npattn_softmax_cols_f64
 #define TILE_CONVERTS 0
 #include "tile_impl.h"
 #undef TILE_CONVERTS
 #undef REAL
+#undef REAL_MAX
 #undef SFX
 #undef GEMM
-#undef SOFTMAX_STEP
+#undef SOFTMAX_COLS
 
 /* ---- the entry point ---- */
 
@@ -184,32 +195,52 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     pl.causal = p->mask_kind == NPATTN_MASK_CAUSAL || p->mask_kind == NPATTN_MASK_CAUSAL_TOP_LEFT;
     pl.causal_offset = p->mask_kind == NPATTN_MASK_CAUSAL ? p->n_key - p->n_query : 0;
 
-    /* Tile: stack a whole group's heads when it fits, query rows to fill the rest;
-     * shrink for very wide rows so that scratch stays bounded. */
-    int64_t width = max64(max64(p->n_embd_k, p->n_embd_v), TILE_KEYS);
-    int64_t rows = max64(1, min64(TILE_ROWS, TILE_ELEMS / width));
+    /* Tile: stack a whole group's heads when it fits, query rows to fill the
+     * rest; keys to fill the small-gemm budget; smaller for very wide rows so
+     * that scratch stays bounded. */
+    int64_t width = max64(p->n_embd_k, p->n_embd_v);
+    int64_t rows = max64(1, min64(TILE_ROWS, TILE_ELEMS / max64(width, TILE_KEYS_MAX)));
     pl.bh = min64(pl.group, rows);
     pl.bq = min64(p->n_query, max64(1, rows / pl.bh));
     pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
     pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
-    pl.bk = TILE_KEYS;
     pl.max_m = pl.bh * pl.bq;
+    pl.bk = TILE_FLOPS_BUDGET / (pl.max_m * width) / 16 * 16;
+    pl.bk = min64(TILE_KEYS_MAX, max64(TILE_KEYS_MIN, pl.bk));
 
-    int64_t n_task = pl.n_batch;
-    if (n_task > INT64_MAX / p->n_head_kv / pl.n_hblock / pl.n_qblock) return NPATTN_STATUS_TOO_LARGE;
-    n_task *= p->n_head_kv * pl.n_hblock * pl.n_qblock;
+    int64_t n_unit = pl.n_batch;
+    if (n_unit > INT64_MAX / p->n_head_kv / pl.n_hblock / pl.n_qblock) return NPATTN_STATUS_TOO_LARGE;
+    n_unit *= p->n_head_kv * pl.n_hblock * pl.n_qblock;
+
+    /* Split-K when there are fewer units than threads (decode with few heads):
+     * each part of a unit's keys is a task, merged by log-sum-exp. */
+    pl.n_split = 1;
+    if (n_unit < p->n_threads && p->n_key >= 2 * SPLIT_MIN_KEYS) {
+        int64_t want = (2 * (int64_t)p->n_threads + n_unit - 1) / n_unit;
+        pl.n_split = max64(1, min64(want, p->n_key / SPLIT_MIN_KEYS));
+    }
+    int64_t n_task = n_unit * pl.n_split;
 
     int f64 = p->dtype == NPATTN_DTYPE_F64;
     pl.elem_size = f64 ? 8 : p->dtype == NPATTN_DTYPE_F32 ? 4 : 2;
     size_t real = f64 ? sizeof(double) : sizeof(float);
-    int64_t per_slot_elems = pl.max_m * (p->n_embd_k + pl.bk + p->n_embd_v + 2);
+    int64_t per_slot_elems = pl.max_m * (p->n_embd_k + pl.bk + p->n_embd_v + 3);
     if (pl.elem_size == 2) per_slot_elems += pl.bk * (p->n_embd_k + p->n_embd_v); /* converted K, V tiles */
+    per_slot_elems = max64(per_slot_elems, p->n_embd_k + p->n_embd_v);           /* a row, for the merge */
     size_t per_slot = (size_t)per_slot_elems * real;
     pl.scratch_per_slot = (per_slot + 63) / 64 * 64;
     int32_t n_slot = (int32_t)min64(p->n_threads, n_task);
     if ((size_t)n_slot > SIZE_MAX / pl.scratch_per_slot) return NPATTN_STATUS_NO_MEMORY;
     pl.scratch = npattn_alloc(pl.scratch_per_slot * (size_t)n_slot);
     if (!pl.scratch) return NPATTN_STATUS_NO_MEMORY;
+    if (pl.n_split > 1) {
+        /* n_task < 2 * n_threads + n_unit here: small */
+        pl.partials = npattn_alloc((size_t)(n_task * pl.max_m * (p->n_embd_v + 2)) * real);
+        if (!pl.partials) {
+            npattn_free(pl.scratch);
+            return NPATTN_STATUS_NO_MEMORY;
+        }
+    }
 
     pthread_once(&blas_once, blas_single_threaded);
 
@@ -217,7 +248,13 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     pl.cancel_seen = p->cancel ? &relay.seen : NULL;
     npattn_task_fn fn = f64 ? run_tile_f64 : run_tile_f32;
     status = npattn_pool_run(fn, &pl, n_task, n_slot, p->cancel ? relay_cancel : NULL, &relay);
+    if (status == NPATTN_STATUS_OK && pl.n_split > 1) {
+        fn = f64 ? merge_f64 : merge_f32;
+        status = npattn_pool_run(fn, &pl, n_unit, (int32_t)min64(n_slot, n_unit), p->cancel ? relay_cancel : NULL,
+                                 &relay);
+    }
 
+    npattn_free(pl.partials);
     npattn_free(pl.scratch);
     return status;
 }

@@ -1,10 +1,11 @@
-/* kernels.c: the online-softmax step over one row of a score tile, the only
- * place where SIMD and CPU dispatch live.
+/* kernels.c: the online-softmax step over a tile of scores, and float16 /
+ * bfloat16 conversions: the only place where SIMD and CPU dispatch live.
  *
- * Scores arrive in base-2 units (the driver folds scale * log2(e) into q), so
- * the exponential is exp2. One call turns a row of scores into probabilities
- * relative to the new running max and updates that max and the running sum:
- * online softmax, FlashAttention-2 (arXiv:2307.08691), Algorithm 1.
+ * Scores arrive transposed, one column per query row, in base-2 units (the
+ * driver folds scale * log2(e) into q), so the exponential is exp2. One call
+ * turns each column into probabilities relative to the column's new running
+ * max and updates that max and the running sum: online softmax,
+ * FlashAttention-2 (arXiv:2307.08691), Algorithm 1.
  *
  * float32 has three variants of the same arithmetic, chosen at run time:
  * AVX-512F, AVX2+FMA, and portable C. float64 is portable C on libm's exp2.
@@ -50,132 +51,183 @@ static inline float exp2_nonpos(float x) {
     return x < EXP2_MIN ? 0.0f : p * pow2n;
 }
 
-/* max(m, max s), or NaN if s holds a NaN */
-static float row_max_portable(const float *s, int64_t n, float m) {
-    int any_nan = 0;
-    for (int64_t j = 0; j < n; j++) {
-        m = s[j] > m ? s[j] : m;
-        any_nan |= s[j] != s[j];
+/* The exact path for columns r0..r1 that hold NaN or +inf: libm's exp2f,
+ * which propagates them as the formula does. */
+static void cols_exact(float *st, int64_t nk, int64_t M, int64_t r0, int64_t r1, float *m, float *l, float *alpha) {
+    for (int64_t r = r0; r < r1; r++) {
+        float mx = m[r];
+        int nan = mx != mx;
+        for (int64_t j = 0; j < nk; j++) {
+            float x = st[j * M + r];
+            nan |= x != x;
+            mx = x > mx ? x : mx;
+        }
+        if (nan) mx = NAN;
+        if (mx == -INFINITY) { /* nothing visible yet: contribute nothing */
+            for (int64_t j = 0; j < nk; j++) st[j * M + r] = 0.0f;
+            alpha[r] = 1.0f;
+            continue;
+        }
+        float a = exp2f(m[r] - mx), sum = 0.0f;
+        for (int64_t j = 0; j < nk; j++) {
+            float p = exp2f(st[j * M + r] - mx);
+            st[j * M + r] = p;
+            sum += p;
+        }
+        l[r] = l[r] * a + sum;
+        m[r] = mx;
+        alpha[r] = a;
     }
-    return any_nan ? NAN : m;
 }
 
-/* s = exp2(s - mx) in place; returns the sum. mx is finite. */
-static float exp2_sum_portable(float *s, int64_t n, float mx) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; j++) {
-        s[j] = exp2_nonpos(s[j] - mx);
-        sum += s[j];
+/* Columns r0..r1, sweeping rows: alpha holds the column max until the end. */
+static void cols_portable_range(float *st, int64_t nk, int64_t M, int64_t r0, int64_t r1, float *m, float *l,
+                                float *alpha) {
+    int bad = 0;
+    for (int64_t r = r0; r < r1; r++) alpha[r] = m[r];
+    for (int64_t j = 0; j < nk; j++) {
+        const float *row = st + j * M;
+        for (int64_t r = r0; r < r1; r++) {
+            float x = row[r];
+            bad |= (x != x) | (x == INFINITY);
+            alpha[r] = x > alpha[r] ? x : alpha[r];
+        }
     }
-    return sum;
+    if (bad) {
+        cols_exact(st, nk, M, r0, r1, m, l, alpha);
+        return;
+    }
+    /* a column that saw nothing keeps max -inf; exponentiate it against 0, giving zeros */
+    for (int64_t r = r0; r < r1; r++) {
+        float mx = alpha[r], shift = mx == -INFINITY ? 0.0f : mx;
+        float a = exp2_nonpos(m[r] - shift);
+        l[r] *= a;
+        m[r] = mx;
+        alpha[r] = a;
+    }
+    for (int64_t j = 0; j < nk; j++) {
+        float *row = st + j * M;
+        for (int64_t r = r0; r < r1; r++) {
+            float shift = m[r] == -INFINITY ? 0.0f : m[r];
+            float p = exp2_nonpos(row[r] - shift);
+            row[r] = p;
+            l[r] += p;
+        }
+    }
 }
 
-/* ---- AVX2 + FMA: 8 lanes ---- */
+static void cols_portable(float *st, int64_t nk, int64_t M, float *m, float *l, float *alpha) {
+    cols_portable_range(st, nk, M, 0, M, m, l, alpha);
+}
+
+/* ---- AVX2 + FMA: 8 columns at a time ---- */
 
 #ifdef NPATTN_X86
-__attribute__((target("avx2,fma"))) static float row_max_avx2(const float *s, int64_t n, float m) {
-    __m256 vmax = _mm256_set1_ps(m);
-    __m256 vnan = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 x = _mm256_loadu_ps(s + j);
-        vmax = _mm256_max_ps(vmax, x);
-        vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, vmax);
-    int any_nan = _mm256_movemask_ps(vnan) != 0;
-    for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
-    for (; j < n; j++) {
-        m = s[j] > m ? s[j] : m;
-        any_nan |= s[j] != s[j];
-    }
-    return any_nan ? NAN : m;
+__attribute__((target("avx2,fma"))) static inline __m256 exp2_avx2(__m256 x) {
+    const __m256 vmin = _mm256_set1_ps(EXP2_MIN);
+    __m256 keep = _mm256_cmp_ps(x, vmin, _CMP_GE_OQ);
+    x = _mm256_max_ps(x, vmin);
+    __m256 nf = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(x, nf);
+    __m256 p = _mm256_set1_ps(EXP2_C6);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C1));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nf), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
-__attribute__((target("avx2,fma"))) static float exp2_sum_avx2(float *s, int64_t n, float mx) {
-    const __m256 vmx = _mm256_set1_ps(mx), vmin = _mm256_set1_ps(EXP2_MIN);
-    __m256 vsum = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), vmx);
-        __m256 keep = _mm256_cmp_ps(x, vmin, _CMP_GE_OQ);
-        x = _mm256_max_ps(x, vmin);
-        __m256 nf = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 f = _mm256_sub_ps(x, nf);
-        __m256 p = _mm256_set1_ps(EXP2_C6);
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C5));
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C4));
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C3));
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C2));
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C1));
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nf), _mm256_set1_epi32(127)), 23);
-        p = _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
-        _mm256_storeu_ps(s + j, p);
-        vsum = _mm256_add_ps(vsum, p);
+__attribute__((target("avx2,fma"))) static void cols_avx2(float *st, int64_t nk, int64_t M, float *m, float *l,
+                                                        float *alpha) {
+    const __m256 inf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    int64_t r = 0;
+    for (; r + 8 <= M; r += 8) {
+        __m256 vm = _mm256_loadu_ps(m + r), mx = vm, bad = zero;
+        for (int64_t j = 0; j < nk; j++) {
+            __m256 x = _mm256_loadu_ps(st + j * M + r);
+            mx = _mm256_max_ps(mx, x);
+            bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q), _mm256_cmp_ps(x, inf, _CMP_EQ_OQ)));
+        }
+        if (_mm256_movemask_ps(bad)) {
+            cols_exact(st, nk, M, r, r + 8, m, l, alpha);
+            continue;
+        }
+        __m256 shift = _mm256_blendv_ps(mx, zero, _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ));
+        __m256 a = exp2_avx2(_mm256_sub_ps(vm, shift)), sum = zero;
+        for (int64_t j = 0; j < nk; j++) {
+            __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(st + j * M + r), shift));
+            _mm256_storeu_ps(st + j * M + r, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
+        _mm256_storeu_ps(m + r, mx);
+        _mm256_storeu_ps(alpha + r, a);
     }
-    float lanes[8], sum = 0.0f;
-    _mm256_storeu_ps(lanes, vsum);
-    for (int i = 0; i < 8; i++) sum += lanes[i];
-    for (; j < n; j++) {
-        s[j] = exp2_nonpos(s[j] - mx);
-        sum += s[j];
-    }
-    return sum;
+    if (r < M) cols_portable_range(st, nk, M, r, M, m, l, alpha);
 }
 
-/* ---- AVX-512F: 16 lanes, masked tails ---- */
+/* ---- AVX-512F: 16 columns at a time, masked tails ---- */
 
-__attribute__((target("avx512f"))) static float row_max_avx512(const float *s, int64_t n, float m) {
-    __m512 vmax = _mm512_set1_ps(m);
-    __mmask16 nan = 0;
-    for (int64_t j = 0; j < n; j += 16) {
-        __mmask16 live = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-        __m512 x = _mm512_mask_loadu_ps(vmax, live, s + j);
-        vmax = _mm512_max_ps(vmax, x);
-        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    }
-    return nan ? NAN : _mm512_reduce_max_ps(vmax);
+__attribute__((target("avx512f"))) static inline __m512 exp2_avx512(__m512 x) {
+    const __m512 vmin = _mm512_set1_ps(EXP2_MIN);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, vmin, _CMP_GE_OQ);
+    x = _mm512_max_ps(x, vmin);
+    __m512 nf = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, nf);
+    __m512 p = _mm512_set1_ps(EXP2_C6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, nf); /* p * 2^n, 0 below 2^-126 */
 }
 
-__attribute__((target("avx512f"))) static float exp2_sum_avx512(float *s, int64_t n, float mx) {
-    const __m512 vmx = _mm512_set1_ps(mx), vmin = _mm512_set1_ps(EXP2_MIN);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; j += 16) {
-        __mmask16 live = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-        __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + j), vmx);
-        __mmask16 keep = _mm512_mask_cmp_ps_mask(live, x, vmin, _CMP_GE_OQ);
-        x = _mm512_max_ps(x, vmin);
-        __m512 nf = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512 f = _mm512_sub_ps(x, nf);
-        __m512 p = _mm512_set1_ps(EXP2_C6);
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C5));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C4));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C3));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C2));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C1));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-        p = _mm512_maskz_scalef_ps(keep, p, nf); /* p * 2^n */
-        _mm512_mask_storeu_ps(s + j, live, p);
-        vsum = _mm512_add_ps(vsum, p);
+__attribute__((target("avx512f"))) static void cols_avx512(float *st, int64_t nk, int64_t M, float *m, float *l,
+                                                          float *alpha) {
+    const __m512 inf = _mm512_set1_ps(INFINITY), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    for (int64_t r = 0; r < M; r += 16) {
+        __mmask16 live = M - r >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (M - r)) - 1);
+        __m512 vm = _mm512_maskz_loadu_ps(live, m + r), mx = vm;
+        __mmask16 bad = 0;
+        for (int64_t j = 0; j < nk; j++) {
+            __m512 x = _mm512_maskz_loadu_ps(live, st + j * M + r);
+            mx = _mm512_max_ps(mx, x);
+            bad |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x, inf, _CMP_EQ_OQ);
+        }
+        if (bad) {
+            cols_exact(st, nk, M, r, M - r >= 16 ? r + 16 : M, m, l, alpha);
+            continue;
+        }
+        __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), mx, zero);
+        __m512 a = exp2_avx512(_mm512_sub_ps(vm, shift)), sum = zero;
+        for (int64_t j = 0; j < nk; j++) {
+            __m512 p = exp2_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, st + j * M + r), shift));
+            _mm512_mask_storeu_ps(st + j * M + r, live, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_mask_storeu_ps(l + r, live, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l + r), a, sum));
+        _mm512_mask_storeu_ps(m + r, live, mx);
+        _mm512_mask_storeu_ps(alpha + r, live, a);
     }
-    return _mm512_reduce_add_ps(vsum);
 }
 #endif
 
 /* ---- dispatch ---- */
 
 struct simd {
-    float (*row_max)(const float *, int64_t, float);
-    float (*exp2_sum)(float *, int64_t, float);
+    void (*cols)(float *, int64_t, int64_t, float *, float *, float *);
     const char *name;
 };
 
-static const struct simd simd_portable = {row_max_portable, exp2_sum_portable, "portable"};
+static const struct simd simd_portable = {cols_portable, "portable"};
 #ifdef NPATTN_X86
-static const struct simd simd_avx2 = {row_max_avx2, exp2_sum_avx2, "avx2"};
-static const struct simd simd_avx512 = {row_max_avx512, exp2_sum_avx512, "avx512"};
+static const struct simd simd_avx2 = {cols_avx2, "avx2"};
+static const struct simd simd_avx512 = {cols_avx512, "avx512"};
 #endif
 
 static const struct simd *_Atomic simd_chosen;
@@ -307,51 +359,33 @@ void npattn_row_from_f32(enum npattn_dtype dtype, const float *src, int64_t n, v
 
 /* ---- the step ---- */
 
-float npattn_softmax_step_f32(float *s, int64_t n, float *m, float *l) {
-    const struct simd *v = simd();
-    /* the new running max; NaN anywhere makes the row NaN, as the formula does */
-    float mx = v->row_max(s, n, *m);
-    if (mx == -INFINITY) {
-        /* nothing visible yet: contribute nothing, keep the state */
-        memset(s, 0, (size_t)n * sizeof *s);
-        return 1.0f;
-    }
-    if (mx != mx || mx == INFINITY) {
-        /* NaN or +inf: the exact libm path, which propagates them as the formula does */
-        float alpha = exp2f(*m - mx), sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            s[j] = exp2f(s[j] - mx);
-            sum += s[j];
-        }
-        *l = *l * alpha + sum;
-        *m = mx;
-        return alpha;
-    }
-    /* rescale what came before, then exponentiate and sum this tile */
-    float alpha = exp2_nonpos(*m - mx);
-    *l = *l * alpha + v->exp2_sum(s, n, mx);
-    *m = mx;
-    return alpha;
+void npattn_softmax_cols_f32(float *st, int64_t nk, int64_t M, float *m, float *l, float *alpha) {
+    simd()->cols(st, nk, M, m, l, alpha);
 }
 
-double npattn_softmax_step_f64(double *s, int64_t n, double *m, double *l) {
-    double mx = *m;
-    int any_nan = 0;
-    for (int64_t j = 0; j < n; j++) {
-        mx = s[j] > mx ? s[j] : mx;
-        any_nan |= s[j] != s[j];
+void npattn_softmax_cols_f64(double *st, int64_t nk, int64_t M, double *m, double *l, double *alpha) {
+    for (int64_t r = 0; r < M; r++) {
+        double mx = m[r];
+        int nan = mx != mx;
+        for (int64_t j = 0; j < nk; j++) {
+            double x = st[j * M + r];
+            nan |= x != x;
+            mx = x > mx ? x : mx;
+        }
+        if (nan) mx = NAN;
+        if (mx == -INFINITY) { /* nothing visible yet: contribute nothing */
+            for (int64_t j = 0; j < nk; j++) st[j * M + r] = 0.0;
+            alpha[r] = 1.0;
+            continue;
+        }
+        double a = exp2(m[r] - mx), sum = 0.0;
+        for (int64_t j = 0; j < nk; j++) {
+            double p = exp2(st[j * M + r] - mx);
+            st[j * M + r] = p;
+            sum += p;
+        }
+        l[r] = l[r] * a + sum;
+        m[r] = mx;
+        alpha[r] = a;
     }
-    if (any_nan) mx = NAN;
-    if (mx == -INFINITY) {
-        memset(s, 0, (size_t)n * sizeof *s);
-        return 1.0;
-    }
-    double alpha = exp2(*m - mx), sum = 0.0;
-    for (int64_t j = 0; j < n; j++) {
-        s[j] = exp2(s[j] - mx);
-        sum += s[j];
-    }
-    *l = *l * alpha + sum;
-    *m = mx;
-    return alpha;
 }

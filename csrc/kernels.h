@@ -6,13 +6,15 @@
 
 #include "attention.h"
 
-/* One online-softmax step over a row of n scores in base-2 units (-inf =
- * hidden). On return s holds exp2(s - m_new), *m = m_new = max(*m, max s),
- * *l = *l * alpha + sum(s); returns alpha = exp2(m_old - m_new), the factor
- * by which the row's accumulator must be rescaled. While nothing has been
- * visible (*m stays -inf) s becomes zeros and alpha is 1. */
-float npattn_softmax_step_f32(float *s, int64_t n, float *m, float *l);
-double npattn_softmax_step_f64(double *s, int64_t n, double *m, double *l);
+/* One online-softmax step over a tile of scores stored transposed: st is
+ * (nk, M) row-major, column r holds query row r's scores in base-2 units
+ * (-inf = hidden). On return column r holds exp2(s - m_new[r]), m[r] =
+ * m_new[r] = max(m[r], max of the column), l[r] = l[r] * alpha[r] + the
+ * column's sum, and alpha[r] = exp2(m_old - m_new), the factor by which row
+ * r of the accumulator must be rescaled. A column that has seen nothing yet
+ * (m stays -inf) becomes zeros and leaves l at 0. */
+void npattn_softmax_cols_f32(float *st, int64_t nk, int64_t M, float *m, float *l, float *alpha);
+void npattn_softmax_cols_f64(double *st, int64_t nk, int64_t M, double *m, double *l, double *alpha);
 
 /* dst[j] = src[j * stride] as float, for j < n; src is F32, F16 or BF16. */
 void npattn_row_to_f32(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, float *dst);

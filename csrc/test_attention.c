@@ -271,8 +271,23 @@ int main(void) {
         {0, 2, 1, 4, 5, 4, 4, NPATTN_MASK_NONE, 0, 1},
         {1, 2, 1, 4, 5, 4, 0, NPATTN_MASK_NONE, 0, 1},
         {1, 600, 1, 2, 40, 4, 4, NPATTN_MASK_CAUSAL, 0, 2},
+        /* few units, many keys: split-K, merged by log-sum-exp */
+        {1, 4, 1, 1, 2500, 16, 8, NPATTN_MASK_CAUSAL, 1, 2},
+        {1, 4, 1, 2, 4100, 8, 8, NPATTN_MASK_BOOL, 0, 3},
+        {1, 2, 2, 1, 2100, 8, 8, NPATTN_MASK_NONE, 1, 5},
+        /* wide rows: fewer keys per tile */
+        {1, 2, 1, 9, 40, 300, 200, NPATTN_MASK_CAUSAL, 0, 2},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+    /* every case under every kernel variant this CPU can run */
+    static const char *variants[] = {"portable", "avx2", "avx512"};
+    for (int w = 0; w < 3; w++) {
+        if (npattn_simd_force(variants[w]) != 0) {
+            printf("skipped: the %s kernels (this CPU cannot run them)\n", variants[w]);
+            continue;
+        }
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+    }
+    npattn_simd_force("");
     test_cancel();
     test_conversions();
     test_invalid();

@@ -265,8 +265,7 @@ def _prepare_mask(mask: Any, full: tuple, dtype: np.dtype) -> tuple:
         kind = _core.MASK_BOOL
     elif _is_float(m.dtype):
         kind = _core.MASK_ADD
-        # in the dtype computed in, converted before broadcasting: stays small
-        m = m.astype(np.float64 if dtype == np.float64 else np.float32, copy=False)
+        m = _mask_in(m, np.float64 if dtype == np.float64 else np.float32)
     else:
         raise TypeError(f"sdpa: mask must be a bool or float array, got dtype {m.dtype}")
     m = _native(m, m.dtype, blas=False)
@@ -277,6 +276,20 @@ def _prepare_mask(mask: Any, full: tuple, dtype: np.dtype) -> tuple:
             f"sdpa: mask must broadcast to (*B, H_q, L, S) = {full}, got shape {_shape(m)}"
         ) from None
     return kind, m
+
+
+def _mask_in(m: np.ndarray, dtype: type) -> np.ndarray:
+    """An additive mask in the dtype computed in, converted before broadcasting
+    so that it stays small. A finite value beyond that dtype's range becomes
+    its largest finite value, not infinity: it still hides nothing by itself."""
+    if m.dtype == dtype:
+        return m
+    with np.errstate(over="ignore"):
+        converted = m.astype(dtype)
+    overflow = np.isinf(converted) & np.isfinite(m)
+    if overflow.any():
+        converted[overflow] = np.copysign(np.finfo(dtype).max, m[overflow])
+    return converted
 
 
 def _prepare_sinks(sinks: Any, H_q: int) -> Optional[np.ndarray]:
