@@ -18,7 +18,9 @@
  * faster, while rows * keys * width <= 1e6 (its small-matrix threshold), so
  * a tile of stacked query rows against a tile of keys aims just below it. */
 #define TILE_FLOPS_BUDGET 1000000 /* rows * keys * max(D, D_v) per gemm */
-#define TILE_ROWS 64              /* stacked query rows (heads x positions) */
+#define TILE_ROW_ELEMS 8192       /* stacked query rows (heads x positions) times width */
+#define TILE_ROWS_MIN 16
+#define TILE_ROWS_MAX 128
 #define TILE_KEYS_MIN 16
 #define TILE_KEYS_MAX 512
 #define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
@@ -199,7 +201,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * rest; keys to fill the small-gemm budget; smaller for very wide rows so
      * that scratch stays bounded. */
     int64_t width = max64(p->n_embd_k, p->n_embd_v);
-    int64_t rows = max64(1, min64(TILE_ROWS, TILE_ELEMS / max64(width, TILE_KEYS_MAX)));
+    int64_t rows = min64(TILE_ROWS_MAX, max64(TILE_ROWS_MIN, TILE_ROW_ELEMS / width));
+    rows = max64(1, min64(rows, TILE_ELEMS / max64(width, TILE_KEYS_MAX)));
     pl.bh = min64(pl.group, rows);
     pl.bq = min64(p->n_query, max64(1, rows / pl.bh));
     pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
@@ -224,9 +227,9 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     int f64 = p->dtype == NPATTN_DTYPE_F64;
     pl.elem_size = f64 ? 8 : p->dtype == NPATTN_DTYPE_F32 ? 4 : 2;
     size_t real = f64 ? sizeof(double) : sizeof(float);
-    int64_t per_slot_elems = pl.max_m * (p->n_embd_k + pl.bk + p->n_embd_v + 3);
-    if (pl.elem_size == 2) per_slot_elems += pl.bk * (p->n_embd_k + p->n_embd_v); /* converted K, V tiles */
-    per_slot_elems = max64(per_slot_elems, p->n_embd_k + p->n_embd_v);           /* a row, for the merge */
+    /* Q^T, scores^T, O^T, m, l, alpha, a row; converted K and V tiles */
+    int64_t per_slot_elems = pl.max_m * (p->n_embd_k + pl.bk + p->n_embd_v + 3) + width;
+    if (pl.elem_size == 2) per_slot_elems += pl.bk * (p->n_embd_k + p->n_embd_v);
     size_t per_slot = (size_t)per_slot_elems * real;
     pl.scratch_per_slot = (per_slot + 63) / 64 * 64;
     int32_t n_slot = (int32_t)min64(p->n_threads, n_task);

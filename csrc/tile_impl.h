@@ -31,10 +31,11 @@ struct CAT(unit_, SFX) {
 
 static void CAT(locate_, SFX)(const struct plan *pl, int64_t unit, struct CAT(unit_, SFX) *u) {
     const struct npattn_problem *p = pl->p;
-    /* Largest-first: the last query blocks see the most keys under a causal mask. */
-    int64_t per_qblock = pl->n_batch * p->n_head_kv * pl->n_hblock;
-    int64_t qb = pl->n_qblock - 1 - unit / per_qblock;
-    int64_t rest = unit % per_qblock;
+    /* Units of one kv head run back to back, so its K and V stay in cache;
+     * within it, largest first: the last query blocks see the most keys
+     * under a causal mask. */
+    int64_t qb = pl->n_qblock - 1 - unit % pl->n_qblock;
+    int64_t rest = unit / pl->n_qblock;
     int64_t hb = rest % pl->n_hblock;
     rest /= pl->n_hblock;
     int64_t g = rest % p->n_head_kv;
@@ -58,7 +59,7 @@ static void CAT(locate_, SFX)(const struct plan *pl, int64_t unit, struct CAT(un
     }
 }
 
-/* Writes row r of a finished O (divided by its sum l) to out. */
+/* Writes row r of a finished O (divided by its sum l) to out; orow is scratch. */
 static void CAT(store_row_, SFX)(const struct plan *pl, const struct CAT(unit_, SFX) *u, int64_t r, REAL *orow,
                                  REAL l) {
     const struct npattn_problem *p = pl->p;
@@ -85,15 +86,16 @@ static void CAT(run_tile_, SFX)(void *arg, int64_t task, int32_t slot) {
     CAT(locate_, SFX)(pl, task / pl->n_split, &u);
     const int64_t M = u.M, nq = u.nq, i0 = u.i0, h0 = u.h0;
 
-    /* scratch of this slot: Q^T (D, M), scores^T (bk, M), O (M, D_v), m, l,
-     * alpha, and for float16/bfloat16 the K and V tiles converted to float */
+    /* scratch of this slot: Q^T (D, M), scores^T (bk, M), O^T (D_v, M), m, l,
+     * alpha, a row, and for float16/bfloat16 the K and V tiles in float */
     REAL *qt = (REAL *)(pl->scratch + (size_t)slot * pl->scratch_per_slot);
     REAL *st = qt + pl->max_m * D;
     REAL *ot = st + pl->max_m * pl->bk;
     REAL *mt = ot + pl->max_m * Dv;
     REAL *lt = mt + pl->max_m;
     REAL *at = lt + pl->max_m;
-    REAL *kt = at + pl->max_m;
+    REAL *row = at + pl->max_m;
+    REAL *kt = row + (D > Dv ? D : Dv);
     REAL *vt = kt + pl->bk * D;
 
     /* Q^T with scale * log2(e) folded in, so that scores are base-2 logits. */
@@ -102,8 +104,8 @@ static void CAT(run_tile_, SFX)(void *arg, int64_t task, int32_t slot) {
         const char *qrow = u.q + ((h0 + r / nq) * p->q_head_stride + (i0 + r % nq) * p->q_row_stride) * es;
 #if TILE_CONVERTS
         if (p->dtype != NPATTN_DTYPE_F32) {
-            npattn_row_to_f32(p->dtype, qrow, p->q_col_stride, D, kt); /* kt is free until the keys */
-            for (int64_t d = 0; d < D; d++) qt[d * M + r] = kt[d] * qscale;
+            npattn_row_to_f32(p->dtype, qrow, p->q_col_stride, D, row);
+            for (int64_t d = 0; d < D; d++) qt[d * M + r] = row[d] * qscale;
             continue;
         }
 #endif
@@ -182,23 +184,26 @@ static void CAT(run_tile_, SFX)(void *arg, int64_t task, int32_t slot) {
 
         /* online softmax down each column: probabilities in place, max and sum updated */
         SOFTMAX_COLS(st, nk, M, mt, lt, at);
-        for (int64_t r = 0; r < M; r++) {
-            if (at[r] == (REAL)1) continue;
-            REAL *orow = ot + r * Dv;
-            for (int64_t e = 0; e < Dv; e++) orow[e] *= at[r];
-        }
+        int rescale = 0;
+        for (int64_t r = 0; r < M; r++) rescale |= at[r] != (REAL)1;
+        if (rescale)
+            for (int64_t e = 0; e < Dv; e++)
+                for (int64_t r = 0; r < M; r++) ot[e * M + r] *= at[r];
 
-        /* O (M, D_v) += P (M, nk) @ V_tile (nk, D_v), P read as the transpose of scores^T */
+        /* O^T (D_v, M) += V_tile^T (D_v, nk) @ P^T (nk, M) */
         if (Dv > 0)
-            GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)Dv, (int)nk, (REAL)1, st, (int)M, vtile, ldvt,
-                 (REAL)1, ot, (int)Dv);
+            GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)Dv, (int)M, (int)nk, (REAL)1, vtile, ldvt, st, (int)M,
+                 (REAL)1, ot, (int)M);
     }
 
     if (pl->n_split == 1) {
-        for (int64_t r = 0; r < M; r++) CAT(store_row_, SFX)(pl, &u, r, ot + r * Dv, lt[r]);
+        for (int64_t r = 0; r < M; r++) {
+            for (int64_t e = 0; e < Dv; e++) row[e] = ot[e * M + r];
+            CAT(store_row_, SFX)(pl, &u, r, row, lt[r]);
+        }
         return;
     }
-    /* split-K: leave (m, l, O) for the merge */
+    /* split-K: leave (m, l, O^T) for the merge */
     REAL *part = (REAL *)pl->partials + (size_t)task * (size_t)(pl->max_m * (Dv + 2));
     memcpy(part, mt, (size_t)M * sizeof(REAL));
     memcpy(part + pl->max_m, lt, (size_t)M * sizeof(REAL));
@@ -231,8 +236,8 @@ static void CAT(merge_, SFX)(void *arg, int64_t unit, int32_t slot) {
             if (ms == (REAL)-INFINITY) continue; /* this part saw nothing */
             REAL w = (REAL)exp2((double)(ms - m));
             l += w * part[pl->max_m + r];
-            const REAL *os = part + 2 * pl->max_m + r * Dv;
-            for (int64_t e = 0; e < Dv; e++) orow[e] += w * os[e];
+            const REAL *os = part + 2 * pl->max_m + r; /* O^T, leading dimension M */
+            for (int64_t e = 0; e < Dv; e++) orow[e] += w * os[e * u.M];
         }
         CAT(store_row_, SFX)(pl, &u, r, orow, l);
     }
