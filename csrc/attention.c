@@ -25,6 +25,8 @@
 #define TILE_KEYS_MAX 512
 #define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
 #define SPLIT_MIN_KEYS 1024       /* split-K only gives each part at least this many keys */
+#define STREAM_ROWS 16            /* at most this many stacked rows stream */
+#define STREAM_KEYS 64            /* keys per streamed tile: scores stay in L1 */
 
 /* ---- allocation, with a failure hook for the tests ---- */
 
@@ -70,6 +72,7 @@ struct plan {
     int64_t bk;           /* keys per tile */
     int64_t n_split;      /* tasks per unit, each over a share of the keys (split-K) */
     void *partials;       /* with split-K: (m, l, O) per task, merged afterwards */
+    int stream;           /* decode-sized float tiles: streaming kernels instead of gemm */
     int64_t max_m;        /* bh * bq, the most stacked rows */
     int64_t ldk, ldv;     /* BLAS leading dimensions of k and v */
     size_t elem_size;     /* bytes per stored element of q, k, v, out */
@@ -214,6 +217,11 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     int64_t n_unit = pl.n_batch;
     if (n_unit > INT64_MAX / p->n_head_kv / pl.n_hblock / pl.n_qblock) return NPATTN_STATUS_TOO_LARGE;
     n_unit *= p->n_head_kv * pl.n_hblock * pl.n_qblock;
+
+    /* A few stacked rows (decode) make gemms that are all overhead: stream
+     * each key and value row once through the SIMD kernels instead. */
+    pl.stream = p->dtype != NPATTN_DTYPE_F64 && pl.max_m <= STREAM_ROWS && npattn_stream_available();
+    if (pl.stream) pl.bk = STREAM_KEYS;
 
     /* Split-K when there are fewer units than threads (decode with few heads):
      * each part of a unit's keys is a task, merged by log-sum-exp. */

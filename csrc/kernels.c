@@ -217,6 +217,165 @@ __attribute__((target("avx512f"))) static void cols_avx512(float *st, int64_t nk
 }
 #endif
 
+struct simd;
+static const struct simd *simd(void);
+#ifdef NPATTN_X86
+static const struct simd simd_avx512;
+#endif
+
+/* ---- streaming kernels for decode: each key and value row read once ---- */
+
+#ifdef NPATTN_X86
+/* Lanes of chunk c (16 floats) of a row of width n. */
+__attribute__((target("avx512f"))) static inline __mmask16 lanes(int64_t n, int64_t c) {
+    int64_t left = n - 16 * c;
+    return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+}
+
+/* The 16 sums of v[0..15], lane i = sum of v[i]: a transpose-and-add tree
+ * (15 adds, 30 shuffles) instead of 16 horizontal reductions. */
+__attribute__((target("avx512f"))) static inline __m512 sum16(const __m512 v[16]) {
+    __m512 b[4];
+    for (int g = 0; g < 4; g++) {
+        const __m512 *w = v + 4 * g;
+        /* within each 128-bit lane: partial sums of w0, w1 (then w2, w3) interleaved */
+        __m512 a01 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+        __m512 a23 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+        /* each 128-bit lane now holds one partial sum of w0, w1, w2, w3 */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
+        b[g] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    /* add the four 128-bit lanes, group g ending in lane g */
+    __m512 d01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+    __m512 d23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD));
+}
+
+/* st (nk, M) = scores of the M rows of q (M, D) against nk rows of k:
+ * 4 keys by 4 query rows at a time, 16 products per loaded pair of vectors. */
+__attribute__((target("avx512f"))) static void scores_avx512(const float *q, int64_t M, int64_t D, const float *k,
+                                                            int64_t ldk, int64_t nk, float *st) {
+    int64_t j = 0;
+    for (; j + 4 <= nk && M >= 4; j += 4) {
+        const float *kr = k + j * ldk;
+        int64_t r = 0;
+        for (; r + 4 <= M; r += 4) {
+            __m512 acc[16]; /* acc[4 * key + row] */
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+            for (int64_t c = 0; 16 * c < D; c++) {
+                __mmask16 m = lanes(D, c);
+                __m512 kv[4], qv[4];
+                for (int a = 0; a < 4; a++) kv[a] = _mm512_maskz_loadu_ps(m, kr + a * ldk + 16 * c);
+                for (int b = 0; b < 4; b++) qv[b] = _mm512_maskz_loadu_ps(m, q + (r + b) * D + 16 * c);
+                for (int a = 0; a < 4; a++)
+                    for (int b = 0; b < 4; b++) acc[4 * a + b] = _mm512_fmadd_ps(kv[a], qv[b], acc[4 * a + b]);
+            }
+            __m512 sums = sum16(acc); /* lanes 4a..4a+3: key j + a, rows r..r+3 */
+            _mm_storeu_ps(st + (j + 0) * M + r, _mm512_extractf32x4_ps(sums, 0));
+            _mm_storeu_ps(st + (j + 1) * M + r, _mm512_extractf32x4_ps(sums, 1));
+            _mm_storeu_ps(st + (j + 2) * M + r, _mm512_extractf32x4_ps(sums, 2));
+            _mm_storeu_ps(st + (j + 3) * M + r, _mm512_extractf32x4_ps(sums, 3));
+        }
+        for (; r < M; r++)
+            for (int a = 0; a < 4; a++) {
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t c = 0; 16 * c < D; c++) {
+                    __mmask16 m = lanes(D, c);
+                    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, kr + a * ldk + 16 * c),
+                                          _mm512_maskz_loadu_ps(m, q + r * D + 16 * c), acc);
+                }
+                st[(j + a) * M + r] = _mm512_reduce_add_ps(acc);
+            }
+    }
+    for (; j < nk; j++)
+        for (int64_t r = 0; r < M; r++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t c = 0; 16 * c < D; c++) {
+                __mmask16 m = lanes(D, c);
+                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, k + j * ldk + 16 * c),
+                                      _mm512_maskz_loadu_ps(m, q + r * D + 16 * c), acc);
+            }
+            st[j * M + r] = _mm512_reduce_add_ps(acc);
+        }
+}
+
+/* o (M, Dv) += P (M, nk) @ v (nk, Dv), P given as st (nk, M): 4 rows by 64
+ * columns of o in registers while the value rows stream past. */
+__attribute__((target("avx512f"))) static void accumulate_avx512(const float *st, int64_t M, int64_t nk,
+                                                                const float *v, int64_t ldv, int64_t Dv, float *o) {
+    for (int64_t e0 = 0; e0 < Dv; e0 += 64) {
+        const int64_t w = Dv - e0;
+        __mmask16 m[4];
+        for (int c = 0; c < 4; c++) m[c] = lanes(w, c);
+        int64_t r = 0;
+        for (; r + 4 <= M; r += 4) {
+            __m512 acc[16]; /* acc[4 * row + chunk] */
+            for (int a = 0; a < 4; a++)
+                for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_maskz_loadu_ps(m[c], o + (r + a) * Dv + e0 + 16 * c);
+            for (int64_t j = 0; j < nk; j++) {
+                const float *vr = v + j * ldv + e0;
+                __m512 vv[4];
+                for (int c = 0; c < 4; c++) vv[c] = _mm512_maskz_loadu_ps(m[c], vr + 16 * c);
+                for (int a = 0; a < 4; a++) {
+                    __m512 pa = _mm512_set1_ps(st[j * M + r + a]);
+                    for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_fmadd_ps(pa, vv[c], acc[4 * a + c]);
+                }
+            }
+            for (int a = 0; a < 4; a++)
+                for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + (r + a) * Dv + e0 + 16 * c, m[c], acc[4 * a + c]);
+        }
+        for (; r < M; r++) {
+            __m512 acc[4];
+            for (int c = 0; c < 4; c++) acc[c] = _mm512_maskz_loadu_ps(m[c], o + r * Dv + e0 + 16 * c);
+            for (int64_t j = 0; j < nk; j++) {
+                __m512 pa = _mm512_set1_ps(st[j * M + r]);
+                for (int c = 0; c < 4; c++)
+                    acc[c] = _mm512_fmadd_ps(pa, _mm512_maskz_loadu_ps(m[c], v + j * ldv + e0 + 16 * c), acc[c]);
+            }
+            for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + r * Dv + e0 + 16 * c, m[c], acc[c]);
+        }
+    }
+}
+#endif
+
+int npattn_stream_available(void) {
+#ifdef NPATTN_X86
+    return simd() == &simd_avx512;
+#else
+    return 0;
+#endif
+}
+
+void npattn_scores_rows_f32(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk,
+                            float *st) {
+#ifdef NPATTN_X86
+    if (simd() == &simd_avx512) {
+        scores_avx512(q, M, D, k, ldk, nk, st);
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t r = 0; r < M; r++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * k[j * ldk + d];
+            st[j * M + r] = acc;
+        }
+}
+
+void npattn_accumulate_rows_f32(const float *st, int64_t M, int64_t nk, const float *v, int64_t ldv, int64_t Dv,
+                                float *o) {
+#ifdef NPATTN_X86
+    if (simd() == &simd_avx512) {
+        accumulate_avx512(st, M, nk, v, ldv, Dv, o);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = 0; j < nk; j++)
+            for (int64_t e = 0; e < Dv; e++) o[r * Dv + e] += st[j * M + r] * v[j * ldv + e];
+}
+
 /* ---- dispatch ---- */
 
 struct simd {

@@ -16,6 +16,16 @@
 void npattn_softmax_cols_f32(float *st, int64_t nk, int64_t M, float *m, float *l, float *alpha);
 void npattn_softmax_cols_f64(double *st, int64_t nk, int64_t M, double *m, double *l, double *alpha);
 
+/* Streaming kernels for decode-sized tiles (few stacked rows), which read
+ * each key and value row once: scores st (nk, M) of q (M, D) row-major
+ * against k's nk rows; and o (M, Dv) row-major += P @ v with P (M, nk) given
+ * as st (nk, M). Fast only where npattn_stream_available() says so. */
+int npattn_stream_available(void);
+void npattn_scores_rows_f32(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk,
+                            float *st);
+void npattn_accumulate_rows_f32(const float *st, int64_t M, int64_t nk, const float *v, int64_t ldv, int64_t Dv,
+                                float *o);
+
 /* dst[j] = src[j * stride] as float, for j < n; src is F32, F16 or BF16. */
 void npattn_row_to_f32(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, float *dst);
 

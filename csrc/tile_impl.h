@@ -98,18 +98,23 @@ static void CAT(run_tile_, SFX)(void *arg, int64_t task, int32_t slot) {
     REAL *kt = row + (D > Dv ? D : Dv);
     REAL *vt = kt + pl->bk * D;
 
-    /* Q^T with scale * log2(e) folded in, so that scores are base-2 logits. */
+    /* O (r, e) sits at r * ors + e * oes: O^T for the gemms, rows for streaming */
+    const int stream = TILE_CONVERTS && pl->stream;
+    const int64_t ors = stream ? Dv : 1, oes = stream ? 1 : M;
+    /* Q^T (Q's rows when streaming) with scale * log2(e) folded in, so that
+     * scores are base-2 logits. */
     const REAL qscale = (REAL)(p->scale * LOG2E);
+    const int64_t qrs = stream ? D : 1, qds = stream ? 1 : M;
     for (int64_t r = 0; r < M; r++) {
         const char *qrow = u.q + ((h0 + r / nq) * p->q_head_stride + (i0 + r % nq) * p->q_row_stride) * es;
 #if TILE_CONVERTS
         if (p->dtype != NPATTN_DTYPE_F32) {
             npattn_row_to_f32(p->dtype, qrow, p->q_col_stride, D, row);
-            for (int64_t d = 0; d < D; d++) qt[d * M + r] = row[d] * qscale;
+            for (int64_t d = 0; d < D; d++) qt[r * qrs + d * qds] = row[d] * qscale;
             continue;
         }
 #endif
-        for (int64_t d = 0; d < D; d++) qt[d * M + r] = ((const REAL *)qrow)[d * p->q_col_stride] * qscale;
+        for (int64_t d = 0; d < D; d++) qt[r * qrs + d * qds] = ((const REAL *)qrow)[d * p->q_col_stride] * qscale;
     }
     /* The running max starts at the head's sink, whose exp2 weight is 1;
      * with split-K only the first split carries the sink. */
@@ -146,8 +151,13 @@ static void CAT(run_tile_, SFX)(void *arg, int64_t task, int32_t slot) {
 #endif
 
         /* scores^T (nk, M) = K_tile (nk, D) @ Q^T (D, M) */
-        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile, ldkt, qt, (int)M,
-             (REAL)0, st, (int)M);
+#if TILE_CONVERTS
+        if (stream)
+            npattn_scores_rows_f32(qt, M, D, ktile, ldkt, nk, st);
+        else
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile, ldkt, qt,
+                 (int)M, (REAL)0, st, (int)M);
 
         if (pl->causal) {
             /* key j0 + j is hidden from rows i < j0 + j - offset: clip the diagonal tile exactly */
@@ -186,24 +196,32 @@ static void CAT(run_tile_, SFX)(void *arg, int64_t task, int32_t slot) {
         SOFTMAX_COLS(st, nk, M, mt, lt, at);
         int rescale = 0;
         for (int64_t r = 0; r < M; r++) rescale |= at[r] != (REAL)1;
-        if (rescale)
+        if (rescale && stream)
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t e = 0; e < Dv; e++) ot[r * Dv + e] *= at[r];
+        else if (rescale)
             for (int64_t e = 0; e < Dv; e++)
                 for (int64_t r = 0; r < M; r++) ot[e * M + r] *= at[r];
 
         /* O^T (D_v, M) += V_tile^T (D_v, nk) @ P^T (nk, M) */
-        if (Dv > 0)
+#if TILE_CONVERTS
+        if (stream)
+            npattn_accumulate_rows_f32(st, M, nk, vtile, ldvt, Dv, ot);
+        else
+#endif
+            if (Dv > 0)
             GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)Dv, (int)M, (int)nk, (REAL)1, vtile, ldvt, st, (int)M,
                  (REAL)1, ot, (int)M);
     }
 
     if (pl->n_split == 1) {
         for (int64_t r = 0; r < M; r++) {
-            for (int64_t e = 0; e < Dv; e++) row[e] = ot[e * M + r];
+            for (int64_t e = 0; e < Dv; e++) row[e] = ot[r * ors + e * oes];
             CAT(store_row_, SFX)(pl, &u, r, row, lt[r]);
         }
         return;
     }
-    /* split-K: leave (m, l, O^T) for the merge */
+    /* split-K: leave (m, l, O) for the merge, O laid out as above */
     REAL *part = (REAL *)pl->partials + (size_t)task * (size_t)(pl->max_m * (Dv + 2));
     memcpy(part, mt, (size_t)M * sizeof(REAL));
     memcpy(part + pl->max_m, lt, (size_t)M * sizeof(REAL));
@@ -236,8 +254,11 @@ static void CAT(merge_, SFX)(void *arg, int64_t unit, int32_t slot) {
             if (ms == (REAL)-INFINITY) continue; /* this part saw nothing */
             REAL w = (REAL)exp2((double)(ms - m));
             l += w * part[pl->max_m + r];
-            const REAL *os = part + 2 * pl->max_m + r; /* O^T, leading dimension M */
-            for (int64_t e = 0; e < Dv; e++) orow[e] += w * os[e * u.M];
+            const REAL *os = part + 2 * pl->max_m; /* O laid out as in run_tile */
+            if (pl->stream)
+                for (int64_t e = 0; e < Dv; e++) orow[e] += w * os[r * Dv + e];
+            else
+                for (int64_t e = 0; e < Dv; e++) orow[e] += w * os[e * u.M + r];
         }
         CAT(store_row_, SFX)(pl, &u, r, orow, l);
     }
