@@ -260,7 +260,7 @@ def _prepare_mask(mask: Any, full: tuple, dtype: np.dtype) -> tuple:
         raise TypeError(
             f"sdpa: mask must be a string, None, or a bool or float array, got {type(mask).__name__}"
         )
-    m = np.asarray(mask)
+    m = _interop.asarray(mask)
     if m.dtype.kind == "b":
         kind = _core.MASK_BOOL
     elif _is_float(m.dtype):
@@ -295,7 +295,7 @@ def _mask_in(m: np.ndarray, dtype: type) -> np.ndarray:
 def _prepare_sinks(sinks: Any, H_q: int) -> Optional[np.ndarray]:
     if sinks is None:
         return None
-    s = np.asarray(sinks)
+    s = _interop.asarray(sinks)
     if s.dtype.kind not in "fiu" and not _is_bfloat16(s.dtype):
         raise TypeError(f"sdpa: sinks must be real numbers, got dtype {s.dtype}")
     if s.shape != (H_q,):

@@ -51,6 +51,20 @@ def causal_mask(L, S, dtype=np.float32):
     return np.where(visible, 0.0, -np.inf).astype(dtype)
 
 
+def _is_float(dtype):
+    """NumPy's floats, and ml_dtypes.bfloat16 (which NumPy does not count as one)."""
+    return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
+
+
+def _result_dtype(*dtypes):
+    """The dtype of the result: np.result_type, except that float16 with
+    bfloat16, which NumPy cannot promote, gives float32."""
+    try:
+        return np.result_type(*dtypes)
+    except TypeError:
+        return np.dtype(np.float32)
+
+
 def _additive_mask(mask, L, S):
     """Turn any accepted ``mask`` into a float64 array added to the scaled scores."""
     if isinstance(mask, str):
@@ -67,7 +81,7 @@ def _additive_mask(mask, L, S):
     mask = np.asarray(mask)
     if mask.dtype == bool:
         return np.where(mask, 0.0, -np.inf)  # True = visible
-    if np.issubdtype(mask.dtype, np.floating):
+    if _is_float(mask.dtype):
         return mask.astype(np.float64)
     raise TypeError(f"sdpa: mask must be bool or floating; got dtype {mask.dtype}")
 
@@ -91,8 +105,8 @@ def sdpa(q, k, v, scale=None, mask="causal", *, sinks=None, out=None, threads=No
     and ignored. Returns an array of ``np.result_type(q, k, v)``.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    dtype = np.result_type(q, k, v)
-    if not (np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"):
+    dtype = _result_dtype(q.dtype, k.dtype, v.dtype)
+    if not _is_float(dtype):
         raise TypeError(f"sdpa: q, k and v must be floating arrays; got {q.dtype}, {k.dtype}, {v.dtype}")
     if min(q.ndim, k.ndim, v.ndim) < 2:
         raise ValueError(f"sdpa: q, k and v need rank >= 2; got {q.shape}, {k.shape}, {v.shape}")
