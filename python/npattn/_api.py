@@ -107,8 +107,9 @@ def sdpa(
 
     - MLX ``mx.fast.scaled_dot_product_attention``: its default mask is
       ``None`` and its scale is required; on the CPU a row that sees no key
-      gives the mean of V (bool mask) or NaN (``-inf`` mask); inputs must be
-      rank 4; float64 is float32-accurate.
+      gives the mean of V (bool mask, or its ``"causal"`` with ``L > S``) or
+      NaN (``-inf`` mask); inputs must be rank 4 with equal batch sizes;
+      float64 is float32-accurate.
     - PyTorch ``F.scaled_dot_product_attention``: its default mask is
       ``None``; ``is_causal=True`` is top-left (our ``"causal_top_left"``);
       no sinks.
