@@ -207,7 +207,12 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     int64_t rows = min64(TILE_ROWS_MAX, max64(TILE_ROWS_MIN, TILE_ROW_ELEMS / width));
     rows = max64(1, min64(rows, TILE_ELEMS / max64(width, TILE_KEYS_MAX)));
     pl.bh = min64(pl.group, rows);
-    pl.bq = min64(p->n_query, max64(1, rows / pl.bh));
+    pl.bq = max64(1, rows / pl.bh);
+    /* stacked rows a multiple of 16 (whole SIMD vectors) where that is possible */
+    int64_t unit = 16;
+    for (int64_t h = pl.bh; h % 2 == 0 && unit > 1; h /= 2) unit /= 2;
+    if (pl.bq >= unit) pl.bq = pl.bq / unit * unit;
+    pl.bq = min64(p->n_query, pl.bq);
     pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
     pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
     pl.max_m = pl.bh * pl.bq;
