@@ -15,6 +15,8 @@ __all__ = ["sdpa"]
 
 MaskLike = Union[str, None, np.ndarray, Any]
 
+_BLAS_INT_MAX = 2**31 - 1  # OpenBLAS's int: the largest size one call takes
+
 _TooHardError = getattr(np, "exceptions", np).TooHardError
 
 _MASK_STRINGS = {
@@ -223,6 +225,8 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple:
         raise ValueError(f"sdpa: v must have as many rows S as k; {got}")
     if v.shape[-3] != k.shape[-3]:
         raise ValueError(f"sdpa: v must have as many heads as k; {got}")
+    if max(q.shape[-1], v.shape[-1]) > _BLAS_INT_MAX:
+        raise ValueError(f"sdpa: D and D_v must be at most 2**31 - 1, what one BLAS call takes; {got}")
     if k.shape[-3] < 1:
         raise ValueError(f"sdpa: k needs at least one head; {got}")
     if q.shape[-3] % k.shape[-3]:
@@ -378,6 +382,6 @@ def _blas_readable(x: np.ndarray) -> bool:
         return False
     if rows > 1:
         ld = x.strides[-2] // item
-        if ld < max(width, 1) or ld > 2**31 - 1:
+        if ld < max(width, 1) or ld > _BLAS_INT_MAX:
             return False
     return True
