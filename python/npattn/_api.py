@@ -131,8 +131,9 @@ def sdpa(
     v = _as_float_array(v, "v")
     dtype = _result_dtype(q.dtype, k.dtype, v.dtype)
     rank2 = q.ndim == 2 and k.ndim == 2 and v.ndim == 2
+    got = f"got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"  # as given, before heads are added
     q, k, v = (_with_heads(x) for x in (q, k, v))
-    batch = _check_shapes(q, k, v)
+    batch = _check_shapes(q, k, v, got)
     H_q, L, D = q.shape[-3:]
     S, D_v = k.shape[-2], v.shape[-1]
     full = (*batch, H_q, L, S)
@@ -175,6 +176,13 @@ def _shape(x: np.ndarray) -> str:
     return str(tuple(x.shape))
 
 
+def _asarray_named(x: Any, name: str) -> np.ndarray:
+    try:
+        return _interop.asarray(x)
+    except Exception as e:  # ragged lists and the like
+        raise ValueError(f"sdpa: {name} could not be converted to an array: {e}") from None
+
+
 def _is_bfloat16(dt: np.dtype) -> bool:
     # ml_dtypes.bfloat16, recognised without importing ml_dtypes
     return dt.kind == "V" and dt.itemsize == 2 and dt.name == "bfloat16"
@@ -191,20 +199,17 @@ def _result_dtype(*dtypes: np.dtype) -> np.dtype:
         dt = np.result_type(*dtypes)
     except TypeError:
         dt = np.dtype(np.float32)
-    if dt.kind == "f" and dt.itemsize > 8:
-        raise TypeError(f"sdpa: {dt} is not supported; the widest dtype computed is float64")
     return dt
 
 
 def _as_float_array(x: Any, name: str) -> np.ndarray:
     if x is None:
         raise TypeError(f"sdpa: {name} must be an array of floats, got None")
-    try:
-        a = _interop.asarray(x)
-    except Exception as e:  # ragged lists and the like
-        raise ValueError(f"sdpa: {name} could not be converted to an array: {e}") from None
+    a = _asarray_named(x, name)
     if not _is_float(a.dtype):
         raise TypeError(f"sdpa: {name} must be an array of floats, got dtype {a.dtype}")
+    if a.dtype.itemsize > 8:
+        raise TypeError(f"sdpa: {name} has dtype {a.dtype}; the widest dtype computed is float64")
     if a.ndim < 2:
         raise ValueError(f"sdpa: {name} must have rank >= 2 (..., L, D), got shape {_shape(a)}")
     return a
@@ -215,8 +220,7 @@ def _with_heads(x: np.ndarray) -> np.ndarray:
     return x[np.newaxis] if x.ndim == 2 else x
 
 
-def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple:
-    got = f"got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray, got: str) -> tuple:
     if q.shape[-1] < 1:
         raise ValueError(f"sdpa: q and k need a row width D >= 1; {got}")
     if k.shape[-1] != q.shape[-1]:
@@ -231,8 +235,7 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple:
         raise ValueError(f"sdpa: k needs at least one head; {got}")
     if q.shape[-3] % k.shape[-3]:
         raise ValueError(
-            f"sdpa: q has {q.shape[-3]} heads, not a multiple of k's {k.shape[-3]} heads; "
-            f"got q {_shape(q)}, k {_shape(k)}"
+            f"sdpa: q has {q.shape[-3]} heads, not a multiple of k's {k.shape[-3]} heads; {got}"
         )
     try:
         return tuple(np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
@@ -246,7 +249,10 @@ def _check_scale(scale: Any, D: int) -> float:
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
         if not (isinstance(scale, np.ndarray) and scale.ndim == 0 and scale.dtype.kind in "fiu"):
             raise TypeError(f"sdpa: scale must be a real number or None, got {type(scale).__name__}")
-    s = float(scale)
+    try:
+        s = float(scale)
+    except OverflowError:
+        raise ValueError(f"sdpa: scale must be finite, got {scale!r:.40}") from None
     if not math.isfinite(s):
         raise ValueError(f"sdpa: scale must be finite, got {s}")
     return s
@@ -265,7 +271,7 @@ def _prepare_mask(mask: Any, full: tuple, dtype: np.dtype) -> tuple:
         raise TypeError(
             f"sdpa: mask must be a string, None, or a bool or float array, got {type(mask).__name__}"
         )
-    m = _interop.asarray(mask)
+    m = _asarray_named(mask, "mask")
     if m.dtype.kind == "b":
         kind = _core.MASK_BOOL
     elif _is_float(m.dtype):
@@ -300,7 +306,7 @@ def _mask_in(m: np.ndarray, dtype: type) -> np.ndarray:
 def _prepare_sinks(sinks: Any, H_q: int) -> Optional[np.ndarray]:
     if sinks is None:
         return None
-    s = _interop.asarray(sinks)
+    s = _asarray_named(sinks, "sinks")
     if s.dtype.kind not in "fiu" and not _is_bfloat16(s.dtype):
         raise TypeError(f"sdpa: sinks must be real numbers, got dtype {s.dtype}")
     if s.shape != (H_q,):
