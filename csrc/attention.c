@@ -245,7 +245,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     if (pl.elem_size == 2) per_slot_elems += pl.bk * (p->n_embd_k + p->n_embd_v);
     size_t per_slot = (size_t)per_slot_elems * real;
     pl.scratch_per_slot = (per_slot + 63) / 64 * 64;
-    int32_t n_slot = (int32_t)min64(p->n_threads, n_task);
+    int32_t n_slot = (int32_t)min64(min64(p->n_threads, NPATTN_POOL_MAX_THREADS), n_task);
     if ((size_t)n_slot > SIZE_MAX / pl.scratch_per_slot) return NPATTN_STATUS_NO_MEMORY;
     pl.scratch = npattn_alloc(pl.scratch_per_slot * (size_t)n_slot);
     if (!pl.scratch) return NPATTN_STATUS_NO_MEMORY;

@@ -112,7 +112,7 @@ struct npattn_problem {
 
     const double *sinks;              /* NULL, or [n_head_q] logits: exp(sink) joins the denominator */
 
-    int32_t n_threads;                /* >= 1: threads that run tiles, the caller waiting */
+    int32_t n_threads;                /* >= 1: threads that run tiles (at most 256), the caller waiting */
 
     /* NULL, or polled by the calling thread about every 50 ms while it waits;
      * nonzero stops the call between tiles with NPATTN_STATUS_CANCELLED. */

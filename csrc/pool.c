@@ -18,7 +18,6 @@
 #include "internal.h"
 
 #define POLL_NS 50000000L  /* the waiting caller polls cancel every 50 ms */
-#define MAX_WORKERS 1024   /* more threads than this share the same workers */
 
 struct job {
     npattn_task_fn fn;
@@ -108,7 +107,7 @@ static void pool_init(void) {
 
 /* Starts workers until there are `want`; called with the lock held. */
 static void grow(int32_t want) {
-    if (want > MAX_WORKERS) want = MAX_WORKERS;
+    if (want > NPATTN_POOL_MAX_THREADS) want = NPATTN_POOL_MAX_THREADS;
     while (pool.n_workers < want) {
         pthread_attr_t attr;
         pthread_t tid;
@@ -134,7 +133,7 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
     j.n_task = n_task;
     atomic_init(&j.next_task, 0);
     atomic_init(&j.stop, 0);
-    j.max_workers = n_threads < 1 ? 1 : n_threads;
+    j.max_workers = n_threads < 1 ? 1 : n_threads > NPATTN_POOL_MAX_THREADS ? NPATTN_POOL_MAX_THREADS : n_threads;
     if (j.max_workers > n_task) j.max_workers = (int32_t)n_task;
     j.n_joined = 0;
     j.n_active = 0;
