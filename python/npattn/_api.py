@@ -52,7 +52,8 @@ def sdpa(
         Values. ``D_v`` may differ from ``D``.
     scale : float, optional
         Multiplies ``q @ k^T``. ``None`` (default) means ``1 / sqrt(D)``.
-        Must be finite.
+        Must be finite, and 0 or of magnitude between 1e-30 and 1e30 (1e-300
+        and 1e300 for float64), since it is folded into ``q``.
     mask : {"causal", "causal_top_left", None} or array_like, default "causal"
         ``"causal"``: query ``i`` sees key ``j`` iff ``j <= i + (S - L)``,
         aligned to the bottom-right corner as MLX does (a decode step with
@@ -138,7 +139,7 @@ def sdpa(
     S, D_v = k.shape[-2], v.shape[-1]
     full = (*batch, H_q, L, S)
 
-    scale = _check_scale(scale, D)
+    scale = _check_scale(scale, D, dtype)
     mask_kind, mask = _prepare_mask(mask, full, dtype)
     sinks = _prepare_sinks(sinks, H_q)
     threads = _check_threads(threads)
@@ -243,7 +244,13 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray, got: str) -> tupl
         raise ValueError(f"sdpa: the batch dims of q, k and v do not broadcast; {got}") from None
 
 
-def _check_scale(scale: Any, D: int) -> float:
+# The core folds scale * log2(e) into q, in the dtype it computes in; a scale
+# this far from 1 would overflow or vanish there even where scale * (q . k)
+# does not, so it is refused rather than computed wrongly.
+_SCALE_RANGE = {np.dtype(np.float64): 1e-300, np.dtype(np.float32): 1e-30}
+
+
+def _check_scale(scale: Any, D: int, dtype: np.dtype) -> float:
     if scale is None:
         return 1.0 / math.sqrt(D)
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
@@ -255,6 +262,13 @@ def _check_scale(scale: Any, D: int) -> float:
         raise ValueError(f"sdpa: scale must be finite, got {scale!r:.40}") from None
     if not math.isfinite(s):
         raise ValueError(f"sdpa: scale must be finite, got {s}")
+    computed = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    bound = _SCALE_RANGE[computed]
+    if s != 0 and not bound <= abs(s) <= 1 / bound:
+        raise ValueError(
+            f"sdpa: scale must be 0 or of magnitude between {bound:g} and {1 / bound:g} "
+            f"when computing in {computed}, got {s!r}"
+        )
     return s
 
 
