@@ -83,8 +83,12 @@ static void cols_exact(float *st, int64_t nk, int64_t M, int64_t r0, int64_t r1,
 /* Columns r0..r1, sweeping rows: alpha holds the column max until the end. */
 static void cols_portable_range(float *st, int64_t nk, int64_t M, int64_t r0, int64_t r1, float *m, float *l,
                                 float *alpha) {
+    /* NaN or +inf in the scores or the running max (a sink) takes the exact path */
     int bad = 0;
-    for (int64_t r = r0; r < r1; r++) alpha[r] = m[r];
+    for (int64_t r = r0; r < r1; r++) {
+        alpha[r] = m[r];
+        bad |= (m[r] != m[r]) | (m[r] == INFINITY);
+    }
     for (int64_t j = 0; j < nk; j++) {
         const float *row = st + j * M;
         for (int64_t r = r0; r < r1; r++) {
@@ -145,7 +149,8 @@ __attribute__((target("avx2,fma"))) static void cols_avx2(float *st, int64_t nk,
     const __m256 inf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
     int64_t r = 0;
     for (; r + 8 <= M; r += 8) {
-        __m256 vm = _mm256_loadu_ps(m + r), mx = vm, bad = zero;
+        __m256 vm = _mm256_loadu_ps(m + r), mx = vm;
+        __m256 bad = _mm256_or_ps(_mm256_cmp_ps(vm, vm, _CMP_UNORD_Q), _mm256_cmp_ps(vm, inf, _CMP_EQ_OQ));
         for (int64_t j = 0; j < nk; j++) {
             __m256 x = _mm256_loadu_ps(st + j * M + r);
             mx = _mm256_max_ps(mx, x);
@@ -193,7 +198,7 @@ __attribute__((target("avx512f"))) static void cols_avx512(float *st, int64_t nk
     for (int64_t r = 0; r < M; r += 16) {
         __mmask16 live = M - r >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (M - r)) - 1);
         __m512 vm = _mm512_maskz_loadu_ps(live, m + r), mx = vm;
-        __mmask16 bad = 0;
+        __mmask16 bad = _mm512_cmp_ps_mask(vm, vm, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(vm, inf, _CMP_EQ_OQ);
         for (int64_t j = 0; j < nk; j++) {
             __m512 x = _mm512_maskz_loadu_ps(live, st + j * M + r);
             mx = _mm512_max_ps(mx, x);
