@@ -186,7 +186,8 @@ static void CAT(run_tile_, SFX)(void *arg, int64_t task, int32_t slot) {
                         REAL x = mrow[j * mcs], x2 = x * (REAL)LOG2E;
                         if (x2 < -REAL_MAX && x != -(REAL)INFINITY) x2 = -REAL_MAX;
                         if (x2 > REAL_MAX && x != (REAL)INFINITY) x2 = REAL_MAX;
-                        st[j * M + r] += x2;
+                        /* -inf hides the key whatever its score, NaN included */
+                        st[j * M + r] = x == -(REAL)INFINITY ? x : st[j * M + r] + x2;
                     }
                 }
             }

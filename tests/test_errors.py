@@ -3,6 +3,10 @@
 One table: (description, call, exception, argument named, extra substrings).
 Each call breaks exactly one rule of an otherwise valid call:
 q (1, 4, 3, 8), k (1, 2, 5, 8), v (1, 2, 5, 6), float32.
+
+Then sizes beyond BLAS's 32-bit int or beyond memory (a correct answer, or
+ValueError / MemoryError, never a crash), and allocation failures inside the
+core (npattn._core.debug_fail_alloc_after), which become MemoryError.
 """
 
 import re
@@ -36,6 +40,30 @@ def read_only(shape, dtype=np.float32):
     return x
 
 
+def unaligned(shape, dtype=np.float32):
+    """A writeable array of `shape` whose data is one byte off alignment."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer(bytearray(n + 1), np.uint8)[1:].view(dtype).reshape(shape)
+
+
+def rank2_call(**kwargs):
+    """A valid rank-2 call, (3, 8), (5, 8), (5, 6), with keywords replaced."""
+    return lambda: npattn.sdpa(arr((3, 8)), arr((5, 8)), arr((5, 6)), **kwargs)
+
+
+def out_is_k():
+    """out passed as k itself (k given the result's shape)."""
+    k = np.ones((1, 4, 3, 8), np.float32)
+    return lambda: npattn.sdpa(arr((1, 4, 3, 8)), k, arr((1, 4, 3, 8)), out=k)
+
+
+def out_overlapping_bool_mask():
+    """out a float32 view of a bool mask's memory."""
+    mask = np.ones(4 * 3 * 6 * 4, bool)
+    out = mask.view(np.float32).reshape(OUT_SHAPE)
+    return lambda: npattn.sdpa(arr(Q_SHAPE), arr(K_SHAPE), arr(V_SHAPE), mask=mask[:60].reshape(4, 3, 5), out=out)
+
+
 def bad_dtype_rows():
     """A TypeError naming the operand for every non-float dtype of q, k and v."""
     bad = {
@@ -45,6 +73,11 @@ def bad_dtype_rows():
         "complex": lambda s: np.ones(s, np.complex64),
         "object": lambda s: np.ones(s, object),
         "str": lambda s: np.full(s, "1.0"),
+        "uint8": lambda s: np.ones(s, np.uint8),
+        "complex128": lambda s: np.ones(s, np.complex128),
+        "datetime64": lambda s: np.ones(s, "M8[s]"),
+        "bytes": lambda s: np.full(s, b"1"),
+        "structured": lambda s: np.zeros(s, [("a", "f4")]),
     }
     shapes = {"q": Q_SHAPE, "k": K_SHAPE, "v": V_SHAPE}
     rows = []
@@ -52,6 +85,9 @@ def bad_dtype_rows():
         for kind, make in bad.items():
             rows.append((f"{name} {kind} array", call(**{name: make(shape)}), TypeError, name, ()))
         rows.append((f"{name} None", call(**{name: None}), TypeError, name, ()))
+        rows.append((f"{name} a dict", call(**{name: {}}), TypeError, name, ()))
+        rows.append((f"{name} a string", call(**{name: "1.0"}), TypeError, name, ()))
+        rows.append((f"{name} longdouble", call(**{name: np.ones(shape, np.longdouble)}), TypeError, name, ()))
     return rows
 
 
@@ -84,6 +120,8 @@ ROWS = [
     ("k 0-D", call(k=arr(())), ValueError, "k", ()),
     ("v 1-D", call(v=arr((6,))), ValueError, "v", ()),
     ("v 0-D", call(v=arr(())), ValueError, "v", ()),
+    ("q a Python float", call(q=1.0), ValueError, "q", ()),
+    ("k a flat list", call(k=[1.0, 2.0]), ValueError, "k", ()),
     # shapes that do not fit together
     ("D of k != D of q", call(k=arr((1, 2, 5, 7))), ValueError, "k", ("(1, 2, 5, 7)",)),
     ("D of q != D of k", call(q=arr((1, 4, 3, 9))), ValueError, "q", ("(1, 4, 3, 9)",)),
@@ -107,7 +145,26 @@ ROWS = [
         "v",
         ("(3, 2, 5, 6)",),
     ),
+    ("H_kv of v != H_kv of k (v more)", call(v=arr((1, 4, 5, 6))), ValueError, "v", ("(1, 4, 5, 6)",)),
+    ("D of rank-2 k != D of q", call(q=arr((3, 8)), k=arr((5, 4)), v=arr((5, 6))), ValueError, "k", ("k (5, 4)",)),
+    ("S of rank-2 v != S of k", call(q=arr((3, 8)), k=arr((5, 8)), v=arr((6, 6))), ValueError, "v", ("v (6, 6)",)),
+    ("rank-2 q against 2 kv heads", call(q=arr((3, 8))), ValueError, "q", ("multiple",)),
+    (
+        "batch dims of k and v do not broadcast",
+        call(k=arr((2, 2, 5, 8)), v=arr((3, 2, 5, 6))),
+        ValueError,
+        "v",
+        ("(2, 2, 5, 8)", "(3, 2, 5, 6)"),
+    ),
+    (
+        "leading batch dims do not broadcast",
+        call(q=arr((2, 1, 4, 3, 8)), k=arr((3, 1, 2, 5, 8)), v=arr((3, 1, 2, 5, 6))),
+        ValueError,
+        "batch",
+        ("(2, 1, 4, 3, 8)",),
+    ),
     ("ragged list", call(q=[[1.0, 2.0], [3.0]]), ValueError, "q", ()),
+    ("ragged k", call(k=[[[1.0, 2.0]], [[3.0]]]), ValueError, "k", ()),
     # dtypes of q, k, v
     *bad_dtype_rows(),
     # mask
@@ -131,6 +188,19 @@ ROWS = [
     ("float number as mask", call(mask=0.0), TypeError, "mask", ()),
     ("int number as mask", call(mask=1), TypeError, "mask", ()),
     ("numpy scalar as mask", call(mask=np.float32(0)), TypeError, "mask", ()),
+    ("True as mask", call(mask=True), TypeError, "mask", ()),
+    ("numpy bool as mask", call(mask=np.bool_(True)), TypeError, "mask", ()),
+    ("complex number as mask", call(mask=1j), TypeError, "mask", ()),
+    ("list of ints as mask", call(mask=[[1] * 5] * 3), TypeError, "mask", ("int",)),
+    ("str array as mask", call(mask=np.full((3, 5), "a")), TypeError, "mask", ()),
+    ("bytes as mask", call(mask=b"causal"), TypeError, "mask", ()),
+    ("dict as mask", call(mask={}), TypeError, "mask", ()),
+    ("datetime mask", call(mask=np.zeros((3, 5), "M8[s]")), TypeError, "mask", ()),
+    ("empty string as mask", call(mask=""), ValueError, "mask", ("causal_top_left",)),
+    ("mask with L and S swapped", call(mask=np.ones((5, 3), bool)), ValueError, "mask", ("(5, 3)",)),
+    ("mask of S + 1 keys", call(mask=np.zeros((3, 6), np.float64)), ValueError, "mask", ("(3, 6)",)),
+    ("mask with H_kv heads", call(mask=np.ones((2, 3, 5), bool)), ValueError, "mask", ("(2, 3, 5)",)),
+    ("ragged list as mask", call(mask=[[0.0], [0.0, 1.0]]), ValueError, "mask", ()),
     # sinks
     ("sinks too short", call(sinks=np.zeros(3)), ValueError, "sinks", ("(3,)",)),
     ("sinks one per kv head", call(sinks=np.zeros(2)), ValueError, "sinks", ("(2,)",)),
@@ -139,6 +209,12 @@ ROWS = [
     ("sinks complex", call(sinks=np.zeros(4, np.complex64)), TypeError, "sinks", ()),
     ("sinks str", call(sinks=np.array(["0"] * 4)), TypeError, "sinks", ()),
     ("sinks object", call(sinks=np.array([None] * 4)), TypeError, "sinks", ()),
+    ("sinks bool", call(sinks=np.ones(4, bool)), TypeError, "sinks", ("bool",)),
+    ("sinks a string", call(sinks="abcd"), TypeError, "sinks", ()),
+    ("sinks too long", call(sinks=np.zeros(5)), ValueError, "sinks", ("(5,)",)),
+    ("sinks empty", call(sinks=[]), ValueError, "sinks", ("(0,)",)),
+    ("ragged list as sinks", call(sinks=[[0.0], [0.0, 1.0]]), ValueError, "sinks", ()),
+    ("sinks one per head and batch", call(sinks=np.zeros((1, 4))), ValueError, "sinks", ("(1, 4)",)),
     # scale
     ("scale nan", call(scale=float("nan")), ValueError, "scale", ()),
     ("scale inf", call(scale=float("inf")), ValueError, "scale", ()),
@@ -147,12 +223,29 @@ ROWS = [
     ("scale a string", call(scale="a"), TypeError, "scale", ()),
     ("scale a list", call(scale=[1.0]), TypeError, "scale", ()),
     ("scale complex", call(scale=1j), TypeError, "scale", ()),
+    ("scale numpy inf", call(scale=np.float64("inf")), ValueError, "scale", ()),
+    ("scale 0-d array nan", call(scale=np.array(np.nan)), ValueError, "scale", ()),
+    ("scale bool", call(scale=True), TypeError, "scale", ()),
+    ("scale 1-D array", call(scale=np.ones(1)), TypeError, "scale", ()),
+    ("scale complex numpy", call(scale=np.complex64(1)), TypeError, "scale", ()),
+    ("scale bytes", call(scale=b"1"), TypeError, "scale", ()),
+    ("scale an int beyond float range", call(scale=10**400), ValueError, "scale", ()),
+    ("scale beyond 1e30 for float32", call(scale=1e31), ValueError, "scale", ("1e+31",)),
+    ("scale below 1e-30 for float32", call(scale=-1e-31), ValueError, "scale", ("1e-31",)),
     # threads
     ("threads 0", call(threads=0), ValueError, "threads", ("0",)),
     ("threads -1", call(threads=-1), ValueError, "threads", ("-1",)),
     ("threads a float", call(threads=1.5), TypeError, "threads", ()),
     ("threads a float with int value", call(threads=2.0), TypeError, "threads", ()),
     ("threads a string", call(threads="2"), TypeError, "threads", ()),
+    ("threads -2**63", call(threads=-(2**63)), ValueError, "threads", ()),
+    ("threads beyond any int", call(threads=2**70), ValueError, "threads", ()),
+    ("threads a million", call(threads=10**6), ValueError, "threads", ("1000000",)),
+    ("threads True", call(threads=True), TypeError, "threads", ()),
+    ("threads numpy float", call(threads=np.float64(2)), TypeError, "threads", ()),
+    ("threads numpy 0", call(threads=np.int32(0)), ValueError, "threads", ("0",)),
+    ("threads a list", call(threads=[2]), TypeError, "threads", ()),
+    ("threads nan", call(threads=float("nan")), TypeError, "threads", ()),
     # out
     (
         "out of wrong shape",
@@ -168,12 +261,25 @@ ROWS = [
     ("out overlapping v", out_overlapping_v(), ValueError, "out", ()),
     ("out overlapping mask", out_overlapping_mask(), ValueError, "out", ()),
     ("out a list", call(out=[[0.0] * 6] * 3), TypeError, "out", ()),
+    ("out a memoryview", call(out=memoryview(bytearray(288))), TypeError, "out", ()),
+    ("out a scalar", call(out=np.float32(0)), TypeError, "out", ()),
+    ("out byte-swapped", call(out=np.empty(OUT_SHAPE, ">f4")), ValueError, "out", ()),
+    ("out unaligned", call(out=unaligned(OUT_SHAPE)), ValueError, "out", ()),
+    ("out a broadcast view", call(out=np.broadcast_to(np.zeros(6, np.float32), OUT_SHAPE)), ValueError, "out", ()),
+    ("out transposed shape", call(out=np.empty((1, 3, 4, 6), np.float32)), ValueError, "out", ("(1, 3, 4, 6)",)),
+    ("out float16 for float32", call(out=np.empty(OUT_SHAPE, np.float16)), ValueError, "out", ("float16",)),
+    ("out rank 2 for a rank-4 result", call(out=np.empty((3, 6), np.float32)), ValueError, "out", ("(3, 6)",)),
+    ("out rank 4 for a rank-2 result", rank2_call(out=np.empty((1, 1, 3, 6), np.float32)), ValueError, "out", ()),
+    ("out the very array k", out_is_k(), ValueError, "out", ()),
+    ("out overlapping a bool mask", out_overlapping_bool_mask(), ValueError, "out", ()),
 ]
 
 
-@pytest.mark.parametrize(
-    "description, fn, exception, argument, substrings", ROWS, ids=[row[0] for row in ROWS]
-)
+def _row_id(row):
+    return row.id if hasattr(row, "id") else row[0]
+
+
+@pytest.mark.parametrize("description, fn, exception, argument, substrings", ROWS, ids=[_row_id(r) for r in ROWS])
 def test_invalid_input_raises_naming_the_argument(capfd, description, fn, exception, argument, substrings):
     """An invalid input raises `exception`; the message starts "sdpa: " and names the argument.
 
@@ -230,3 +336,161 @@ def test_accepted_edge_values():
         {"threads": 1},
     ):
         assert npattn.sdpa(q, k, v, **kwargs).shape == OUT_SHAPE
+
+
+def test_invalid_input_table_covers_every_rule():
+    """The table above has at least one row for each rule of the issue: a count, kept honest."""
+    ids = [_row_id(row) for row in ROWS]
+    assert len(ids) == len(set(ids)), "duplicate row descriptions"
+    for needle in [
+        "1-D",
+        "0-D",
+        "D of",
+        "S of",
+        "H_kv",
+        "multiple",
+        "broadcast",
+        "int32 array",
+        "bool array",
+        "complex array",
+        "object array",
+        "str array",
+        "None",
+        "unknown mask string",
+        "mask of wrong shape",
+        "int mask",
+        "number as mask",
+        "sinks",
+        "scale nan",
+        "scale inf",
+        "scale a string",
+        "threads 0",
+        "threads -1",
+        "threads a float",
+        "threads a string",
+        "out of wrong shape",
+        "out of wrong dtype",
+        "out read-only",
+        "out overlapping",
+        "out a list",
+    ]:
+        assert any(needle in i for i in ids), needle
+    assert len(ids) >= 150
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "1.5", "", "4097"])
+def test_bad_npattn_num_threads_is_value_error_naming_it(monkeypatch, value):
+    """threads=None with a bad NPATTN_NUM_THREADS: ValueError naming the variable and its value."""
+    monkeypatch.setenv("NPATTN_NUM_THREADS", value)
+    with pytest.raises(ValueError, match=r"^sdpa: NPATTN_NUM_THREADS") as info:
+        call()()
+    assert repr(value) in str(info.value) or value in str(info.value)
+
+
+# ---- sizes: beyond BLAS's 32-bit int, or too large to allocate ----
+#
+# Each gives a correct answer, a ValueError or a MemoryError; never a crash or
+# a wrapped-around integer. Large operands are np.zeros (calloc: pages that are
+# never touched cost no memory) or zero-stride broadcast views.
+
+INT_MAX = 2**31 - 1
+
+
+def _view(shape):
+    return np.broadcast_to(np.ones((1,) * len(shape), np.float32), shape)
+
+
+@pytest.mark.parametrize(
+    "description, q_shape, k_shape, v_shape",
+    [
+        # the issue's example: a (2**20, 2**12, 2**12, 1) result is 64 TiB
+        ("64 TiB result", (2**20, 2**12, 2**12, 1), (1, 1, 1, 1), (1, 1, 1, 1)),
+        # batch dims whose product overflows int64, from one operand or from two
+        ("q and k batches beyond int64", (2**40, 1, 1, 1, 1), (1, 2**40, 1, 1, 1), (1, 1, 1, 1)),
+        ("q, k and v batches beyond int64", (2**30, 1, 1, 1, 1, 1), (1, 2**30, 1, 1, 1, 1), (1, 1, 2**30, 1, 1, 1)),
+        ("H_q beyond memory", (1, 2**45, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1)),
+        ("L beyond memory", (1, 1, 2**45, 1), (1, 1, 1, 1), (1, 1, 1, 1)),
+    ],
+)
+def test_result_too_large_is_memory_or_value_error(capfd, description, q_shape, k_shape, v_shape):
+    """A result that cannot be allocated is a MemoryError or ValueError, never a crash."""
+    try:
+        q, k, v = _view(q_shape), _view(k_shape), _view(v_shape)
+    except ValueError:
+        pytest.skip(f"NumPy cannot build these views: {q_shape}, {k_shape}, {v_shape}")
+    with pytest.raises((MemoryError, ValueError)):
+        npattn.sdpa(q, k, v)
+    assert capfd.readouterr().err == ""
+
+
+def test_width_beyond_int_max_is_refused_or_correct():
+    """D = 2**31 (k's rows longer than a BLAS int): ValueError or MemoryError, or the right answer."""
+    D = INT_MAX + 1
+    q = np.broadcast_to(np.ones((1, 1, 1, 1), np.float16), (1, 1, 1, D))
+    k = np.zeros((1, 1, 1, D), np.float16)  # 4 GiB of untouched pages
+    v = np.full((1, 1, 1, 2), 3.0, np.float16)
+    try:
+        out = npattn.sdpa(q, k, v)
+    except (ValueError, MemoryError):
+        return
+    np.testing.assert_array_equal(out, v)
+
+
+def test_value_width_beyond_int_max_is_refused_or_correct():
+    """D_v = 2**31: ValueError or MemoryError, or the right answer."""
+    v = np.zeros((1, 1, 1, INT_MAX + 1), np.float16)
+    try:
+        out = npattn.sdpa(np.ones((1, 1, 1, 2), np.float16), np.ones((1, 1, 1, 2), np.float16), v)
+    except (ValueError, MemoryError):
+        return
+    assert out.shape == v.shape and not out[..., :4096].any() and not out[..., -4096:].any()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_keys_beyond_int_max(threads):
+    """S = 2**31 + 3 keys (more than a BLAS int) under a top-left causal mask: the one
+    query sees key 0 only, so the answer is v[0], computed without reading the rest."""
+    S = INT_MAX + 4
+    k = np.zeros((1, 1, S, 1), np.float16)  # 4 GiB of untouched pages each
+    v = np.zeros((1, 1, S, 2), np.float16)
+    v[0, 0, 0] = 3.0
+    out = npattn.sdpa(np.ones((1, 1, 1, 1), np.float16), k, v, mask="causal_top_left", threads=threads)
+    np.testing.assert_array_equal(out, [[[[3.0, 3.0]]]])
+
+
+# ---- allocation failure inside the core ----
+
+
+@pytest.fixture
+def fail_alloc():
+    """npattn._core.debug_fail_alloc_after, always turned off again afterwards."""
+    try:
+        yield npattn._core.debug_fail_alloc_after
+    finally:
+        npattn._core.debug_fail_alloc_after(-1)
+
+
+@pytest.mark.parametrize(
+    "description, L, S, threads, n_alloc",
+    [
+        ("prefill, one thread", 40, 50, 1, 1),
+        ("prefill, two threads", 200, 300, 2, 1),
+        ("decode with split-K", 1, 4096, 2, 2),  # scratch, then the split-K partials
+    ],
+)
+def test_core_allocation_failure_is_memory_error(fail_alloc, capfd, description, L, S, threads, n_alloc):
+    """Every allocation in the core, made to fail in turn, gives MemoryError; the next call works."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 2, L, 16))
+    k = rng.standard_normal((1, 1, S, 16))
+    v = rng.standard_normal((1, 1, S, 8))
+    want = npattn.sdpa(q, k, v, threads=threads)
+    for n in range(n_alloc):
+        fail_alloc(n)
+        with pytest.raises(MemoryError, match=r"^sdpa: "):
+            npattn.sdpa(q, k, v, threads=threads)
+        fail_alloc(-1)
+        np.testing.assert_array_equal(npattn.sdpa(q, k, v, threads=threads), want)
+    fail_alloc(n_alloc)  # exactly enough allocations
+    np.testing.assert_array_equal(npattn.sdpa(q, k, v, threads=threads), want)
+    assert capfd.readouterr().err == ""

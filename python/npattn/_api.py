@@ -247,7 +247,7 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray, got: str) -> tupl
 # The core folds scale * log2(e) into q, in the dtype it computes in; a scale
 # this far from 1 would overflow or vanish there even where scale * (q . k)
 # does not, so it is refused rather than computed wrongly.
-_SCALE_RANGE = {np.dtype(np.float64): 1e-300, np.dtype(np.float32): 1e-30}
+_SCALE_RANGE = {np.dtype(np.float64): (1e-300, 1e300), np.dtype(np.float32): (1e-30, 1e30)}
 
 
 def _check_scale(scale: Any, D: int, dtype: np.dtype) -> float:
@@ -263,10 +263,10 @@ def _check_scale(scale: Any, D: int, dtype: np.dtype) -> float:
     if not math.isfinite(s):
         raise ValueError(f"sdpa: scale must be finite, got {s}")
     computed = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
-    bound = _SCALE_RANGE[computed]
-    if s != 0 and not bound <= abs(s) <= 1 / bound:
+    low, high = _SCALE_RANGE[computed]
+    if s != 0 and not low <= abs(s) <= high:
         raise ValueError(
-            f"sdpa: scale must be 0 or of magnitude between {bound:g} and {1 / bound:g} "
+            f"sdpa: scale must be 0 or of magnitude between {low:g} and {high:g} "
             f"when computing in {computed}, got {s!r}"
         )
     return s
