@@ -51,34 +51,39 @@ static inline float exp2_nonpos(float x) {
     return x < EXP2_MIN ? 0.0f : p * pow2n;
 }
 
-/* The exact path for columns r0..r1 that hold NaN or +inf: libm's exp2f,
- * which propagates them as the formula does. */
-static void cols_exact(float *st, int64_t nk, int64_t M, int64_t r0, int64_t r1, float *m, float *l, float *alpha) {
-    for (int64_t r = r0; r < r1; r++) {
-        float mx = m[r];
-        int nan = mx != mx;
-        for (int64_t j = 0; j < nk; j++) {
-            float x = st[j * M + r];
-            nan |= x != x;
-            mx = x > mx ? x : mx;
-        }
-        if (nan) mx = NAN;
-        if (mx == -INFINITY) { /* nothing visible yet: contribute nothing */
-            for (int64_t j = 0; j < nk; j++) st[j * M + r] = 0.0f;
-            alpha[r] = 1.0f;
-            continue;
-        }
-        float a = exp2f(m[r] - mx), sum = 0.0f;
-        for (int64_t j = 0; j < nk; j++) {
-            float p = exp2f(st[j * M + r] - mx);
-            st[j * M + r] = p;
-            sum += p;
-        }
-        l[r] = l[r] * a + sum;
-        m[r] = mx;
-        alpha[r] = a;
+/* The exact path, for columns r0..r1 that hold NaN or +inf (and for all of
+ * float64): libm's exp2, which propagates them as the formula does. Written
+ * once for float and double. */
+#define DEFINE_COLS_EXACT(NAME, REAL, EXP2)                                                                  \
+    static void NAME(REAL *st, int64_t nk, int64_t M, int64_t r0, int64_t r1, REAL *m, REAL *l, REAL *alpha) { \
+        for (int64_t r = r0; r < r1; r++) {                                                                   \
+            REAL mx = m[r];                                                                                   \
+            int nan = mx != mx;                                                                               \
+            for (int64_t j = 0; j < nk; j++) {                                                                \
+                REAL x = st[j * M + r];                                                                       \
+                nan |= x != x;                                                                                \
+                mx = x > mx ? x : mx;                                                                         \
+            }                                                                                                 \
+            if (nan) mx = (REAL)NAN;                                                                          \
+            if (mx == -(REAL)INFINITY) { /* nothing visible yet: contribute nothing */                        \
+                for (int64_t j = 0; j < nk; j++) st[j * M + r] = 0;                                           \
+                alpha[r] = 1;                                                                                 \
+                continue;                                                                                     \
+            }                                                                                                 \
+            REAL a = EXP2(m[r] - mx), sum = 0;                                                                \
+            for (int64_t j = 0; j < nk; j++) {                                                                \
+                REAL p = EXP2(st[j * M + r] - mx);                                                            \
+                st[j * M + r] = p;                                                                            \
+                sum += p;                                                                                     \
+            }                                                                                                 \
+            l[r] = l[r] * a + sum;                                                                            \
+            m[r] = mx;                                                                                        \
+            alpha[r] = a;                                                                                     \
+        }                                                                                                     \
     }
-}
+
+DEFINE_COLS_EXACT(cols_exact, float, exp2f)
+DEFINE_COLS_EXACT(cols_exact_f64, double, exp2)
 
 /* Columns r0..r1, sweeping rows: alpha holds the column max until the end. */
 static void cols_portable_range(float *st, int64_t nk, int64_t M, int64_t r0, int64_t r1, float *m, float *l,
@@ -528,28 +533,5 @@ void npattn_softmax_cols_f32(float *st, int64_t nk, int64_t M, float *m, float *
 }
 
 void npattn_softmax_cols_f64(double *st, int64_t nk, int64_t M, double *m, double *l, double *alpha) {
-    for (int64_t r = 0; r < M; r++) {
-        double mx = m[r];
-        int nan = mx != mx;
-        for (int64_t j = 0; j < nk; j++) {
-            double x = st[j * M + r];
-            nan |= x != x;
-            mx = x > mx ? x : mx;
-        }
-        if (nan) mx = NAN;
-        if (mx == -INFINITY) { /* nothing visible yet: contribute nothing */
-            for (int64_t j = 0; j < nk; j++) st[j * M + r] = 0.0;
-            alpha[r] = 1.0;
-            continue;
-        }
-        double a = exp2(m[r] - mx), sum = 0.0;
-        for (int64_t j = 0; j < nk; j++) {
-            double p = exp2(st[j * M + r] - mx);
-            st[j * M + r] = p;
-            sum += p;
-        }
-        l[r] = l[r] * a + sum;
-        m[r] = mx;
-        alpha[r] = a;
-    }
+    cols_exact_f64(st, nk, M, 0, M, m, l, alpha);
 }
