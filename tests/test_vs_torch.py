@@ -18,6 +18,7 @@ import npattn
 import numpy as np
 import pytest
 from npattn import _interop, reference
+from parity import MASKS, SHAPES, ParityStats
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -26,42 +27,11 @@ from torch.nn.attention.bias import causal_lower_right
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-# ---- shapes: the course's odd GQA sizes and three models' head layouts ----
+# ---- the shapes and masks compared over, and the figures reported after the module ----
 
-SHAPES = {  # name: (batch, H_q, H_kv, L, S, D)
-    "course": ((2,), 18, 6, 3, 7, 5),
-    "qwen2-0.5b-prefill": ((1,), 14, 2, 64, 64, 64),
-    "qwen2-0.5b-chunked": ((1,), 14, 2, 16, 64, 64),
-    "qwen2-0.5b-decode": ((2,), 14, 2, 1, 64, 64),
-    "qwen3-4b-prefill": ((1,), 32, 8, 48, 48, 128),
-    "qwen3-4b-chunked": ((1,), 32, 8, 8, 40, 128),
-    "qwen3-4b-decode": ((1,), 32, 8, 1, 40, 128),
-    "gpt2-prefill": ((1,), 12, 12, 64, 64, 64),
-    "gpt2-chunked": ((1,), 12, 12, 16, 64, 64),
-    "gpt2-decode": ((2,), 12, 12, 1, 64, 64),
-}
-MASKS = ["causal", "causal_top_left", None, "bool", "additive"]
-
-# ---- statistics: how many cases ran and the largest |npattn - torch| per dtype ----
-
-STATS = {}
-
-
-def record(dtype_name, diff):
-    count, worst = STATS.get(dtype_name, (0, 0.0))
-    STATS[dtype_name] = (count + 1, max(worst, diff))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def parity_summary(pytestconfig):
-    """Print, after this module, how many parity cases ran and their largest difference."""
-    yield
-    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None and STATS:
-        parts = [f"{name}: {n} cases, max |npattn - torch| {worst:.3g}" for name, (n, worst) in STATS.items()]
-        with capture.global_and_fixture_disabled():
-            reporter.write_line(f"\nparity vs torch {torch.__version__}: " + "; ".join(parts))
+STATS = ParityStats(lambda: f"torch {torch.__version__}")
+record = STATS.record
+parity_summary = STATS.fixture()
 
 
 # ---- helpers ----
