@@ -144,6 +144,15 @@ def sdpa(
     sinks = _prepare_sinks(sinks, H_q)
     threads = _check_threads(threads)
 
+    # The result first: a result too large to allocate fails before any copy.
+    shape = (*batch, H_q, L, D_v)
+    if out is None:
+        result = _empty_result(shape, dtype)
+    else:
+        result = _check_out(out, shape[-2:] if rank2 else shape, dtype, (q, k, v, mask))
+        if rank2:
+            result = result[np.newaxis]  # a view: out is written in place
+
     # Read in place what BLAS can read; convert or copy the rest, once, before
     # broadcasting, so a shared k/v batch is never copied per batch.
     q = _native(q, dtype, blas=False)
@@ -152,14 +161,6 @@ def sdpa(
     q = np.broadcast_to(q, (*batch, *q.shape[-3:]))
     k = np.broadcast_to(k, (*batch, *k.shape[-3:]))
     v = np.broadcast_to(v, (*batch, *v.shape[-3:]))
-
-    shape = (*batch, H_q, L, D_v)
-    if out is None:
-        result = np.empty(shape, dtype)
-    else:
-        result = _check_out(out, shape[-2:] if rank2 else shape, dtype, (q, k, v, mask))
-        if rank2:
-            result = result[np.newaxis]  # a view: out is written in place
 
     if result.size == 0 or S == 0:
         result[...] = 0  # nothing to compute; rows that see no key are zeros
@@ -352,6 +353,15 @@ def _available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def _empty_result(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    try:
+        return np.empty(shape, dtype)
+    except MemoryError:
+        raise MemoryError(f"sdpa: cannot allocate the result, shape {shape} of {dtype}") from None
+    except ValueError:  # more elements than an array can index
+        raise ValueError(f"sdpa: the result, shape {shape} of {dtype}, is too large for an array") from None
 
 
 def _check_out(out: Any, shape: tuple, dtype: np.dtype, inputs: tuple) -> np.ndarray:
