@@ -21,6 +21,7 @@
 #define TILE_ROW_ELEMS 8192       /* stacked query rows (heads x positions) times width */
 #define TILE_ROWS_MIN 16
 #define TILE_ROWS_MAX 128
+#define TILE_QUERY_MAX 64         /* query positions per tile */
 #define TILE_KEYS_MIN 16
 #define TILE_KEYS_MAX 512
 #define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
@@ -212,7 +213,9 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     int64_t unit = 16;
     for (int64_t h = pl.bh; h % 2 == 0 && unit > 1; h /= 2) unit /= 2;
     if (pl.bq >= unit) pl.bq = pl.bq / unit * unit;
-    pl.bq = min64(p->n_query, pl.bq);
+    /* at most 64 query positions per tile: the diagonal tiles of a causal
+     * mask waste about bq / L of the work */
+    pl.bq = min64(p->n_query, min64(pl.bq, TILE_QUERY_MAX));
     pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
     pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
     pl.max_m = pl.bh * pl.bq;
