@@ -334,18 +334,10 @@ def bottom_right_bool(L: int, S: int):
 
 
 def numpy_formula(q, k, v, scale, mask):
-    """The tutorial's formula: scores, scale, mask, softmax, @ v; GQA by reshape."""
-    import numpy as np
+    """The tutorial's formula in float32 NumPy: the one `python -m npattn` times."""
+    from npattn.__main__ import numpy_sdpa
 
-    *batch, h_q, L, D = q.shape
-    h_kv = k.shape[-3]
-    q = q.reshape(*batch, h_kv, h_q // h_kv, L, D)  # query head h reads kv head h // (h_q // h_kv)
-    scores = q @ k[..., None, :, :].swapaxes(-1, -2) * np.float32(scale)
-    if mask is not None:
-        scores = scores + mask
-    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    scores /= scores.sum(axis=-1, keepdims=True)
-    return (scores @ v[..., None, :, :]).reshape(*batch, h_q, L, v.shape[-1])
+    return numpy_sdpa(q, k, v, scale, mask)
 
 
 def prepare(system: str, case: Case, q, k, v, threads: int) -> tuple[Callable, Callable, str]:
