@@ -227,12 +227,6 @@ __attribute__((target("avx512f"))) static void cols_avx512(float *st, int64_t nk
 }
 #endif
 
-struct simd;
-static const struct simd *simd(void);
-#ifdef NPATTN_X86
-static const struct simd simd_avx512;
-#endif
-
 /* ---- streaming kernels for decode: each key and value row read once ---- */
 
 #ifdef NPATTN_X86
@@ -349,43 +343,6 @@ __attribute__((target("avx512f"))) static void accumulate_avx512(const float *st
 }
 #endif
 
-int npattn_stream_available(void) {
-#ifdef NPATTN_X86
-    return simd() == &simd_avx512;
-#else
-    return 0;
-#endif
-}
-
-void npattn_scores_rows_f32(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk,
-                            float *st) {
-#ifdef NPATTN_X86
-    if (simd() == &simd_avx512) {
-        scores_avx512(q, M, D, k, ldk, nk, st);
-        return;
-    }
-#endif
-    for (int64_t j = 0; j < nk; j++)
-        for (int64_t r = 0; r < M; r++) {
-            float acc = 0.0f;
-            for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * k[j * ldk + d];
-            st[j * M + r] = acc;
-        }
-}
-
-void npattn_accumulate_rows_f32(const float *st, int64_t M, int64_t nk, const float *v, int64_t ldv, int64_t Dv,
-                                float *o) {
-#ifdef NPATTN_X86
-    if (simd() == &simd_avx512) {
-        accumulate_avx512(st, M, nk, v, ldv, Dv, o);
-        return;
-    }
-#endif
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t j = 0; j < nk; j++)
-            for (int64_t e = 0; e < Dv; e++) o[r * Dv + e] += st[j * M + r] * v[j * ldv + e];
-}
-
 /* ---- dispatch ---- */
 
 struct simd {
@@ -429,6 +386,45 @@ int npattn_simd_force(const char *name) {
     if (!want) return -1;
     simd_chosen = want;
     return 0;
+}
+
+/* ---- the streaming kernels, dispatched ---- */
+
+int npattn_stream_available(void) {
+#ifdef NPATTN_X86
+    return simd() == &simd_avx512;
+#else
+    return 0;
+#endif
+}
+
+void npattn_scores_rows_f32(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk,
+                            float *st) {
+#ifdef NPATTN_X86
+    if (simd() == &simd_avx512) {
+        scores_avx512(q, M, D, k, ldk, nk, st);
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t r = 0; r < M; r++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * k[j * ldk + d];
+            st[j * M + r] = acc;
+        }
+}
+
+void npattn_accumulate_rows_f32(const float *st, int64_t M, int64_t nk, const float *v, int64_t ldv, int64_t Dv,
+                                float *o) {
+#ifdef NPATTN_X86
+    if (simd() == &simd_avx512) {
+        accumulate_avx512(st, M, nk, v, ldv, Dv, o);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = 0; j < nk; j++)
+            for (int64_t e = 0; e < Dv; e++) o[r * Dv + e] += st[j * M + r] * v[j * ldv + e];
 }
 
 /* ---- float16 and bfloat16 rows, to and from float32 ---- */
