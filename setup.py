@@ -34,12 +34,13 @@ if BLAS_MODE not in BLAS_MODES:
 # The scipy-openblas32 wheel's shared library, as copied next to the extension.
 VENDORED_LIB = "libscipy_openblas.so"
 
-# The C core and its CPython glue; test_*.c and fuzz_*.c are stand-alone programs.
-SOURCES = sorted(
-    path
-    for path in glob.glob("csrc/*.c")
-    if not os.path.basename(path).startswith(("test_", "fuzz_"))
-)
+
+def core_sources():
+    """The C core's sources, as csrc/sources.mk lists them for csrc/Makefile, and the glue."""
+    with open(os.path.join("csrc", "sources.mk")) as f:
+        text = f.read().replace("\\\n", " ")
+    listed = text.split("CORE_SOURCES =", 1)[1].split("\n", 1)[0].split()
+    return [os.path.join("csrc", name) for name in listed] + ["csrc/module.c"]
 
 
 def system_blas_flags():
@@ -118,15 +119,15 @@ class BuildExt(build_ext):
 
 core = Extension(
     "npattn._core",
-    sources=SOURCES,
-    depends=sorted(glob.glob("csrc/*.h")),
+    sources=core_sources(),
+    depends=sorted(glob.glob("csrc/*.h") + glob.glob("csrc/kernels/*.h") + ["csrc/sources.mk"]),
     define_macros=[
         # Build against NumPy 2.x headers, run on NumPy >= 1.24.
         ("NPY_NO_DEPRECATED_API", "NPY_1_24_API_VERSION"),
         ("NPY_TARGET_VERSION", "NPY_1_24_API_VERSION"),
     ],
     # Portable: no -march=native; SIMD paths are chosen at run time in the C code.
-    extra_compile_args=["-O3", "-std=c11", "-fvisibility=hidden"],
+    extra_compile_args=["-O3", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra"],
 )
 
 setup(ext_modules=[core], cmdclass={"build_ext": BuildExt})

@@ -2,33 +2,72 @@
 #ifndef NPATTN_INTERNAL_H
 #define NPATTN_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "attention.h"
 
-/* ---- pool.c: a persistent pool of threads that run the tasks of a job ---- */
+/* ---- core.c: checked allocation (with the test hook), the problem's rules ---- */
+
+void *npattn_alloc(size_t n_bytes); /* 64-byte aligned, NULL on failure */
+void npattn_free(void *p);
+
+/* NPATTN_STATUS_OK if p keeps every rule of attention.h (the backward
+ * problem's own fields are checked by its driver). */
+enum npattn_status npattn_check(const struct npattn_problem *p);
+
+/* Product of the batch shape (checked by npattn_check not to overflow). */
+int64_t npattn_n_batch(const struct npattn_problem *p);
+
+/* Element offset of flat batch index b in an operand. */
+int64_t npattn_batch_offset(const struct npattn_problem *p, const struct npattn_tensor *t, int64_t b);
+
+/* Bytes per element. */
+size_t npattn_dtype_size(enum npattn_dtype dtype);
+
+/* Makes OpenBLAS single-threaded, once: the pool does the threading. */
+void npattn_blas_init(void);
+
+/* ---- pool.c: the calling thread and helper threads run the tasks of a job ---- */
 
 /* The most threads one job runs on; asking for more runs on this many. */
 #define NPATTN_POOL_MAX_THREADS 256
 
-/* Runs task `task` of a job on the participant `slot` (0 .. n_threads-1);
- * a slot is held by one thread at a time, so it can index per-thread scratch. */
+/* One call's shared state, polled by its tiles. */
+struct npattn_run {
+    atomic_int stop;       /* set on cancel, failure or exit: no new tile starts */
+    atomic_int status;     /* the first failure, or NPATTN_STATUS_OK */
+    int (*cancel)(void *); /* polled by the calling thread only */
+    void *cancel_arg;
+    int64_t next_poll_ns;  /* when the calling thread next polls cancel */
+};
+
+void npattn_run_init(struct npattn_run *run, int (*cancel)(void *), void *cancel_arg);
+
+/* Whether a tile should give up now. Slot 0, the calling thread, also polls
+ * the cancel callback about every 50 ms. */
+int npattn_run_stopped(struct npattn_run *run, int32_t slot);
+
+/* Records a failure (the first one wins) and stops the run. */
+void npattn_run_fail(struct npattn_run *run, enum npattn_status status);
+
+/* Runs task `task` on the participant `slot` (0 .. n_threads-1, 0 being the
+ * calling thread); a slot is held by one thread at a time, so it can index
+ * per-thread scratch. */
 typedef void (*npattn_task_fn)(void *arg, int64_t task, int32_t slot);
 
-/* Runs tasks 0 .. n_task-1, each once, on at most n_threads pool threads
- * (and at most NPATTN_POOL_MAX_THREADS), and
- * waits. While waiting, polls cancel(cancel_arg) about every 50 ms; when it
- * returns nonzero no new task starts and the call returns
- * NPATTN_STATUS_CANCELLED once the running ones end. Tasks are handed out in
- * index order, so put the longest first. */
-enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
-                                   int32_t n_threads, int (*cancel)(void *),
-                                   void *cancel_arg);
+/* Runs tasks 0 .. n_task-1, each once, handed out in index order (so put the
+ * longest first), on the calling thread and at most n_threads - 1 helpers,
+ * and returns the run's status. With n_threads <= 1 no helper is involved.
+ * If no helper can start, the calling thread runs every task. */
+enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task, int32_t n_threads,
+                                   struct npattn_run *run);
 
-/* ---- attention.c: checked allocation (with the test hook) ---- */
+/* n_threads of a problem resolved: 0 becomes the default thread count. */
+int32_t npattn_pool_threads(int32_t n_threads);
 
-void *npattn_alloc(size_t n_bytes);  /* 64-byte aligned, NULL on failure */
-void npattn_free(void *p);
+/* The test hook's mode (npattn_debug_pool_mode). */
+int npattn_pool_mode(void);
 
 #endif /* NPATTN_INTERNAL_H */

@@ -1,76 +1,169 @@
-/* pool.c: a persistent pool of worker threads shared by every call.
+/* pool.c: the calling thread computes, helper threads join when asked.
  *
- * A call posts a job (a task function and a task count) on a list; idle
- * workers join the jobs that have room (at most n_threads each) and claim
- * tasks with an atomic counter. The caller does not compute: it waits on the
- * job, waking every 50 ms to poll its cancel callback, which is how Ctrl-C
- * reaches a long call. Several calls from several threads share the workers.
- * Which worker runs a task never changes what the task computes, so results
- * do not depend on scheduling.
+ * A call runs its tasks on its own thread. When the driver judges the work
+ * big enough to repay waking others, the call also posts a job on the pool's
+ * list; idle helpers join jobs that have room and claim tasks with an atomic
+ * counter, as the caller does. Which thread runs a task never changes what
+ * the task computes, so results do not depend on scheduling, and a call
+ * whose helpers cannot start still completes on its own thread.
+ *
+ * Reliability:
+ * - Ctrl-C: the calling thread polls the cancel callback about every 50 ms,
+ *   between tiles and while it waits for helpers.
+ * - Exit: an atexit hook stops every job and waits until no thread is inside
+ *   a task, so no tile runs while the C library tears down OpenBLAS.
+ * - fork: the child starts with an empty pool; a call in flight in the
+ *   forking thread (from a signal handler that forked) recomputes, on its
+ *   own, the tasks the parent's helpers had claimed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 
-#define POLL_NS 50000000L  /* the waiting caller polls cancel every 50 ms */
+#define POLL_NS 50000000LL      /* the calling thread polls cancel every 50 ms */
+#define EXIT_WAIT_NS 5000000000LL /* the exit hook waits at most 5 s for tiles to stop */
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* ---- one call's run state ---- */
+
+static atomic_int exiting;  /* set by the exit hook: every tile stops */
+static atomic_int n_inside; /* threads running tasks right now */
+
+void npattn_run_init(struct npattn_run *run, int (*cancel)(void *), void *cancel_arg) {
+    atomic_init(&run->stop, 0);
+    atomic_init(&run->status, NPATTN_STATUS_OK);
+    run->cancel = cancel;
+    run->cancel_arg = cancel_arg;
+    run->next_poll_ns = cancel ? now_ns() + POLL_NS : 0;
+}
+
+void npattn_run_fail(struct npattn_run *run, enum npattn_status status) {
+    int ok = NPATTN_STATUS_OK;
+    atomic_compare_exchange_strong(&run->status, &ok, (int)status);
+    atomic_store(&run->stop, 1);
+}
+
+static int poll_cancel(struct npattn_run *run) {
+    if (!run->cancel) return 0;
+    int64_t now = now_ns();
+    if (now < run->next_poll_ns) return 0;
+    int stop = run->cancel(run->cancel_arg);
+    run->next_poll_ns = now_ns() + POLL_NS;
+    if (stop) npattn_run_fail(run, NPATTN_STATUS_CANCELLED);
+    return stop;
+}
+
+int npattn_run_stopped(struct npattn_run *run, int32_t slot) {
+    if (atomic_load_explicit(&run->stop, memory_order_relaxed)) return 1;
+    if (atomic_load_explicit(&exiting, memory_order_relaxed)) {
+        npattn_run_fail(run, NPATTN_STATUS_CANCELLED);
+        return 1;
+    }
+    return slot == 0 && poll_cancel(run);
+}
+
+/* ---- the pool ---- */
 
 struct job {
     npattn_task_fn fn;
     void *arg;
     int64_t n_task;
-    _Atomic int64_t next_task;   /* next task to claim */
-    atomic_int stop;             /* set on cancel: claim nothing more */
-    int32_t max_workers;         /* participants allowed */
-    int32_t n_joined;            /* participants so far (slot numbers given) */
-    int32_t n_active;            /* participants still running tasks */
-    pthread_cond_t done;         /* signalled when the last participant leaves */
-    struct job *next;            /* the pool's list of jobs with work left */
+    _Atomic int64_t next_task; /* next task to claim */
+    struct npattn_run *run;
+    int32_t max_helpers;       /* helpers allowed to join */
+    int32_t n_joined;          /* helpers so far (slot numbers given) */
+    int32_t n_active;          /* helpers still running tasks */
+    int orphaned;              /* in a forked child: the helpers that had joined are gone */
+    struct job *next;          /* the pool's list of jobs that take helpers */
 };
 
 static struct {
     pthread_mutex_t lock;
-    pthread_cond_t work;         /* signalled when a job is posted */
-    struct job *jobs;            /* jobs that may take more participants */
-    int32_t n_workers;
-    int32_t n_idle;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0};
+    pthread_cond_t work;    /* a job was posted */
+    pthread_cond_t done;    /* a job's last helper left */
+    struct job *jobs;       /* jobs that may take more helpers */
+    int32_t n_workers;      /* helper threads started */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static _Thread_local struct job *current_job; /* the job this thread is the caller of */
+static _Thread_local int inside;              /* this thread is counted in n_inside */
+static atomic_int pool_mode;                  /* the test hook */
+static atomic_int max_default_threads;        /* npattn_set_num_threads; 0: no cap */
+
+void npattn_debug_pool_mode(int mode) { atomic_store(&pool_mode, mode); }
+int npattn_pool_mode(void) { return atomic_load(&pool_mode); }
+
+static int cpus_available(void) {
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)(n < NPATTN_POOL_MAX_THREADS ? n : NPATTN_POOL_MAX_THREADS) : 1;
+}
+
+int npattn_get_num_threads(void) {
+    int n = cpus_available(), cap = atomic_load(&max_default_threads);
+    return cap > 0 && cap < n ? cap : n;
+}
+
+void npattn_set_num_threads(int n) { atomic_store(&max_default_threads, n > 0 ? n : 0); }
+
+int32_t npattn_pool_threads(int32_t n_threads) {
+    int32_t n = n_threads >= 1 ? n_threads : (int32_t)npattn_get_num_threads();
+    return n > NPATTN_POOL_MAX_THREADS ? NPATTN_POOL_MAX_THREADS : n;
+}
+
+/* Counts this thread in; 0 if the process is exiting and it must not start. */
+static int enter(void) {
+    atomic_fetch_add(&n_inside, 1);
+    if (atomic_load(&exiting)) {
+        atomic_fetch_sub(&n_inside, 1);
+        return 0;
+    }
+    inside = 1;
+    return 1;
+}
+
+static void leave(void) {
+    inside = 0;
+    atomic_fetch_sub(&n_inside, 1);
+}
+
+static void run_tasks(struct job *j, int32_t slot) {
+    for (;;) {
+        if (atomic_load_explicit(&j->run->stop, memory_order_relaxed)) return;
+        int64_t t = atomic_fetch_add(&j->next_task, 1);
+        if (t >= j->n_task) return;
+        j->fn(j->arg, t, slot);
+    }
+}
 
 static int job_has_room(const struct job *j) {
-    return j->n_joined < j->max_workers && !atomic_load(&j->stop) &&
-           atomic_load(&j->next_task) < j->n_task;
+    return j->n_joined < j->max_helpers && !atomic_load(&j->run->stop) && atomic_load(&j->next_task) < j->n_task;
 }
 
 static void unlink_job(struct job *j) {
-    for (struct job **pp = &pool.jobs; *pp; pp = &(*pp)->next) {
+    for (struct job **pp = &pool.jobs; *pp; pp = &(*pp)->next)
         if (*pp == j) {
             *pp = j->next;
             return;
         }
-    }
-}
-
-/* Called with the lock held; returns with it held. */
-static void participate(struct job *j) {
-    int32_t slot = j->n_joined++;
-    j->n_active++;
-    if (!job_has_room(j)) unlink_job(j);
-    pthread_mutex_unlock(&pool.lock);
-    for (;;) {
-        if (atomic_load_explicit(&j->stop, memory_order_relaxed)) break;
-        int64_t t = atomic_fetch_add(&j->next_task, 1);
-        if (t >= j->n_task) break;
-        j->fn(j->arg, t, slot);
-    }
-    pthread_mutex_lock(&pool.lock);
-    unlink_job(j);  /* nothing left to claim */
-    if (--j->n_active == 0) pthread_cond_broadcast(&j->done);
 }
 
 static void *worker_main(void *unused) {
@@ -80,107 +173,133 @@ static void *worker_main(void *unused) {
         struct job *j = pool.jobs;
         while (j && !job_has_room(j)) j = j->next;
         if (!j) {
-            pool.n_idle++;
             pthread_cond_wait(&pool.work, &pool.lock);
-            pool.n_idle--;
             continue;
         }
-        participate(j);
+        int32_t slot = 1 + j->n_joined++;
+        j->n_active++;
+        if (!job_has_room(j)) unlink_job(j);
+        pthread_mutex_unlock(&pool.lock);
+        if (enter()) {
+            run_tasks(j, slot);
+            leave();
+        }
+        pthread_mutex_lock(&pool.lock);
+        if (--j->n_active == 0) pthread_cond_broadcast(&pool.done);
     }
     return NULL;
 }
 
-/* After fork() only the forking thread exists in the child: start afresh. */
+/* The exit hook: stop every tile, and wait (boundedly) until none runs. */
+static void at_exit(void) {
+    atomic_store(&exiting, 1);
+    int64_t until = now_ns() + EXIT_WAIT_NS;
+    while (atomic_load(&n_inside) > (inside ? 1 : 0) && now_ns() < until) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+}
+
+/* fork(): only the forking thread exists in the child. Start afresh; a job
+ * this thread is the caller of loses its helpers. */
 static void atfork_prepare(void) { pthread_mutex_lock(&pool.lock); }
 static void atfork_parent(void) { pthread_mutex_unlock(&pool.lock); }
 static void atfork_child(void) {
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.work, NULL);
-    pool.jobs = NULL;  /* a job of the parent's is not ours to finish */
+    pthread_cond_init(&pool.done, NULL);
+    pool.jobs = NULL;
     pool.n_workers = 0;
-    pool.n_idle = 0;
+    atomic_store(&n_inside, inside ? 1 : 0);
+    if (current_job) {
+        current_job->orphaned = 1;
+        current_job->n_active = 0;
+    }
 }
 
 static void pool_init(void) {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    atexit(at_exit);
 }
 
-/* Starts workers until there are `want`; called with the lock held. */
+/* Starts helpers until there are `want`; called with the lock held. */
 static void grow(int32_t want) {
-    if (want > NPATTN_POOL_MAX_THREADS) want = NPATTN_POOL_MAX_THREADS;
+    if (npattn_pool_mode() == 1) return; /* the test hook: as if no thread could start */
     while (pool.n_workers < want) {
         pthread_attr_t attr;
         pthread_t tid;
         if (pthread_attr_init(&attr) != 0) return;
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&attr, 1 << 20);  /* kernels keep big data off the stack */
+        pthread_attr_setstacksize(&attr, 4 << 20);
         int rc = pthread_create(&tid, &attr, worker_main, NULL);
         pthread_attr_destroy(&attr);
-        if (rc != 0) return;  /* run with the workers we have */
+        if (rc != 0) return; /* run with the helpers there are */
         pool.n_workers++;
     }
 }
 
-enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
-                                   int32_t n_threads, int (*cancel)(void *),
-                                   void *cancel_arg) {
-    if (n_task <= 0) return NPATTN_STATUS_OK;
-    pthread_once(&pool_once, pool_init);
-
-    struct job j;
-    j.fn = fn;
-    j.arg = arg;
-    j.n_task = n_task;
-    atomic_init(&j.next_task, 0);
-    atomic_init(&j.stop, 0);
-    j.max_workers = n_threads < 1 ? 1 : n_threads > NPATTN_POOL_MAX_THREADS ? NPATTN_POOL_MAX_THREADS : n_threads;
-    if (j.max_workers > n_task) j.max_workers = (int32_t)n_task;
-    j.n_joined = 0;
-    j.n_active = 0;
-    j.next = NULL;
-    pthread_condattr_t cattr;
-    if (pthread_condattr_init(&cattr) != 0) return NPATTN_STATUS_NO_MEMORY;
-    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&j.done, &cattr);
-    pthread_condattr_destroy(&cattr);
-    if (rc != 0) return NPATTN_STATUS_NO_MEMORY;
-
-    pthread_mutex_lock(&pool.lock);
-    grow(j.max_workers);
-    if (pool.n_workers == 0) {
-        pthread_mutex_unlock(&pool.lock);
-        pthread_cond_destroy(&j.done);
-        return NPATTN_STATUS_NO_THREADS;
+/* An absolute CLOCK_REALTIME time 50 ms from now, for pthread_cond_timedwait. */
+static struct timespec poll_deadline(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += POLL_NS;
+    while (t.tv_nsec >= 1000000000L) {
+        t.tv_sec += 1;
+        t.tv_nsec -= 1000000000L;
     }
-    j.next = pool.jobs;
-    pool.jobs = &j;
-    pthread_cond_broadcast(&pool.work);
+    return t;
+}
 
-    enum npattn_status status = NPATTN_STATUS_OK;
-    /* Done when nothing is left to claim and nobody is still running. */
-    while (j.n_active > 0 || job_has_room(&j) ||
-           (!atomic_load(&j.stop) && atomic_load(&j.next_task) < j.n_task)) {
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += POLL_NS;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec += 1;
-            until.tv_nsec -= 1000000000L;
+enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task, int32_t n_threads,
+                                   struct npattn_run *run) {
+    if (n_task <= 0) return (enum npattn_status)atomic_load(&run->status);
+    pthread_once(&pool_once, pool_init);
+    if (!enter()) {
+        npattn_run_fail(run, NPATTN_STATUS_CANCELLED);
+        return NPATTN_STATUS_CANCELLED;
+    }
+    struct job j = {.fn = fn, .arg = arg, .n_task = n_task, .run = run};
+    atomic_init(&j.next_task, 0);
+    int32_t helpers = n_threads > NPATTN_POOL_MAX_THREADS ? NPATTN_POOL_MAX_THREADS - 1 : n_threads - 1;
+    if (helpers > n_task - 1) helpers = (int32_t)(n_task - 1);
+    struct job *outer = current_job;
+    current_job = &j;
+
+    if (helpers > 0) {
+        pthread_mutex_lock(&pool.lock);
+        grow(helpers);
+        j.max_helpers = helpers < pool.n_workers ? helpers : pool.n_workers;
+        if (j.max_helpers > 0) {
+            j.next = pool.jobs;
+            pool.jobs = &j;
+            for (int32_t i = 0; i < j.max_helpers; i++) pthread_cond_signal(&pool.work);
         }
-        rc = pthread_cond_timedwait(&j.done, &pool.lock, &until);
-        if (rc == ETIMEDOUT && cancel && !atomic_load(&j.stop)) {
-            /* Poll without the lock: the callback may wait for Python's GIL. */
-            pthread_mutex_unlock(&pool.lock);
-            int stop = cancel(cancel_arg);
-            pthread_mutex_lock(&pool.lock);
-            if (stop) {
-                atomic_store(&j.stop, 1);
-                status = NPATTN_STATUS_CANCELLED;
+        pthread_mutex_unlock(&pool.lock);
+    }
+
+    run_tasks(&j, 0);
+
+    if (j.max_helpers > 0) {
+        pthread_mutex_lock(&pool.lock);
+        unlink_job(&j);
+        j.max_helpers = j.n_joined; /* no more helpers join */
+        while (j.n_active > 0 && !j.orphaned) {
+            struct timespec until = poll_deadline();
+            int rc = pthread_cond_timedwait(&pool.done, &pool.lock, &until);
+            if (rc == ETIMEDOUT && !atomic_load(&run->stop)) {
+                /* poll without the lock: the callback may wait for Python's GIL (or fork) */
+                pthread_mutex_unlock(&pool.lock);
+                if (atomic_load(&exiting)) npattn_run_fail(run, NPATTN_STATUS_CANCELLED);
+                else if (run->cancel && run->cancel(run->cancel_arg)) npattn_run_fail(run, NPATTN_STATUS_CANCELLED);
+                pthread_mutex_lock(&pool.lock);
             }
         }
+        pthread_mutex_unlock(&pool.lock);
     }
-    unlink_job(&j);
-    pthread_mutex_unlock(&pool.lock);
-    pthread_cond_destroy(&j.done);
-    return status;
+    if (j.orphaned) /* a forked child: the tasks the parent's helpers had are ours now */
+        for (int64_t t = 0; t < n_task && !atomic_load(&run->stop); t++) fn(arg, t, 0);
+
+    current_job = outer;
+    leave();
+    return (enum npattn_status)atomic_load(&run->status);
 }

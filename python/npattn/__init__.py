@@ -7,10 +7,10 @@ plain NumPy, written to be read. ``python -m npattn`` checks one against the
 other and times them.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 from . import reference
-from ._api import sdpa
+from ._api import attention_weights, merge, sdpa
 from .reference import causal_mask
 
-__all__ = ["sdpa", "causal_mask", "reference", "__version__"]
+__all__ = ["sdpa", "attention_weights", "merge", "causal_mask", "reference", "__version__"]

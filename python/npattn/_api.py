@@ -1,28 +1,24 @@
-"""The public ``sdpa``: validates and prepares arguments, then runs the C core."""
+"""The public functions: sdpa, attention_weights, merge (and sdpa_backward).
+
+Each hands its arguments to the C core first, as given; the core computes
+at once when they are NumPy arrays and plain values it reads in place.
+Otherwise (NotImplemented) ``_args.prepare`` checks them, raising the error
+that names the argument, converts what needs converting, and the core is
+called again with the prepared arguments.
+"""
 
 from __future__ import annotations
 
-import math
-import numbers
-import os
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _core, _interop
+from . import _args, _core
 
-__all__ = ["sdpa"]
+__all__ = ["sdpa", "attention_weights", "merge"]
 
 MaskLike = Union[str, None, np.ndarray, Any]
-
-_BLAS_INT_MAX = 2**31 - 1  # OpenBLAS's int: the largest size one call takes
-
-_TooHardError = getattr(np, "exceptions", np).TooHardError
-
-_MASK_STRINGS = {
-    "causal": _core.MASK_CAUSAL,
-    "causal_top_left": _core.MASK_CAUSAL_TOP_LEFT,
-}
+Window = Optional[Tuple[Optional[int], Optional[int]]]
 
 
 def sdpa(
@@ -33,51 +29,83 @@ def sdpa(
     mask: MaskLike = "causal",
     *,
     sinks: Any = None,
+    window: Window = None,
+    softcap: Optional[float] = None,
+    q_offset: Optional[int] = None,
+    k_offset: int = 0,
+    return_lse: bool = False,
     out: Optional[np.ndarray] = None,
     threads: Optional[int] = None,
-) -> np.ndarray:
+) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
     """Scaled dot-product attention with grouped-query attention.
 
     Computes, per query head and per query row::
 
-        out = softmax(scale * q @ k^T + mask) @ v
+        s   = scale * q @ k^T                   (softcap * tanh(s / softcap) with softcap)
+        out = softmax(s + mask) @ v
 
     Parameters
     ----------
     q : array_like, shape (*Bq, H_q, L, D) or (L, D)
-        Queries. Anything ``np.asarray`` takes, with any strides.
+        Queries. Anything ``np.asarray`` takes (MLX arrays and PyTorch CPU
+        tensors too), with any strides.
     k : array_like, shape (*Bk, H_kv, S, D) or (S, D)
         Keys. ``H_q`` must be a multiple of ``H_kv``.
     v : array_like, shape (*Bv, H_kv, S, D_v) or (S, D_v)
         Values. ``D_v`` may differ from ``D``.
     scale : float, optional
-        Multiplies ``q @ k^T``. ``None`` (default) means ``1 / sqrt(D)``.
-        Must be finite, and 0 or of magnitude between 1e-30 and 1e30 (1e-300
-        and 1e300 for float64), since it is folded into ``q``.
+        Multiplies ``q @ k^T``: any finite real number, or a 0-d array.
+        ``None`` (default) means ``1 / sqrt(D)``.
     mask : {"causal", "causal_top_left", None} or array_like, default "causal"
-        ``"causal"``: query ``i`` sees key ``j`` iff ``j <= i + (S - L)``,
-        aligned to the bottom-right corner as MLX does (a decode step with
+        ``"causal"``: a key is visible iff its position is at most the
+        query's, with positions aligned to the bottom-right corner as MLX does
+        (query ``i`` sees key ``j`` iff ``j <= i + (S - L)``; a decode step with
         ``L = 1`` sees every key). ``"causal_top_left"``: ``j <= i``, as
         PyTorch's ``is_causal=True``. ``None``: every key visible. A bool
         array broadcastable to ``(*B, H_q, L, S)``: ``True`` = visible. A
-        floating array of that shape: added to the scaled scores (``-inf``
-        hides), any float dtype.
+        floating array of that shape, any float dtype: added to the scores
+        (``-inf`` hides). Note that MLX and PyTorch default to no mask.
     sinks : array_like, shape (H_q,), optional
         One logit per query head; ``exp(sink)`` joins that head's softmax
-        denominator, unscaled and unmasked (attention sinks).
+        denominator, unscaled and unmasked (attention sinks, as in gpt-oss).
+    window : (int or None, int or None), optional
+        ``(left, right)``: a key is visible only if
+        ``q_pos - left <= k_pos <= q_pos + right``, intersected with ``mask``.
+        ``None`` on a side leaves it unbounded. A sliding window of ``W`` keys
+        (Mistral, Gemma) is ``mask="causal", window=(W - 1, 0)``. Keys outside
+        the window are never read.
+    softcap : float, optional
+        A finite number > 0: the scaled score ``s`` becomes
+        ``softcap * tanh(s / softcap)`` before the mask is added (Gemma 2).
+    q_offset, k_offset : int, optional
+        Positions of query row 0 and key row 0. ``q_offset`` defaults to
+        ``S - L`` (bottom-right), ``k_offset`` to 0; ``"causal_top_left"``
+        means ``q_offset=0`` and cannot be given with one. Keys ``[s1, S)``
+        of a causal problem are ``sdpa(q, k[..., s1:, :], v[..., s1:, :],
+        q_offset=S - L, k_offset=s1, return_lse=True)``; ``merge`` joins the
+        parts exactly.
+    return_lse : bool, default False
+        Also return ``lse``, the natural log of each row's softmax
+        denominator (sink included), shape ``(*B, H_q, L)``: float64 for
+        float64 results, float32 otherwise; ``-inf`` for a row that sees no
+        key and has no sink.
     out : numpy.ndarray, optional
-        A writeable array of exactly the result's shape and dtype that
-        overlaps no input; it is filled and returned.
+        A writeable array of exactly the result's shape and dtype that shares
+        no memory with an input; it is filled and returned.
     threads : int, optional
-        Threads to compute with. ``None`` uses ``NPATTN_NUM_THREADS`` when
-        set, else the CPUs this process may run on. The same inputs with the
-        same ``threads`` give bitwise-identical results.
+        At most this many threads, the calling one included. ``None`` uses
+        ``NPATTN_NUM_THREADS`` when set, else the CPUs this process may run
+        on (capped by threadpoolctl's limits). Small calls run on the calling
+        thread alone. The same inputs with the same ``threads`` give
+        bitwise-identical results.
 
     Returns
     -------
-    numpy.ndarray, shape (*B, H_q, L, D_v) or (L, D_v)
+    out : numpy.ndarray, shape (*B, H_q, L, D_v) or (L, D_v)
         ``B`` is the three batch shapes broadcast by NumPy's rules. The dtype
-        is ``np.result_type(q, k, v)``. Rank-2 when all inputs are rank 2.
+        is ``np.result_type(q, k, v)``. Rank 2 when all inputs are rank 2.
+    lse : numpy.ndarray, shape (*B, H_q, L) or (L,)
+        Only with ``return_lse=True``, as the pair ``(out, lse)``.
 
     Raises
     ------
@@ -85,7 +113,8 @@ def sdpa(
         An argument of the wrong kind: an integer, bool, complex, object or
         string array; a mask that is a number or an integer array.
     ValueError
-        Shapes that disagree, a bad scale, mask string, sinks, out or threads.
+        Shapes that disagree; a bad scale, mask string, window, softcap,
+        offset, sinks, out or threads.
     MemoryError
         Scratch memory could not be allocated.
     KeyboardInterrupt
@@ -100,318 +129,177 @@ def sdpa(
     llama.cpp).
 
     A row that sees no key comes out as zeros, never NaN. float32 computes in
-    float32 through ``sgemm``; float64 is a true double path through
-    ``dgemm``; float16 and ``ml_dtypes.bfloat16`` are converted to float32
-    tile by tile and the result is rounded back to the input dtype. Mixed
-    dtypes promote by ``np.result_type`` (float16 with bfloat16 gives
-    float32). The GIL is released while computing.
+    float32 (through ``sgemm``), float64 in double (``dgemm``); float16 and
+    ``ml_dtypes.bfloat16`` in float32, rounded back to the input dtype. A
+    float32 result is exact wherever it is representable: tiles that overflow
+    are recomputed in double. The GIL is released while computing. MLX and
+    PyTorch inputs give a NumPy result: ``mx.array(npattn.sdpa(q, k, v))``
+    or ``torch.from_numpy(...)`` brings it back.
 
-    Differences from peers:
+    Differences from peers (the README's table has them all):
 
-    - MLX ``mx.fast.scaled_dot_product_attention``: its default mask is
-      ``None`` and its scale is required; on the CPU a row that sees no key
-      gives the mean of V (bool mask, or its ``"causal"`` with ``L > S``) or
-      NaN (``-inf`` mask); inputs must be rank 4 with equal batch sizes;
-      float64 is float32-accurate.
-    - PyTorch ``F.scaled_dot_product_attention``: its default mask is
-      ``None``; ``is_causal=True`` is top-left (our ``"causal_top_left"``);
-      no sinks.
+    - MLX ``mx.fast.scaled_dot_product_attention``: no mask by default and a
+      required scale; on the CPU a row that sees no key gives the mean of V
+      (bool mask, or its ``"causal"`` with ``L > S``) or NaN (``-inf``
+      mask); rank 4 only; float64 is float32-accurate; no window, softcap
+      or lse.
+    - PyTorch ``F.scaled_dot_product_attention``: no mask by default; its
+      ``is_causal=True`` is ``"causal_top_left"``; no sinks, window, softcap
+      or lse.
 
     Examples
     --------
     >>> import numpy as np, npattn
     >>> rng = np.random.default_rng(0)
-    >>> q = rng.standard_normal((1, 8, 16, 64), dtype=np.float32)
-    >>> k = rng.standard_normal((1, 2, 16, 64), dtype=np.float32)
-    >>> v = rng.standard_normal((1, 2, 16, 64), dtype=np.float32)
+    >>> q = rng.standard_normal((1, 8, 4, 64), dtype=np.float32)   # (B, H_q, L, D)
+    >>> k = rng.standard_normal((1, 2, 6, 64), dtype=np.float32)   # (B, H_kv, S, D)
+    >>> v = rng.standard_normal((1, 2, 6, 32), dtype=np.float32)   # (B, H_kv, S, D_v)
     >>> npattn.sdpa(q, k, v).shape
-    (1, 8, 16, 64)
+    (1, 8, 4, 32)
+    >>> out, lse = npattn.sdpa(q, k, v, window=(2, 0), return_lse=True)
+    >>> lse.shape
+    (1, 8, 4)
     """
-    q = _as_float_array(q, "q")
-    k = _as_float_array(k, "k")
-    v = _as_float_array(v, "v")
-    dtype = _result_dtype(q.dtype, k.dtype, v.dtype)
-    rank2 = q.ndim == 2 and k.ndim == 2 and v.ndim == 2
-    got = f"got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"  # as given, before heads are added
-    q, k, v = (_with_heads(x) for x in (q, k, v))
-    batch = _check_shapes(q, k, v, got)
-    H_q, L, D = q.shape[-3:]
-    S, D_v = k.shape[-2], v.shape[-1]
-    full = (*batch, H_q, L, S)
+    result = _core.sdpa(
+        q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, out, threads, False
+    )
+    if result is NotImplemented:
+        result = _sdpa_prepared(
+            q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, out, threads
+        )
+    return result
 
-    scale = _check_scale(scale, D, dtype)
-    mask_kind, mask = _prepare_mask(mask, full, dtype)
-    sinks = _prepare_sinks(sinks, H_q)
-    threads = _check_threads(threads)
 
-    # The result first: a result too large to allocate fails before any copy.
-    shape = (*batch, H_q, L, D_v)
+def _sdpa_prepared(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, out, threads):
+    fn = "sdpa"
+    p = _args.prepare(fn, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, threads)
+    return_lse = _args.check_bool(fn, return_lse, "return_lse")
+    shape = (*p.shape, p.v.shape[-1])
+    # The result first: a result too large to allocate fails before anything else.
     if out is None:
-        result = _empty_result(shape, dtype)
+        out = _args.empty(fn, shape, p.dtype)
     else:
-        result = _check_out(out, shape[-2:] if rank2 else shape, dtype, (q, k, v, mask))
-        if rank2:
-            result = result[np.newaxis]  # a view: out is written in place
-
-    # Read in place what BLAS can read; convert or copy the rest, once, before
-    # broadcasting, so a shared k/v batch is never copied per batch.
-    q = _native(q, dtype, blas=False)
-    k = _native(k, dtype, blas=True)
-    v = _native(v, dtype, blas=True)
-    q = np.broadcast_to(q, (*batch, *q.shape[-3:]))
-    k = np.broadcast_to(k, (*batch, *k.shape[-3:]))
-    v = np.broadcast_to(v, (*batch, *v.shape[-3:]))
-
-    if result.size == 0 or S == 0:
-        result[...] = 0  # nothing to compute; rows that see no key are zeros
-    else:
-        _core.sdpa(q, k, v, result, scale, mask_kind, mask, sinks, threads, _is_bfloat16(dtype))
-    if out is not None:
-        return out
-    return result.reshape(shape[-2:]) if rank2 else result
+        out = _args.check_out(fn, out, shape, p.dtype, p.inputs)
+    return _core.sdpa(
+        p.q, p.k, p.v, p.scale, p.mask, p.sinks, p.window, p.softcap, p.q_offset, p.k_offset,
+        return_lse, out, p.threads, True,
+    )  # fmt: skip
 
 
-# ---- argument checks; every message names the argument, the rule, what it got ----
+def attention_weights(
+    q: Any,
+    k: Any,
+    scale: Optional[float] = None,
+    mask: MaskLike = "causal",
+    *,
+    sinks: Any = None,
+    window: Window = None,
+    softcap: Optional[float] = None,
+    q_offset: Optional[int] = None,
+    k_offset: int = 0,
+    threads: Optional[int] = None,
+) -> np.ndarray:
+    """The attention probabilities ``softmax(s + mask)``, for plotting and teaching.
+
+    The same scores as :func:`sdpa` with the same arguments, so that
+    ``attention_weights(q, k) @ v`` matches ``sdpa(q, k, v)`` when
+    ``H_q == H_kv``.
+
+    Parameters
+    ----------
+    q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, threads
+        As for :func:`sdpa`.
+
+    Returns
+    -------
+    numpy.ndarray, shape (*B, H_q, L, S) or (L, S)
+        In the dtype ``sdpa`` would give, ``np.result_type(q, k)``. A row
+        that sees no key is all zeros; with sinks a row sums to less than 1.
+        The memory is the result itself: ``L * S`` per head.
+
+    Examples
+    --------
+    >>> import numpy as np, npattn
+    >>> q = np.ones((2, 4), np.float32); k = np.ones((3, 4), np.float32)
+    >>> npattn.attention_weights(q, k)
+    array([[0.5       , 0.5       , 0.        ],
+           [0.33333334, 0.33333334, 0.33333334]], dtype=float32)
+    """
+    fn = "attention_weights"
+    p = _args.prepare(fn, q, k, None, scale, mask, sinks, window, softcap, q_offset, k_offset, threads, has_v=False)
+    weights = _args.empty(fn, (*p.shape, p.S), p.dtype, "the weights")
+    return _core.attention_weights(
+        p.q, p.k, p.scale, p.mask, p.sinks, p.window, p.softcap, p.q_offset, p.k_offset, weights, p.threads
+    )
 
 
-def _shape(x: np.ndarray) -> str:
-    return str(tuple(x.shape))
+def merge(outs: Sequence[Any], lses: Sequence[Any]) -> Tuple[np.ndarray, np.ndarray]:
+    """Combines partial results of the same queries over disjoint key sets, exactly.
 
+    ``lse = logaddexp`` of the parts, ``out = sum(exp(lse_i - lse) * out_i)``:
+    merging the parts of a split equals the unsplit call to float32
+    rounding. Rows that see no key in any part give zeros and ``-inf``.
 
-def _asarray_named(x: Any, name: str) -> np.ndarray:
+    Parameters
+    ----------
+    outs : sequence of array_like, each shape (*B, H_q, L, D_v)
+        Results of :func:`sdpa` with ``return_lse=True`` over key sets that
+        do not overlap (give ``sinks`` to one part only).
+    lses : sequence of array_like, each shape (*B, H_q, L)
+        Their ``lse``, in the same order.
+
+    Returns
+    -------
+    (out, lse)
+        ``out`` in the parts' result dtype, ``lse`` float64 if the parts are
+        float64, else float32.
+
+    Examples
+    --------
+    >>> import numpy as np, npattn
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((1, 2, 8, 16)) for _ in range(3))
+    >>> a = npattn.sdpa(q, k[..., :5, :], v[..., :5, :], q_offset=0, return_lse=True)
+    >>> b = npattn.sdpa(q, k[..., 5:, :], v[..., 5:, :], q_offset=0, k_offset=5, return_lse=True)
+    >>> out, lse = npattn.merge([a[0], b[0]], [a[1], b[1]])
+    >>> bool(np.allclose(out, npattn.sdpa(q, k, v, mask="causal_top_left")))
+    True
+    """
+    fn = "merge"
+    if isinstance(outs, (str, bytes)) or isinstance(lses, (str, bytes)):
+        raise TypeError(f"{fn}: outs and lses must be sequences of arrays")
     try:
-        return _interop.asarray(x)
-    except Exception as e:  # ragged lists and the like
-        raise ValueError(f"sdpa: {name} could not be converted to an array: {e}") from None
-
-
-def _is_bfloat16(dt: np.dtype) -> bool:
-    # ml_dtypes.bfloat16, recognised without importing ml_dtypes
-    return dt.kind == "V" and dt.itemsize == 2 and dt.name == "bfloat16"
-
-
-def _is_float(dt: np.dtype) -> bool:
-    return dt.kind == "f" or _is_bfloat16(dt)
-
-
-def _result_dtype(*dtypes: np.dtype) -> np.dtype:
-    """np.result_type of the inputs; float16 with bfloat16 (which NumPy
-    cannot promote) computes in float32."""
-    try:
-        dt = np.result_type(*dtypes)
+        outs, lses = list(outs), list(lses)
     except TypeError:
-        dt = np.dtype(np.float32)
-    return dt
-
-
-def _as_float_array(x: Any, name: str) -> np.ndarray:
-    if x is None:
-        raise TypeError(f"sdpa: {name} must be an array of floats, got None")
-    a = _asarray_named(x, name)
-    if not _is_float(a.dtype):
-        raise TypeError(f"sdpa: {name} must be an array of floats, got dtype {a.dtype}")
-    if a.dtype.itemsize > 8:
-        raise TypeError(f"sdpa: {name} has dtype {a.dtype}; the widest dtype computed is float64")
-    if a.ndim < 2:
-        raise ValueError(f"sdpa: {name} must have rank >= 2 (..., L, D), got shape {_shape(a)}")
-    return a
-
-
-def _with_heads(x: np.ndarray) -> np.ndarray:
-    # A rank-2 operand (L, D) reads as one head (1, L, D).
-    return x[np.newaxis] if x.ndim == 2 else x
-
-
-def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray, got: str) -> tuple:
-    if q.shape[-1] < 1:
-        raise ValueError(f"sdpa: q and k need a row width D >= 1; {got}")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"sdpa: k's row width D must equal q's; {got}")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"sdpa: v must have as many rows S as k; {got}")
-    if v.shape[-3] != k.shape[-3]:
-        raise ValueError(f"sdpa: v must have as many heads as k; {got}")
-    if max(q.shape[-1], v.shape[-1]) > _BLAS_INT_MAX:
-        raise ValueError(f"sdpa: D and D_v must be at most 2**31 - 1, what one BLAS call takes; {got}")
-    if k.shape[-3] < 1:
-        raise ValueError(f"sdpa: k needs at least one head; {got}")
-    if q.shape[-3] % k.shape[-3]:
+        raise TypeError(f"{fn}: outs and lses must be sequences of arrays, got {type(outs).__name__}") from None
+    if not outs or len(outs) != len(lses):
+        raise ValueError(f"{fn}: outs and lses must be equally long, at least 1; got {len(outs)} and {len(lses)}")
+    outs = [_args.asarray(fn, o, f"outs[{i}]") for i, o in enumerate(outs)]
+    lses = [_args.asarray(fn, x, f"lses[{i}]") for i, x in enumerate(lses)]
+    for name, parts in (("outs", outs), ("lses", lses)):
+        for i, a in enumerate(parts):
+            if not _args.is_float(a.dtype):
+                raise TypeError(f"{fn}: {name}[{i}] must be an array of floats, got dtype {a.dtype}")
+            if a.shape != parts[0].shape:
+                raise ValueError(
+                    f"{fn}: every part must have the same shape; {name}[0] {_args.shape_str(parts[0])}, "
+                    f"{name}[{i}] {_args.shape_str(a)}"
+                )
+    if outs[0].ndim < 1 or outs[0].shape[:-1] != lses[0].shape:
         raise ValueError(
-            f"sdpa: q has {q.shape[-3]} heads, not a multiple of k's {k.shape[-3]} heads; {got}"
+            f"{fn}: lse must have out's shape without its last axis; "
+            f"got outs[0] {_args.shape_str(outs[0])}, lses[0] {_args.shape_str(lses[0])}"
         )
-    try:
-        return tuple(np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
-    except ValueError:
-        raise ValueError(f"sdpa: the batch dims of q, k and v do not broadcast; {got}") from None
-
-
-# The core folds scale * log2(e) into q, in the dtype it computes in; a scale
-# this far from 1 would overflow or vanish there even where scale * (q . k)
-# does not, so it is refused rather than computed wrongly.
-_SCALE_RANGE = {np.dtype(np.float64): (1e-300, 1e300), np.dtype(np.float32): (1e-30, 1e30)}
-
-
-def _check_scale(scale: Any, D: int, dtype: np.dtype) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(D)
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
-        if not (isinstance(scale, np.ndarray) and scale.ndim == 0 and scale.dtype.kind in "fiu"):
-            raise TypeError(f"sdpa: scale must be a real number or None, got {type(scale).__name__}")
-    try:
-        s = float(scale)
-    except OverflowError:
-        raise ValueError(f"sdpa: scale must be finite, got {scale!r:.40}") from None
-    if not math.isfinite(s):
-        raise ValueError(f"sdpa: scale must be finite, got {s}")
-    computed = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
-    low, high = _SCALE_RANGE[computed]
-    if s != 0 and not low <= abs(s) <= high:
-        raise ValueError(
-            f"sdpa: scale must be 0 or of magnitude between {low:g} and {high:g} "
-            f"when computing in {computed}, got {s!r}"
-        )
-    return s
-
-
-def _prepare_mask(mask: Any, full: tuple, dtype: np.dtype) -> tuple:
-    if mask is None:
-        return _core.MASK_NONE, None
-    if isinstance(mask, str):
-        if mask not in _MASK_STRINGS:
-            raise ValueError(
-                f'sdpa: mask must be "causal", "causal_top_left", None or an array, got {mask!r}'
-            )
-        return _MASK_STRINGS[mask], None
-    if isinstance(mask, (numbers.Number, np.generic)):
-        raise TypeError(
-            f"sdpa: mask must be a string, None, or a bool or float array, got {type(mask).__name__}"
-        )
-    m = _asarray_named(mask, "mask")
-    if m.dtype.kind == "b":
-        kind = _core.MASK_BOOL
-    elif _is_float(m.dtype):
-        kind = _core.MASK_ADD
-        m = _mask_in(m, np.float64 if dtype == np.float64 else np.float32)
-    else:
-        raise TypeError(f"sdpa: mask must be a bool or float array, got dtype {m.dtype}")
-    m = _native(m, m.dtype, blas=False)
-    try:
-        m = np.broadcast_to(m, full)
-    except ValueError:
-        raise ValueError(
-            f"sdpa: mask must broadcast to (*B, H_q, L, S) = {full}, got shape {_shape(m)}"
-        ) from None
-    return kind, m
-
-
-def _mask_in(m: np.ndarray, dtype: type) -> np.ndarray:
-    """An additive mask in the dtype computed in, converted before broadcasting
-    so that it stays small. A finite value beyond that dtype's range becomes
-    its largest finite value, not infinity: it still hides nothing by itself."""
-    if m.dtype == dtype:
-        return m
-    with np.errstate(over="ignore"):
-        converted = m.astype(dtype)
-    overflow = np.isinf(converted) & np.isfinite(m)
-    if overflow.any():
-        converted[overflow] = np.copysign(np.finfo(dtype).max, m[overflow])
-    return converted
-
-
-def _prepare_sinks(sinks: Any, H_q: int) -> Optional[np.ndarray]:
-    if sinks is None:
-        return None
-    s = _asarray_named(sinks, "sinks")
-    if s.dtype.kind not in "fiu" and not _is_bfloat16(s.dtype):
-        raise TypeError(f"sdpa: sinks must be real numbers, got dtype {s.dtype}")
-    if s.shape != (H_q,):
-        raise ValueError(f"sdpa: sinks must have shape (H_q,) = ({H_q},), got {_shape(s)}")
-    return np.array(s, dtype=np.float64)  # a small aligned copy the core reads
-
-
-def _check_threads(threads: Any) -> int:
-    source = "threads"
-    if threads is None:
-        env = os.environ.get("NPATTN_NUM_THREADS")
-        if env is None:
-            return _available_cpus()
-        source = "NPATTN_NUM_THREADS"
-        try:
-            threads = int(env)
-        except ValueError:
-            raise ValueError(f"sdpa: NPATTN_NUM_THREADS must be an int >= 1, got {env!r}") from None
-    if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, numbers.Integral):
-        raise TypeError(f"sdpa: threads must be an int >= 1 or None, got {type(threads).__name__}")
-    threads = int(threads)
-    if not 1 <= threads <= 4096:
-        raise ValueError(f"sdpa: {source} must be an int from 1 to 4096, got {threads}")
-    return threads
-
-
-def _available_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def _empty_result(shape: tuple, dtype: np.dtype) -> np.ndarray:
-    try:
-        return np.empty(shape, dtype)
-    except MemoryError:
-        raise MemoryError(f"sdpa: cannot allocate the result, shape {shape} of {dtype}") from None
-    except ValueError:  # more elements than an array can index
-        raise ValueError(f"sdpa: the result, shape {shape} of {dtype}, is too large for an array") from None
-
-
-def _check_out(out: Any, shape: tuple, dtype: np.dtype, inputs: tuple) -> np.ndarray:
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"sdpa: out must be a numpy.ndarray or None, got {type(out).__name__}")
-    if out.shape != tuple(shape) or out.dtype != dtype:
-        raise ValueError(
-            f"sdpa: out must have the result's shape {tuple(shape)} and dtype {dtype}, "
-            f"got shape {_shape(out)} and dtype {out.dtype}"
-        )
-    if not out.flags.writeable:
-        raise ValueError("sdpa: out must be writeable, got a read-only array")
-    if not out.flags.aligned or not out.dtype.isnative:
-        raise ValueError("sdpa: out must be aligned and in native byte order")
-    for x in inputs:
-        if x is not None and _overlaps(out, x):
-            raise ValueError("sdpa: out must not overlap an input (q, k, v or mask)")
-    return out
-
-
-def _overlaps(a: np.ndarray, b: np.ndarray) -> bool:
-    try:
-        return bool(np.shares_memory(a, b, max_work=100_000))
-    except _TooHardError:
-        return True  # too costly to prove apart: refuse rather than risk it
-
-
-# ---- layout: what the core can read in place ----
-
-
-def _native(x: np.ndarray, dtype: np.dtype, blas: bool) -> np.ndarray:
-    """x in dtype, aligned and native-endian; for BLAS operands also with a
-    contiguous last axis and a positive row stride of at least a row that
-    fits a 32-bit int. Copies only when x is not already so."""
-    if x.dtype != dtype or not x.dtype.isnative or not x.flags.aligned:
-        x = np.array(x, dtype=np.dtype(dtype).newbyteorder("="))
-    if any(s % x.itemsize for s in x.strides):
-        x = np.ascontiguousarray(x)
-    if blas and not _blas_readable(x):
-        x = np.ascontiguousarray(x)
-    return x
-
-
-def _blas_readable(x: np.ndarray) -> bool:
-    rows, width = x.shape[-2], x.shape[-1]
-    item = x.itemsize
-    if width > 1 and x.strides[-1] != item:
-        return False
-    if rows > 1:
-        ld = x.strides[-2] // item
-        if ld < max(width, 1) or ld > _BLAS_INT_MAX:
-            return False
-    return True
+    dtype = _args.result_dtype(*(o.dtype for o in outs))
+    wide = np.float64 if dtype == np.float64 else np.float32
+    lse_all = np.stack([np.asarray(x, np.float64) for x in lses])  # (n, *B, H_q, L)
+    with np.errstate(invalid="ignore", over="ignore"):
+        top = lse_all.max(axis=0)
+        shift = np.where(np.isfinite(top), top, 0.0)  # rows seen by no part: -inf
+        weights = np.exp(lse_all - shift)  # 0 for a part that saw nothing
+        total = weights.sum(axis=0)
+        lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1.0)), -np.inf)
+        lse = np.where(np.isnan(top), np.nan, lse)
+        share = weights / np.where(total > 0, total, 1.0)
+        out = sum(share[i][..., None] * np.asarray(o, np.float64) for i, o in enumerate(outs))
+    return out.astype(dtype), lse.astype(wide)

@@ -21,19 +21,24 @@ result is rank 2, ``(L, D_v)``.
 Grouped-query attention: the H_q query heads form H_kv contiguous groups of
 ``n_repeats = H_q // H_kv``; query head ``h`` reads key/value head ``h // n_repeats``.
 
-Causal rule: query ``i`` sees key ``j`` iff ``j <= i + (S - L)``. The mask is
-aligned to the bottom-right corner, so the last query sees every key; during
-decode (``L = 1``) the one query sees the whole context. ``"causal_top_left"``
-is ``j <= i`` (PyTorch's ``is_causal=True``).
+Positions: query row ``i`` sits at ``q_offset + i`` (default ``S - L``), key row
+``j`` at ``k_offset + j`` (default 0). Causal rule: a key is visible iff its
+position is at most the query's, so with the defaults query ``i`` sees key ``j``
+iff ``j <= i + (S - L)``: the mask is aligned to the bottom-right corner, the
+last query sees every key, and during decode (``L = 1``) the one query sees the
+whole context. ``"causal_top_left"`` is ``q_offset = 0``, ``j <= i`` (PyTorch's
+``is_causal=True``). A window ``(left, right)`` keeps keys with
+``q_pos - left <= k_pos <= q_pos + right``.
 
-A row that sees no key (every score ``-inf``, no sink) comes out as zeros.
+A row that sees no key (every score ``-inf``, no sink) comes out as zeros, with
+log-sum-exp ``-inf``.
 """
 
 import numbers
 
 import numpy as np
 
-__all__ = ["causal_mask", "sdpa"]
+__all__ = ["causal_mask", "sdpa", "attention_weights"]
 
 MASK_STRINGS = ("causal", "causal_top_left")
 
@@ -42,13 +47,30 @@ def causal_mask(L, S, dtype=np.float32):
     """The ``(L, S)`` additive causal mask: 0 where query i sees key j, -inf elsewhere.
 
     Bottom-right aligned: query ``i`` sees key ``j`` iff ``j <= i + (S - L)``.
+    ``dtype`` may be a NumPy dtype, or MLX's or PyTorch's float32 and alike.
 
     >>> causal_mask(2, 4)
     array([[  0.,   0.,   0., -inf],
            [  0.,   0.,   0.,   0.]], dtype=float32)
     """
     visible = np.tril(np.ones((L, S), dtype=bool), k=S - L)
-    return np.where(visible, 0.0, -np.inf).astype(dtype)
+    return np.where(visible, 0.0, -np.inf).astype(_numpy_dtype(dtype))
+
+
+def _numpy_dtype(dtype):
+    """A NumPy dtype from a NumPy, MLX or PyTorch dtype (``mx.float32``, ``torch.float16``)."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        name = str(dtype).rsplit(".", 1)[-1]  # "mlx.core.float32", "torch.float16"
+        if name == "bfloat16":
+            from ._interop import bfloat16
+
+            return bfloat16()
+        try:
+            return np.dtype(name)
+        except TypeError:
+            raise TypeError(f"causal_mask: dtype must be a float dtype, got {dtype!r}") from None
 
 
 def _is_float(dtype):
@@ -65,16 +87,36 @@ def _result_dtype(*dtypes):
         return np.dtype(np.float32)
 
 
-def _additive_mask(mask, L, S):
-    """Turn any accepted ``mask`` into a float64 array added to the scaled scores."""
+def visible_keys(L, S, mask="causal", window=None, q_offset=None, k_offset=0):
+    """The ``(L, S)`` bool array of keys each query may see by position alone.
+
+    Query row ``i`` sits at ``q_offset + i`` and key row ``j`` at ``k_offset + j``.
+    A string ``mask`` adds the causal rule; ``window=(left, right)`` keeps keys
+    with ``q_pos - left <= k_pos <= q_pos + right`` (``None``: unbounded side).
+    """
+    if isinstance(mask, str) and mask == "causal_top_left":
+        q_offset = 0
+    if q_offset is None:
+        q_offset = S - L
+    q_pos = q_offset + np.arange(L, dtype=np.int64)[:, None]
+    k_pos = k_offset + np.arange(S, dtype=np.int64)[None, :]
+    visible = np.ones((L, S), dtype=bool)
     if isinstance(mask, str):
-        if mask == "causal":
-            return causal_mask(L, S, np.float64)
-        if mask == "causal_top_left":
-            visible = np.tril(np.ones((L, S), dtype=bool))
-            return np.where(visible, 0.0, -np.inf)
-        raise ValueError(f"sdpa: mask must be one of {MASK_STRINGS}, None or an array; got {mask!r}")
-    if mask is None:
+        visible &= k_pos <= q_pos
+    if window is not None:
+        left, right = window
+        if left is not None:
+            visible &= k_pos >= q_pos - left
+        if right is not None:
+            visible &= k_pos <= q_pos + right
+    return visible
+
+
+def _additive_mask(mask, L, S):
+    """Any accepted array ``mask`` as a float64 array added to the scores (strings: 0)."""
+    if mask is None or isinstance(mask, str):
+        if isinstance(mask, str) and mask not in MASK_STRINGS:
+            raise ValueError(f"sdpa: mask must be one of {MASK_STRINGS}, None or an array; got {mask!r}")
         return np.zeros((L, S))
     if isinstance(mask, (numbers.Number, np.generic)):
         raise TypeError(f"sdpa: mask must be a string, None or an array; got {mask!r}")
@@ -91,52 +133,50 @@ def _sink_logits(sinks, H_q):
     if sinks is None:
         return np.full(H_q, -np.inf)
     sinks = np.asarray(sinks)
-    if sinks.dtype.kind not in "iuf":
+    if sinks.dtype.kind not in "iuf" and not _is_float(sinks.dtype):
         raise TypeError(f"sdpa: sinks must be real numbers; got dtype {sinks.dtype}")
     if sinks.shape != (H_q,):
         raise ValueError(f"sdpa: sinks must have shape ({H_q},), one per query head; got {sinks.shape}")
     return sinks.astype(np.float64)
 
 
-def sdpa(q, k, v, scale=None, mask="causal", *, sinks=None, out=None, threads=None):
-    """Scaled dot-product attention with grouped-query attention, in float64.
+def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset):
+    """The probabilities and log-sum-exp, grouped: (*B, H_kv, n_repeats, L, S) and (..., L).
 
-    Same signature and semantics as ``npattn.sdpa``; ``threads`` is accepted
-    and ignored. Returns an array of ``np.result_type(q, k, v)``.
+    Also returns the shapes needed to ungroup them.
     """
-    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    dtype = _result_dtype(q.dtype, k.dtype, v.dtype)
-    if not _is_float(dtype):
-        raise TypeError(f"sdpa: q, k and v must be floating arrays; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if min(q.ndim, k.ndim, v.ndim) < 2:
-        raise ValueError(f"sdpa: q, k and v need rank >= 2; got {q.shape}, {k.shape}, {v.shape}")
-    all_rank_2 = q.ndim == k.ndim == v.ndim == 2
-
+    q, k = np.asarray(q), np.asarray(k)
+    if min(q.ndim, k.ndim) < 2:
+        raise ValueError(f"sdpa: q and k need rank >= 2; got {q.shape}, {k.shape}")
     # A rank-2 operand (L, D) is one head: (1, L, D). Compute in float64.
-    q, k, v = (np.asarray(x[None] if x.ndim == 2 else x, dtype=np.float64) for x in (q, k, v))
+    q, k = (np.asarray(x[None] if x.ndim == 2 else x, dtype=np.float64) for x in (q, k))
     *Bq, H_q, L, D = q.shape
     *Bk, H_kv, S, D_k = k.shape
-    *Bv, H_kv_v, S_v, D_v = v.shape
-    if (D_k, H_kv_v, S_v) != (D, H_kv, S) or H_kv < 1 or H_q % H_kv:
-        raise ValueError(f"sdpa: shapes do not fit together; got q {q.shape}, k {k.shape}, v {v.shape}")
-    B = np.broadcast_shapes(tuple(Bq), tuple(Bk), tuple(Bv))
+    if D_k != D or H_kv < 1 or H_q % H_kv:
+        raise ValueError(f"sdpa: shapes do not fit together; got q {q.shape}, k {k.shape}")
 
     # Step 1: the scale factor, 1/sqrt(D) unless given.
     factor = D**-0.5 if scale is None else float(scale)
 
     # GQA by reshape: query head h = g * n_repeats + r shares key/value head g.
-    # q: (*B, H_q, L, D) -> (*B, H_kv, n_repeats, L, D); k, v: (*B, H_kv, 1, S, D)
+    # q: (*B, H_q, L, D) -> (*B, H_kv, n_repeats, L, D); k: (*B, H_kv, 1, S, D)
     n_repeats = H_q // H_kv
     q = q.reshape(*Bq, H_kv, n_repeats, L, D)
     k = k.reshape(*Bk, H_kv, 1, S, D)
-    v = v.reshape(*Bv, H_kv, 1, S, D_v)
 
     # Step 2: relevance scores, scaled; k is broadcast across the n_repeats axis.
     scores = (q @ k.swapaxes(-2, -1)) * factor  # (*B, H_kv, n_repeats, L, S)
+    B = scores.shape[:-4]
 
-    # Step 3: add the mask, broadcast to (*B, H_q, L, S) and grouped like the scores.
+    # Step 2b (Gemma 2): cap the scores smoothly at +-softcap.
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
+
+    # Step 3: add the mask, broadcast to (*B, H_q, L, S) and grouped like the scores,
+    # and hide the keys that the positions (causal rule, window) rule out.
     bias = np.broadcast_to(_additive_mask(mask, L, S), (*B, H_q, L, S))
     scores = scores + bias.reshape(*B, H_kv, n_repeats, L, S)
+    scores = np.where(visible_keys(L, S, mask, window, q_offset, k_offset), scores, -np.inf)
 
     # Step 4: softmax over the keys; each head's sink logit joins its rows' max and sum.
     sink = _sink_logits(sinks, H_q).reshape(H_kv, n_repeats, 1, 1)
@@ -148,15 +188,66 @@ def sdpa(q, k, v, scale=None, mask="causal", *, sinks=None, out=None, threads=No
     denom = e.sum(axis=-1, keepdims=True) + np.exp(sink - row_max)
     # Such a row has e == 0 and denom == 0; dividing by 1 keeps it zeros.
     weights = e / np.where(denom == 0, 1.0, denom)
+    # log of the denominator, in natural units: -inf for a row that sees nothing.
+    with np.errstate(divide="ignore"):
+        lse = (row_max + np.log(denom))[..., 0]
+    return weights, lse, (B, H_q, L, S)
 
-    # Step 5: weighted sum of values, then the groups back to H_q heads.
-    result = (weights @ v).reshape(*B, H_q, L, D_v)
-    result = result[0] if all_rank_2 else result
+
+def sdpa(
+    q, k, v, scale=None, mask="causal", *, sinks=None, window=None, softcap=None,
+    q_offset=None, k_offset=0, return_lse=False, out=None, threads=None,
+):  # fmt: skip
+    """Scaled dot-product attention with grouped-query attention, in float64.
+
+    Same signature and semantics as ``npattn.sdpa``; ``threads`` is accepted
+    and ignored. Returns an array of ``np.result_type(q, k, v)``, and with
+    ``return_lse`` also the log-sum-exp (float64 for float64 results, else
+    float32).
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    dtype = _result_dtype(q.dtype, k.dtype, v.dtype)
+    if not _is_float(dtype):
+        raise TypeError(f"sdpa: q, k and v must be floating arrays; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if v.ndim < 2:
+        raise ValueError(f"sdpa: v needs rank >= 2; got {v.shape}")
+    all_rank_2 = q.ndim == k.ndim == v.ndim == 2
+    weights, lse, (B, H_q, L, S) = _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset)
+    v = np.asarray(v[None] if v.ndim == 2 else v, dtype=np.float64)
+    *Bv, H_kv, S_v, D_v = v.shape
+    if S_v != S or H_q % H_kv or weights.shape[-4] != H_kv:
+        raise ValueError(f"sdpa: v does not fit q and k; got v {v.shape}")
+
+    # Step 5: weighted sum of values, then the groups back to H_q heads; v's
+    # batch dims broadcast too.
+    v = v.reshape(*Bv, H_kv, 1, S, D_v)
+    result = weights @ v
+    B = result.shape[:-4]
+    result = result.reshape(*B, H_q, L, D_v)
+    lse = np.broadcast_to(lse, (*B, *lse.shape[-3:])).reshape(*B, H_q, L)
+    if all_rank_2:
+        result, lse = result[0], lse[0]
     result = result.astype(dtype)
 
-    if out is None:
-        return result
-    if not isinstance(out, np.ndarray) or out.shape != result.shape or out.dtype != dtype:
-        raise ValueError(f"sdpa: out must be a {dtype} array of shape {result.shape}")
-    out[...] = result
-    return out
+    if out is not None:
+        if not isinstance(out, np.ndarray) or out.shape != result.shape or out.dtype != dtype:
+            raise ValueError(f"sdpa: out must be a {dtype} array of shape {result.shape}")
+        out[...] = result
+        result = out
+    if return_lse:
+        return result, lse.astype(np.float64 if dtype == np.float64 else np.float32)
+    return result
+
+
+def attention_weights(
+    q, k, scale=None, mask="causal", *, sinks=None, window=None, softcap=None,
+    q_offset=None, k_offset=0, threads=None,
+):  # fmt: skip
+    """The probabilities ``softmax(...)``, shape ``(*B, H_q, L, S)``, in float64
+    and then ``np.result_type(q, k)``; same semantics as ``npattn.attention_weights``."""
+    q, k = np.asarray(q), np.asarray(k)
+    dtype = _result_dtype(q.dtype, k.dtype)
+    all_rank_2 = q.ndim == k.ndim == 2
+    weights, _, (B, H_q, L, S) = _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset)
+    weights = weights.reshape(*B, H_q, L, S)
+    return (weights[0] if all_rank_2 else weights).astype(dtype)

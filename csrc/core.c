@@ -1,0 +1,208 @@
+/* core.c: what the forward and backward drivers share: checked allocation,
+ * statuses, and the rules of attention.h, checked once for every caller. */
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "internal.h"
+
+/* ---- allocation, with a failure hook for the tests ---- */
+
+static _Atomic int64_t fail_alloc_after = -1;
+
+void npattn_debug_fail_alloc_after(int64_t n) { atomic_store(&fail_alloc_after, n); }
+
+void *npattn_alloc(size_t n_bytes) {
+    int64_t left = atomic_load(&fail_alloc_after);
+    if (left >= 0) {
+        if (left == 0) return NULL;
+        atomic_store(&fail_alloc_after, left - 1);
+    }
+    if (n_bytes == 0) n_bytes = 64;
+    if (n_bytes > SIZE_MAX - 63) return NULL;
+    return aligned_alloc(64, (n_bytes + 63) / 64 * 64);
+}
+
+void npattn_free(void *p) { free(p); }
+
+const char *npattn_status_string(enum npattn_status status) {
+    switch (status) {
+    case NPATTN_STATUS_OK: return "success";
+    case NPATTN_STATUS_NO_MEMORY: return "could not allocate scratch memory";
+    case NPATTN_STATUS_CANCELLED: return "the call was cancelled";
+    case NPATTN_STATUS_INVALID: return "the problem breaks a rule of attention.h";
+    case NPATTN_STATUS_TOO_LARGE: return "D or D_v exceeds what one BLAS call can take (INT_MAX)";
+    }
+    return "unknown status";
+}
+
+static void blas_single_threaded(void) { npattn_blas_set_num_threads(1); }
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+void npattn_blas_init(void) { pthread_once(&blas_once, blas_single_threaded); }
+
+size_t npattn_dtype_size(enum npattn_dtype dtype) {
+    return dtype == NPATTN_DTYPE_F64 ? 8 : dtype == NPATTN_DTYPE_F32 ? 4 : 2;
+}
+
+int64_t npattn_n_batch(const struct npattn_problem *p) {
+    int64_t n = 1;
+    for (int32_t d = 0; d < p->n_batch_dim; d++) n *= p->batch_shape[d];
+    return n;
+}
+
+int64_t npattn_batch_offset(const struct npattn_problem *p, const struct npattn_tensor *t, int64_t b) {
+    int64_t off = 0;
+    for (int32_t d = p->n_batch_dim - 1; d >= 0; d--) {
+        int64_t n = p->batch_shape[d];
+        off += (b % n) * t->batch_stride[d];
+        b /= n;
+    }
+    return off;
+}
+
+/* ---- the rules ---- */
+
+/* The byte range [lo, hi] a tensor's elements span; 0 if it overflows int64. */
+struct extent {
+    int64_t lo, hi;
+    int empty;
+};
+
+static int span(int64_t n, int64_t stride, struct extent *e) {
+    int64_t reach;
+    if (n <= 1) return 1;
+    if (__builtin_mul_overflow(n - 1, stride, &reach)) return 0;
+    return !__builtin_add_overflow(reach > 0 ? e->hi : e->lo, reach, reach > 0 ? &e->hi : &e->lo);
+}
+
+/* The extent of t over the batch shape and (heads, rows, cols) = dims, with
+ * elements of `size` bytes. */
+static int extent_of(const struct npattn_problem *p, const struct npattn_tensor *t, const int64_t dims[3],
+                     int64_t size, struct extent *e) {
+    e->lo = e->hi = 0;
+    e->empty = 0;
+    for (int32_t d = 0; d < p->n_batch_dim; d++) e->empty |= p->batch_shape[d] == 0;
+    for (int i = 0; i < 3; i++) e->empty |= dims[i] == 0;
+    if (e->empty) return 1;
+    for (int32_t d = 0; d < p->n_batch_dim; d++)
+        if (!span(p->batch_shape[d], t->batch_stride[d], e)) return 0;
+    const int64_t strides[3] = {t->head_stride, t->row_stride, t->col_stride};
+    for (int i = 0; i < 3; i++)
+        if (!span(dims[i], strides[i], e)) return 0;
+    if (__builtin_mul_overflow(e->lo, size, &e->lo) || __builtin_mul_overflow(e->hi, size, &e->hi) ||
+        __builtin_add_overflow(e->hi, size - 1, &e->hi))
+        return 0;
+    return 1;
+}
+
+/* Whether two tensors' byte ranges meet. */
+static int meet(const void *a, const struct extent *ea, const void *b, const struct extent *eb) {
+    if (ea->empty || eb->empty) return 0;
+    intptr_t a0 = (intptr_t)a + (intptr_t)ea->lo, a1 = (intptr_t)a + (intptr_t)ea->hi;
+    intptr_t b0 = (intptr_t)b + (intptr_t)eb->lo, b1 = (intptr_t)b + (intptr_t)eb->hi;
+    return a0 <= b1 && b0 <= a1;
+}
+
+/* Whether distinct indices of t can reach the same element: with the axes
+ * sorted by stride, each must step past everything the smaller ones span. */
+static int overlaps_itself(const struct npattn_problem *p, const struct npattn_tensor *t, const int64_t dims[3]) {
+    int64_t n[3 + 64], s[3 + 64];
+    int k = 0;
+    if (p->n_batch_dim > 64) return 1;
+    for (int32_t d = 0; d < p->n_batch_dim; d++) {
+        if (p->batch_shape[d] == 0) return 0;
+        if (p->batch_shape[d] > 1) n[k] = p->batch_shape[d], s[k++] = llabs(t->batch_stride[d]);
+    }
+    const int64_t strides[3] = {t->head_stride, t->row_stride, t->col_stride};
+    for (int i = 0; i < 3; i++) {
+        if (dims[i] == 0) return 0;
+        if (dims[i] > 1) n[k] = dims[i], s[k++] = llabs(strides[i]);
+    }
+    for (int i = 1; i < k; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+            int64_t tn = n[j], ts = s[j];
+            n[j] = n[j - 1], s[j] = s[j - 1], n[j - 1] = tn, s[j - 1] = ts;
+        }
+    int64_t reach = 0; /* the farthest element the smaller axes reach */
+    for (int i = 0; i < k; i++) {
+        if (s[i] <= reach) return 1;
+        reach += s[i] * (n[i] - 1);
+    }
+    return 0;
+}
+
+static int dtype_ok(enum npattn_dtype t) { return t >= NPATTN_DTYPE_F32 && t <= NPATTN_DTYPE_BF16; }
+
+enum npattn_status npattn_check(const struct npattn_problem *p) {
+    if (!p || p->n_batch_dim < 0 || (p->n_batch_dim > 0 && !p->batch_shape)) return NPATTN_STATUS_INVALID;
+    int64_t n_batch = 1;
+    for (int32_t d = 0; d < p->n_batch_dim; d++) {
+        if (p->batch_shape[d] < 0) return NPATTN_STATUS_INVALID;
+        if (__builtin_mul_overflow(n_batch, p->batch_shape[d], &n_batch)) return NPATTN_STATUS_INVALID;
+    }
+    if (p->n_head_q < 0 || p->n_head_kv < 1 || p->n_head_q % p->n_head_kv != 0) return NPATTN_STATUS_INVALID;
+    if (p->n_query < 0 || p->n_key < 0 || p->n_embd_k < 1 || p->n_embd_v < 0) return NPATTN_STATUS_INVALID;
+    if (!isfinite(p->scale) || !(p->softcap >= 0) || !isfinite(p->softcap)) return NPATTN_STATUS_INVALID;
+    if (p->window_left < NPATTN_UNBOUNDED || p->window_right < NPATTN_UNBOUNDED) return NPATTN_STATUS_INVALID;
+    if (p->mask_kind < NPATTN_MASK_NONE || p->mask_kind > NPATTN_MASK_ADD || p->n_threads < 0)
+        return NPATTN_STATUS_INVALID;
+    int has_mask = p->mask_kind != NPATTN_MASK_NONE;
+    int has_out = p->n_embd_v > 0, has_lse = p->lse.data != NULL, has_w = p->weights.data != NULL;
+    if (!dtype_ok(p->q.dtype) || !dtype_ok(p->k.dtype) || (has_out && (!dtype_ok(p->v.dtype) || !dtype_ok(p->out.dtype))) ||
+        (has_mask && p->mask_kind == NPATTN_MASK_ADD && !dtype_ok(p->mask.dtype)) || (has_w && !dtype_ok(p->weights.dtype)))
+        return NPATTN_STATUS_INVALID;
+    if (has_lse && p->lse.dtype != NPATTN_DTYPE_F32 && p->lse.dtype != NPATTN_DTYPE_F64) return NPATTN_STATUS_INVALID;
+
+    if (p->n_batch_dim > 0 &&
+        (!p->q.batch_stride || !p->k.batch_stride || (has_out && (!p->v.batch_stride || !p->out.batch_stride)) ||
+         (has_lse && !p->lse.batch_stride) || (has_w && !p->weights.batch_stride) ||
+         (has_mask && !p->mask.batch_stride)))
+        return NPATTN_STATUS_INVALID;
+
+    const int64_t H_q = p->n_head_q, H_kv = p->n_head_kv, L = p->n_query, S = p->n_key;
+    const int64_t dq[3] = {H_q, L, p->n_embd_k}, dk[3] = {H_kv, S, p->n_embd_k}, dv[3] = {H_kv, S, p->n_embd_v},
+                  dout[3] = {H_q, L, p->n_embd_v}, dl[3] = {H_q, L, 1}, dm[3] = {H_q, L, S};
+    struct extent eq, ek, ev, eo, el, ew, em, es;
+#define SIZE(t) ((int64_t)npattn_dtype_size((t).dtype))
+    int64_t mask_size = p->mask_kind == NPATTN_MASK_BOOL ? 1 : SIZE(p->mask);
+    if (!extent_of(p, &p->q, dq, SIZE(p->q), &eq) || !extent_of(p, &p->k, dk, SIZE(p->k), &ek) ||
+        (has_out && !extent_of(p, &p->v, dv, SIZE(p->v), &ev)) ||
+        (has_out && !extent_of(p, &p->out, dout, SIZE(p->out), &eo)) ||
+        (has_lse && !extent_of(p, &p->lse, dl, SIZE(p->lse), &el)) ||
+        (has_w && !extent_of(p, &p->weights, dm, SIZE(p->weights), &ew)) ||
+        (has_mask && !extent_of(p, &p->mask, dm, mask_size, &em)))
+        return NPATTN_STATUS_INVALID;
+#undef SIZE
+    if (n_batch == 0 || H_q == 0 || L == 0) return NPATTN_STATUS_OK; /* nothing is read or written */
+
+    if (!p->q.data || (S > 0 && !p->k.data) || (has_mask && !p->mask.data)) return NPATTN_STATUS_INVALID;
+    if (has_out && ((S > 0 && !p->v.data) || !p->out.data)) return NPATTN_STATUS_INVALID;
+    if (p->n_embd_k > INT_MAX || p->n_embd_v > INT_MAX) return NPATTN_STATUS_TOO_LARGE;
+
+    /* outputs: never overlapping themselves or an input */
+    es.lo = 0, es.hi = (int64_t)sizeof(double) * H_q - 1, es.empty = !p->sinks;
+    const void *in[5] = {p->q.data, p->k.data, p->v.data, p->mask.data, p->sinks};
+    const struct extent *ein[5] = {&eq, &ek, has_out ? &ev : &es, has_mask ? &em : &es, &es};
+    int n_in = 5;
+    if (!has_out) in[2] = NULL;
+    if (!has_mask) in[3] = NULL;
+    struct {
+        int given;
+        const struct npattn_tensor *t;
+        const int64_t *dims;
+        const struct extent *e;
+    } outs[3] = {{has_out, &p->out, dout, &eo}, {has_lse, &p->lse, dl, &el}, {has_w, &p->weights, dm, &ew}};
+    for (int o = 0; o < 3; o++) {
+        if (!outs[o].given) continue;
+        if (overlaps_itself(p, outs[o].t, outs[o].dims)) return NPATTN_STATUS_INVALID;
+        for (int i = 0; i < n_in; i++)
+            if (in[i] && meet(outs[o].t->data, outs[o].e, in[i], ein[i])) return NPATTN_STATUS_INVALID;
+        for (int o2 = 0; o2 < o; o2++)
+            if (outs[o2].given && meet(outs[o].t->data, outs[o].e, outs[o2].t->data, outs[o2].e))
+                return NPATTN_STATUS_INVALID;
+    }
+    return NPATTN_STATUS_OK;
+}

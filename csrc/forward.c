@@ -1,0 +1,339 @@
+/* forward.c: the forward driver. Checks a problem, sizes the tiles, decides
+ * how many threads the work repays, and runs the tasks (tile_fwd.h, written
+ * once for float and double) on the calling thread and the pool. */
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "attention.h"
+#include "band.h"
+#include "blas.h"
+#include "internal.h"
+#include "kernels/kernels.h"
+
+/* Tile sizes. OpenBLAS multiplies small matrices without packing them, much
+ * faster, while rows * keys * width <= 1e6 (its small-matrix threshold), so
+ * a tile of stacked query rows against a tile of keys aims just below it. */
+#define TILE_FLOPS_BUDGET 1000000 /* rows * keys * max(D, D_v) per gemm */
+#define TILE_ROW_ELEMS 8192       /* stacked query rows (heads x positions) times width */
+#define TILE_ROWS_MIN 16
+#define TILE_ROWS_MAX 128
+#define TILE_QUERY_MAX 64         /* query positions per tile: diagonal tiles waste about bq / L */
+#define TILE_KEYS_MIN 16
+#define TILE_KEYS_MAX 512
+#define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
+#define STREAM_ROWS 16            /* at most this many stacked rows stream (decode) */
+#define STREAM_KEYS 64            /* keys per streamed tile: its scores stay in L1 */
+#define SPLIT_MIN_KEYS 512        /* split-K gives each part at least this many keys */
+#define FLOPS_PER_THREAD 2.0e6    /* each thread beyond the caller needs this much work to repay waking it */
+
+/* Byte offsets of one slot's scratch regions. */
+struct layout {
+    size_t qt, qrows, st, ot, m, l, alpha, row, kt, vt, bias, lo, hi, size;
+};
+
+struct fwd_plan {
+    const struct npattn_problem *p;
+    struct npattn_band band;
+    struct npattn_run run;
+    int f64;                      /* computed in double */
+    int64_t group;                /* H_q / H_kv query heads per kv head */
+    int64_t bq, n_qblock;         /* query rows per unit, and blocks of them */
+    int64_t bh, n_hblock;         /* heads of a group per unit, and blocks of them */
+    int64_t bk;                   /* keys per tile */
+    int64_t max_m;                /* bh * bq: the most stacked rows */
+    int64_t n_unit, n_split;      /* units, and tasks per unit (split-K) */
+    int stream;                   /* decode-sized float tiles: the streaming kernels */
+    int k_direct, v_direct;       /* BLAS reads K / V in place */
+    int64_t ldk, ldv;             /* their leading dimensions then */
+    int64_t out_size;             /* bytes per element of out */
+    struct layout lay, lay64;     /* a slot's scratch in the computed type, and in double */
+    char *scratch;                /* n_slot slots of lay.size bytes */
+    char **exact;                 /* float problems: per slot, double scratch made when first needed */
+    int32_t n_slot;
+    double *partials;             /* split-K: (lse, O / l) per task */
+};
+
+/* Where a unit's rows are. */
+struct unit {
+    int64_t g, i0, nq, h0, nh, M; /* kv head, first row and rows, first head and heads, stacked rows */
+    int64_t j0, j1;               /* keys the band lets some row see */
+    int64_t off_q, off_k, off_v, off_out, off_mask, off_lse, off_weights; /* batch offsets, in elements */
+};
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
+    const struct npattn_problem *p = pl->p;
+    /* Units of one kv head run back to back, so its K and V stay in cache;
+     * within it, largest first: the last query blocks see the most keys
+     * under a causal mask. */
+    int64_t qb = pl->n_qblock - 1 - unit % pl->n_qblock, rest = unit / pl->n_qblock;
+    int64_t hb = rest % pl->n_hblock;
+    rest /= pl->n_hblock;
+    int64_t b = rest / p->n_head_kv;
+    u->g = rest % p->n_head_kv;
+    u->i0 = qb * pl->bq;
+    u->nq = min64(pl->bq, p->n_query - u->i0);
+    u->h0 = u->g * pl->group + hb * pl->bh;
+    u->nh = min64(pl->bh, pl->group - hb * pl->bh);
+    u->M = u->nh * u->nq;
+    npattn_band_keys(&pl->band, u->i0, u->i0 + u->nq, p->n_key, &u->j0, &u->j1);
+    u->off_q = npattn_batch_offset(p, &p->q, b);
+    u->off_k = npattn_batch_offset(p, &p->k, b);
+    u->off_v = p->n_embd_v > 0 ? npattn_batch_offset(p, &p->v, b) : 0;
+    u->off_out = p->n_embd_v > 0 ? npattn_batch_offset(p, &p->out, b) : 0;
+    u->off_mask = p->mask_kind != NPATTN_MASK_NONE ? npattn_batch_offset(p, &p->mask, b) : 0;
+    u->off_lse = p->lse.data ? npattn_batch_offset(p, &p->lse, b) : 0;
+    u->off_weights = p->weights.data ? npattn_batch_offset(p, &p->weights, b) : 0;
+}
+
+/* The element [b, h, i, 0] of t, b given by its offset, elements of `size` bytes. */
+static inline char *elem_ptr(const struct npattn_tensor *t, int64_t size, int64_t off, int64_t h, int64_t i) {
+    return (char *)t->data + (off + h * t->head_stride + i * t->row_stride) * size;
+}
+
+static inline int64_t mask_elem_size(const struct npattn_problem *p) {
+    return p->mask_kind == NPATTN_MASK_BOOL ? 1 : (int64_t)npattn_dtype_size(p->mask.dtype);
+}
+
+/* The weight of stacked row r of u for key j. */
+static inline char *weight_ptr(const struct npattn_problem *p, const struct unit *u, int64_t r, int64_t j) {
+    int64_t size = (int64_t)npattn_dtype_size(p->weights.dtype);
+    return elem_ptr(&p->weights, size, u->off_weights, u->h0 + r / u->nq, u->i0 + r % u->nq) +
+           j * p->weights.col_stride * size;
+}
+
+static inline void store_lse(const struct npattn_problem *p, int64_t off, int64_t h, int64_t i, double lse) {
+    char *at = elem_ptr(&p->lse, (int64_t)npattn_dtype_size(p->lse.dtype), off, h, i);
+    if (p->lse.dtype == NPATTN_DTYPE_F64) *(double *)at = lse;
+    else *(float *)at = (float)lse;
+}
+
+#define REAL float
+#define SFX f32
+#define IS_F64 0
+#define GEMM npattn_cblas_sgemm
+#define SCORE_TILE struct npattn_score_tile
+#include "tile_fwd.h"
+#undef REAL
+#undef SFX
+#undef IS_F64
+#undef GEMM
+#undef SCORE_TILE
+
+#define REAL double
+#define SFX f64
+#define IS_F64 1
+#define GEMM npattn_cblas_dgemm
+#define SCORE_TILE struct npattn_score_tile_f64
+#include "tile_fwd.h"
+#undef REAL
+#undef SFX
+#undef IS_F64
+#undef GEMM
+#undef SCORE_TILE
+
+static size_t take(size_t *at, size_t bytes) {
+    size_t off = *at;
+    *at += (bytes + 63) / 64 * 64;
+    return off;
+}
+
+/* The regions of one slot's scratch, elements of `real` bytes. */
+static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_direct, int v_direct) {
+    const struct npattn_problem *p = pl->p;
+    const size_t D = (size_t)p->n_embd_k, Dv = (size_t)p->n_embd_v, M = (size_t)pl->max_m, bk = (size_t)pl->bk;
+    struct layout s;
+    size_t at = 0;
+    s.qt = take(&at, M * D * real);   /* Q^T (D, M) for the gemm, Q's rows when streaming */
+    s.qrows = take(&at, pl->stream ? 0 : M * D * real); /* Q's rows, before the transpose */
+    s.st = take(&at, bk * M * real);  /* scores^T (bk, M) */
+    s.ot = take(&at, M * Dv * real);  /* O's rows (M, D_v) */
+    s.m = take(&at, M * real);        /* running max */
+    s.l = take(&at, M * real);        /* running sum */
+    s.alpha = take(&at, M * real);    /* rescale factors */
+    s.row = take(&at, (size_t)max64(max64(p->n_embd_k, p->n_embd_v), pl->bk) * real); /* one row, converted */
+    s.kt = take(&at, k_direct ? 0 : bk * D * real);  /* a K tile, converted */
+    s.vt = take(&at, v_direct ? 0 : bk * Dv * real); /* a V tile, converted */
+    s.bias = take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0); /* the mask's tile */
+    s.lo = take(&at, M * sizeof(int32_t)); /* the band's cut, per row */
+    s.hi = take(&at, M * sizeof(int32_t));
+    s.size = at;
+    return s;
+}
+
+static void run_task(void *arg, int64_t task, int32_t slot) {
+    struct fwd_plan *pl = arg;
+    char *scratch = pl->scratch + (size_t)slot * pl->lay.size;
+    if (pl->f64) {
+        tile_fwd_f64(pl, task, slot, scratch);
+        return;
+    }
+    if (!tile_fwd_f32(pl, task, slot, scratch)) return;
+    /* an extreme: the same task again, exactly, in double */
+    if (!pl->exact[slot] && !(pl->exact[slot] = npattn_alloc(pl->lay64.size))) {
+        npattn_run_fail(&pl->run, NPATTN_STATUS_NO_MEMORY);
+        return;
+    }
+    tile_fwd_f64(pl, task, slot, pl->exact[slot]);
+}
+
+/* Merges the n_split partials of one unit: lse = logaddexp of the parts,
+ * out = sum of exp(lse_s - lse) * O_s, in split order. */
+static void merge_task(void *arg, int64_t unit, int32_t slot) {
+    struct fwd_plan *pl = arg;
+    const struct npattn_problem *p = pl->p;
+    const int64_t Dv = p->n_embd_v, stride = pl->max_m * (Dv + 1);
+    struct unit u;
+    locate(pl, unit, &u);
+    double *orow = (double *)(pl->scratch + (size_t)slot * pl->lay.size);
+    const double *first = pl->partials + (size_t)(unit * pl->n_split) * (size_t)stride;
+    for (int64_t r = 0; r < u.M; r++) {
+        double mx = -INFINITY; /* NaN in any part makes the row NaN */
+        int nan = 0;
+        for (int64_t s = 0; s < pl->n_split; s++) {
+            double ls = first[s * stride + r];
+            nan |= ls != ls;
+            mx = ls > mx ? ls : mx;
+        }
+        if (nan) mx = NAN;
+        double sum = 0;
+        for (int64_t s = 0; s < pl->n_split; s++) {
+            double ls = first[s * stride + r];
+            if (ls != -INFINITY) sum += exp(ls - mx);
+        }
+        double lse = mx == -INFINITY ? -INFINITY : mx + log(sum);
+        memset(orow, 0, (size_t)Dv * sizeof *orow);
+        for (int64_t s = 0; s < pl->n_split && lse != -INFINITY; s++) {
+            const double *part = first + s * stride;
+            if (part[r] == -INFINITY) continue; /* this part saw nothing */
+            double w = exp(part[r] - lse);
+            for (int64_t e = 0; e < Dv; e++) orow[e] += w * part[pl->max_m + r * Dv + e];
+        }
+        const int64_t h = u.h0 + r / u.nq, i = u.i0 + r % u.nq;
+        if (Dv > 0) npattn_store_f64(p->out.dtype, orow, Dv, elem_ptr(&p->out, pl->out_size, u.off_out, h, i), p->out.col_stride);
+        if (p->lse.data) store_lse(p, u.off_lse, h, i, lse);
+    }
+}
+
+/* Whether BLAS can read t's rows in place, computing in `dtype`; sets *ld. */
+static int blas_direct(const struct npattn_tensor *t, enum npattn_dtype dtype, int64_t rows, int64_t width,
+                       int64_t *ld) {
+    if (t->dtype != dtype || (width > 1 && t->col_stride != 1)) return 0;
+    *ld = rows > 1 ? t->row_stride : max64(width, 1);
+    return *ld >= width && *ld >= 1 && *ld <= INT_MAX;
+}
+
+/* Whether float holds x as a normal number (or 0), so that computing with
+ * (float)x loses nothing but rounding. */
+static int float_normal(double x) { return x == 0 || (fabs(x) >= FLT_MIN && fabs(x) <= FLT_MAX); }
+
+enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
+    enum npattn_status status = npattn_check(p);
+    if (status != NPATTN_STATUS_OK) return status;
+    const int64_t n_batch = npattn_n_batch(p), D = p->n_embd_k, Dv = p->n_embd_v, S = p->n_key;
+    if (n_batch == 0 || p->n_head_q == 0 || p->n_query == 0) return NPATTN_STATUS_OK;
+    if (Dv == 0 && !p->lse.data && !p->weights.data) return NPATTN_STATUS_OK; /* nothing to write */
+
+    struct fwd_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.p = p;
+    pl.band = npattn_band_of(p);
+    enum npattn_dtype result = Dv > 0 ? p->out.dtype : p->weights.data ? p->weights.dtype : p->lse.dtype;
+    /* double for float64 results, and for a scale or cap that float cannot hold */
+    pl.f64 = result == NPATTN_DTYPE_F64 || !float_normal(p->scale) ||
+             (p->softcap > 0 && (!float_normal(p->softcap) || !float_normal(1.0 / p->softcap)));
+    pl.out_size = Dv > 0 ? (int64_t)npattn_dtype_size(p->out.dtype) : 0;
+    pl.group = p->n_head_q / p->n_head_kv;
+
+    /* Tile: stack a whole group's heads when it fits, query rows to fill the
+     * rest; keys to fill the small-gemm budget; smaller for very wide rows so
+     * that scratch stays bounded. */
+    int64_t width = max64(D, Dv);
+    int64_t rows = min64(TILE_ROWS_MAX, max64(TILE_ROWS_MIN, TILE_ROW_ELEMS / width));
+    rows = max64(1, min64(rows, TILE_ELEMS / max64(width, TILE_KEYS_MAX)));
+    pl.bh = min64(pl.group, rows);
+    pl.bq = max64(1, rows / pl.bh);
+    /* stacked rows a multiple of 16 (whole SIMD vectors) where that is possible */
+    int64_t unit = 16;
+    for (int64_t h = pl.bh; h % 2 == 0 && unit > 1; h /= 2) unit /= 2;
+    if (pl.bq >= unit) pl.bq = pl.bq / unit * unit;
+    pl.bq = min64(p->n_query, min64(pl.bq, TILE_QUERY_MAX));
+    pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
+    pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
+    pl.max_m = pl.bh * pl.bq;
+    pl.bk = min64(TILE_KEYS_MAX, max64(TILE_KEYS_MIN, TILE_FLOPS_BUDGET / (pl.max_m * width) / 16 * 16));
+    /* a few stacked rows (decode) make gemms that are all overhead: stream
+     * each key and value row once through the SIMD kernels instead */
+    pl.stream = !pl.f64 && pl.max_m <= STREAM_ROWS;
+    if (pl.stream) pl.bk = STREAM_KEYS;
+    enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    pl.k_direct = blas_direct(&p->k, computed, S, D, &pl.ldk);
+    pl.v_direct = Dv > 0 && blas_direct(&p->v, computed, S, Dv, &pl.ldv);
+    pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
+
+    /* The work, and the threads it repays: each beyond the caller must get
+     * FLOPS_PER_THREAD. The same problem and n_threads always give the same
+     * plan, whatever threads actually start. */
+    double flops = 0;
+    int64_t most_keys = 0;
+    for (int64_t qb = 0; qb < pl.n_qblock; qb++) {
+        int64_t i0 = qb * pl.bq, nq = min64(pl.bq, p->n_query - i0), j0, j1;
+        npattn_band_keys(&pl.band, i0, i0 + nq, S, &j0, &j1);
+        flops += (double)nq * (double)(j1 - j0);
+        most_keys = max64(most_keys, j1 - j0);
+    }
+    flops *= 2.0 * (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)n_batch *
+             (double)p->n_head_kv;
+    int32_t plan_threads = 1, run_threads = 1;
+    if (flops >= 2 * FLOPS_PER_THREAD || npattn_pool_mode() == 2) {
+        int32_t avail = npattn_pool_threads(p->n_threads);
+        plan_threads = flops >= 2 * FLOPS_PER_THREAD ? (int32_t)min64(avail, (int64_t)(flops / FLOPS_PER_THREAD)) : 1;
+        run_threads = npattn_pool_mode() == 2 ? avail : plan_threads;
+    }
+    /* Split-K when there are fewer units than threads (decode with few heads):
+     * each part of a unit's keys is a task, merged by log-sum-exp. */
+    pl.n_split = 1;
+    if (pl.n_unit < plan_threads && !p->weights.data) {
+        int64_t want = (2 * (int64_t)plan_threads + pl.n_unit - 1) / pl.n_unit;
+        pl.n_split = max64(1, min64(want, most_keys / SPLIT_MIN_KEYS));
+    }
+    int64_t n_task = pl.n_unit * pl.n_split;
+    pl.n_slot = (int32_t)min64(run_threads, n_task);
+
+    pl.lay = layout_of(&pl, pl.f64 ? sizeof(double) : sizeof(float), pl.k_direct, pl.v_direct);
+    pl.lay64 = pl.f64 ? pl.lay : layout_of(&pl, sizeof(double), 0, 0);
+    size_t slot_bytes = max64((int64_t)pl.lay.size, (int64_t)(max64(Dv, 1) * sizeof(double))); /* merge rows too */
+    pl.lay.size = (slot_bytes + 63) / 64 * 64;
+    status = NPATTN_STATUS_NO_MEMORY;
+    if ((size_t)pl.n_slot > SIZE_MAX / pl.lay.size) return status;
+    pl.scratch = npattn_alloc(pl.lay.size * (size_t)pl.n_slot);
+    if (!pl.scratch) goto done;
+    if (!pl.f64) {
+        pl.exact = npattn_alloc((size_t)pl.n_slot * sizeof *pl.exact);
+        if (!pl.exact) goto done;
+        memset(pl.exact, 0, (size_t)pl.n_slot * sizeof *pl.exact);
+    }
+    if (pl.n_split > 1) {
+        /* n_task < 2 * threads + n_unit here: small */
+        pl.partials = npattn_alloc((size_t)n_task * (size_t)(pl.max_m * (Dv + 1)) * sizeof(double));
+        if (!pl.partials) goto done;
+    }
+
+    npattn_blas_init();
+    npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
+    status = npattn_pool_run(run_task, &pl, n_task, pl.n_slot, &pl.run);
+    if (status == NPATTN_STATUS_OK && pl.n_split > 1)
+        status = npattn_pool_run(merge_task, &pl, pl.n_unit, (int32_t)min64(pl.n_slot, pl.n_unit), &pl.run);
+
+done:
+    if (pl.exact)
+        for (int32_t s = 0; s < pl.n_slot; s++) npattn_free(pl.exact[s]);
+    npattn_free(pl.exact);
+    npattn_free(pl.partials);
+    npattn_free(pl.scratch);
+    return status;
+}

@@ -1,0 +1,291 @@
+/* kernels/avx2.c: the kernels in AVX2 + FMA (+ F16C), 8 query rows per vector;
+ * column tails go to the portable code. Twin of avx512.c and neon.c. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
+AVX2 INLINE __m256 exp_nonpos(__m256 x) {
+    const __m256 vmin = _mm256_set1_ps(NPATTN_EXP2_MIN);
+    __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(NPATTN_LOG2E));
+    __m256 keep = _mm256_cmp_ps(y, vmin, _CMP_GE_OQ);
+    y = _mm256_max_ps(y, vmin);
+    __m256 n = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(y, n);
+    __m256 p = _mm256_set1_ps(NPATTN_EXP2_C6);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C1));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+/* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
+AVX2 INLINE __m256 tanh_approx(__m256 y) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    __m256 a = _mm256_andnot_ps(sign, y);
+    __m256 u = _mm256_mul_ps(y, y);
+    __m256 p = _mm256_set1_ps(NPATTN_TANH_P4);
+    p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(NPATTN_TANH_P3));
+    p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(NPATTN_TANH_P2));
+    p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(NPATTN_TANH_P1));
+    p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(NPATTN_TANH_P0));
+    __m256 near = _mm256_fmadd_ps(_mm256_mul_ps(y, u), p, y);
+    __m256 e = exp_nonpos(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+    __m256 far = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    far = _mm256_or_ps(far, _mm256_and_ps(y, sign));
+    return _mm256_blendv_ps(far, near, _mm256_cmp_ps(a, _mm256_set1_ps(NPATTN_TANH_SPLIT), _CMP_LT_OQ));
+}
+
+AVX2 static int softmax_avx2(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
+    const int64_t nk = t->nk, M = t->M, ld = t->ld;
+    const __m256 scale = _mm256_set1_ps(t->scale), ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    const int capped = t->softcap > 0;
+    const __m256 cap = _mm256_set1_ps(t->softcap), inv_cap = _mm256_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
+    int64_t r = 0;
+    for (; r + 8 <= M; r += 8) {
+        __m256 vm = _mm256_loadu_ps(m + r), mx = vm;
+        /* nf sums x - x over unhidden scores: it stays 0 unless one is NaN or infinite */
+        __m256 nf = _mm256_and_ps(_mm256_sub_ps(vm, vm), _mm256_cmp_ps(vm, ninf, _CMP_NEQ_UQ));
+        __m256i vlo = _mm256_setzero_si256(), vhi = vlo;
+        if (t->lo) {
+            vlo = _mm256_loadu_si256((const __m256i *)(t->lo + r));
+            vhi = _mm256_loadu_si256((const __m256i *)(t->hi + r));
+        }
+        /* pass 1: final scores written back, the column max */
+        for (int64_t j = 0; j < nk; j++) {
+            float *row = st + j * ld + r;
+            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(row), scale);
+            __m256 check = _mm256_sub_ps(x, x);
+            __m256 vis = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+            if (capped) x = _mm256_mul_ps(cap, tanh_approx(_mm256_mul_ps(x, inv_cap)));
+            if (t->lo) {
+                __m256i vj = _mm256_set1_epi32((int32_t)j);
+                __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(vlo, vj), _mm256_cmpgt_epi32(vj, vhi));
+                vis = _mm256_andnot_ps(_mm256_castsi256_ps(out), vis);
+            }
+            if (t->bias) {
+                __m256 b = _mm256_loadu_ps(t->bias + j * ld + r);
+                vis = _mm256_and_ps(vis, _mm256_cmp_ps(b, ninf, _CMP_NEQ_UQ));
+                x = _mm256_add_ps(x, b);
+                check = _mm256_add_ps(check, _mm256_sub_ps(x, x));
+            }
+            nf = _mm256_add_ps(nf, _mm256_and_ps(check, vis));
+            x = _mm256_blendv_ps(ninf, x, vis);
+            _mm256_storeu_ps(row, x);
+            mx = _mm256_max_ps(mx, x);
+        }
+        if (_mm256_movemask_ps(_mm256_cmp_ps(nf, zero, _CMP_NEQ_UQ))) return 1;
+        /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
+        __m256 shift = _mm256_blendv_ps(mx, zero, _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ));
+        __m256 a = exp_nonpos(_mm256_sub_ps(vm, shift)), sum = zero;
+        for (int64_t j = 0; j < nk; j++) {
+            float *row = st + j * ld + r;
+            __m256 p = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row), shift));
+            _mm256_storeu_ps(row, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
+        _mm256_storeu_ps(m + r, mx);
+        _mm256_storeu_ps(alpha + r, a);
+    }
+    return r < M ? npattn_softmax_f32_columns(st, t, r, M, m, l, alpha) : 0;
+}
+
+/* Lanes j .. j+7 of a row of n: an integer mask for maskload / maskstore. */
+AVX2 INLINE __m256i lanes(int64_t n, int64_t j) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int64_t left = n - j;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(left > 8 ? 8 : left)), iota);
+}
+
+AVX2 INLINE float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+AVX2 INLINE float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static int softmax_rows_avx2(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
+    const __m256 scale = _mm256_set1_ps(t->scale), ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    const int capped = t->softcap > 0;
+    const __m256 cap = _mm256_set1_ps(t->softcap), inv_cap = _mm256_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t r = 0; r < t->M; r++) {
+        float *row = st + r * t->ld;
+        const float *brow = t->bias ? t->bias + r * t->ld : NULL;
+        if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
+        __m256i vlo = _mm256_set1_epi32(t->lo ? t->lo[r] : 0), vhi = _mm256_set1_epi32(t->lo ? t->hi[r] : 0);
+        __m256 vmx = ninf, nf = zero;
+        /* pass 1: final scores written back, the row's max */
+        for (int64_t j = 0; j < t->nk; j += 8) {
+            const __m256i live = lanes(t->nk, j);
+            __m256 x = _mm256_mul_ps(_mm256_maskload_ps(row + j, live), scale);
+            __m256 check = _mm256_sub_ps(x, x);
+            __m256 vis = _mm256_castsi256_ps(live);
+            if (capped) x = _mm256_mul_ps(cap, tanh_approx(_mm256_mul_ps(x, inv_cap)));
+            if (t->lo) {
+                __m256i vj = _mm256_add_epi32(iota, _mm256_set1_epi32((int32_t)j));
+                __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(vlo, vj), _mm256_cmpgt_epi32(vj, vhi));
+                vis = _mm256_andnot_ps(_mm256_castsi256_ps(out), vis);
+            }
+            if (brow) {
+                __m256 b = _mm256_maskload_ps(brow + j, live);
+                vis = _mm256_and_ps(vis, _mm256_cmp_ps(b, ninf, _CMP_NEQ_UQ));
+                x = _mm256_add_ps(x, b);
+                check = _mm256_add_ps(check, _mm256_sub_ps(x, x));
+            }
+            nf = _mm256_add_ps(nf, _mm256_and_ps(check, vis));
+            x = _mm256_blendv_ps(ninf, x, vis);
+            _mm256_maskstore_ps(row + j, live, x);
+            vmx = _mm256_max_ps(vmx, x);
+        }
+        if (_mm256_movemask_ps(_mm256_cmp_ps(nf, zero, _CMP_NEQ_UQ))) return 1;
+        float mx = hmax(vmx);
+        mx = m[r] > mx ? m[r] : mx;
+        /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
+        const __m256 shift = _mm256_set1_ps(mx == -INFINITY ? 0.0f : mx);
+        __m256 sum = zero;
+        for (int64_t j = 0; j < t->nk; j += 8) {
+            const __m256i live = lanes(t->nk, j);
+            __m256 p = exp_nonpos(_mm256_sub_ps(_mm256_maskload_ps(row + j, live), shift));
+            p = _mm256_and_ps(p, _mm256_castsi256_ps(live));
+            _mm256_maskstore_ps(row + j, live, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        float a = _mm_cvtss_f32(_mm256_castps256_ps128(exp_nonpos(_mm256_sub_ps(_mm256_set1_ps(m[r]), shift))));
+        l[r] = l[r] * a + hsum(sum);
+        m[r] = mx;
+        alpha[r] = a;
+    }
+    return 0;
+}
+
+/* The 8 sums of v[0..7], lane i = sum of v[i]: a tree of horizontal adds. */
+AVX2 INLINE __m256 sum8(const __m256 v[8]) {
+    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    /* u0 holds the low-half sums of v0..v3 in lanes 0..3 and the high-half ones in 4..7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* Scores of nr <= 2 query rows against nkb <= 4 keys, into st (nr, ldst):
+ * 8 products per loaded pair of vectors, one reduction tree. */
+AVX2 INLINE void scores_block(const float *qr, int nr, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
+                              int64_t ldst, int64_t pf) {
+    __m256 acc[8]; /* acc[4 * row + key] */
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    int64_t d = 0;
+    if (pf) /* the rows pf floats ahead, into L2 */
+        for (int a = 0; a < nkb; a++)
+            for (int64_t e = 0; e < D; e += 16) _mm_prefetch((const char *)(kr + a * ldk + e + pf), _MM_HINT_T1);
+    for (; d + 8 <= D; d += 8) {
+        __m256 kv[4], qv[2];
+        for (int a = 0; a < nkb; a++) kv[a] = _mm256_loadu_ps(kr + a * ldk + d);
+        for (int b = 0; b < nr; b++) qv[b] = _mm256_loadu_ps(qr + b * D + d);
+        for (int b = 0; b < nr; b++)
+            for (int a = 0; a < nkb; a++) acc[4 * b + a] = _mm256_fmadd_ps(kv[a], qv[b], acc[4 * b + a]);
+    }
+    float out[8];
+    _mm256_storeu_ps(out, sum8(acc));
+    for (int b = 0; b < nr; b++)
+        for (int a = 0; a < nkb; a++) {
+            float s = out[4 * b + a];
+            for (int64_t e = d; e < D; e++) s += qr[b * D + e] * kr[a * ldk + e];
+            st[b * ldst + a] = s;
+        }
+}
+
+AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk,
+                             float *st, int64_t ldst) {
+    const int64_t pf = npattn_prefetch_rows(ldk * 4) * ldk; /* the first row block prefetches */
+    int64_t j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        int64_t r = 0;
+        for (; r + 2 <= M; r += 2)
+            scores_block(q + r * D, 2, D, k + j * ldk, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
+        if (r < M) scores_block(q + r * D, 1, D, k + j * ldk, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
+    }
+    if (j < nk)
+        for (int64_t r = 0; r < M; r += 2)
+            scores_block(q + r * D, (int)(M - r < 2 ? M - r : 2), D, k + j * ldk, ldk, (int)(nk - j),
+                         st + r * ldst + j, ldst, 0);
+}
+
+/* o (nr <= 4 rows, 32 columns from e0) += P @ v, o in registers. */
+AVX2 INLINE void accumulate_block(const float *st, int64_t ldst, int nr, int64_t nk, const float *v, int64_t ldv,
+                                  int64_t Dv, int64_t e0, float *o, int64_t pf) {
+    __m256 acc[16]; /* acc[4 * row + chunk] */
+    for (int a = 0; a < nr; a++)
+        for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm256_loadu_ps(o + a * Dv + e0 + 8 * c);
+    for (int64_t j = 0; j < nk; j++) {
+        const float *vr = v + j * ldv + e0;
+        if (pf) /* whole rows pf floats ahead, into L2 */
+            for (int64_t e = 0; e < Dv; e += 16) _mm_prefetch((const char *)(v + j * ldv + e + pf), _MM_HINT_T1);
+        __m256 vv[4];
+        for (int c = 0; c < 4; c++) vv[c] = _mm256_loadu_ps(vr + 8 * c);
+        for (int a = 0; a < nr; a++) {
+            __m256 pa = _mm256_set1_ps(st[a * ldst + j]);
+            for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm256_fmadd_ps(pa, vv[c], acc[4 * a + c]);
+        }
+    }
+    for (int a = 0; a < nr; a++)
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + a * Dv + e0 + 8 * c, acc[4 * a + c]);
+}
+
+AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, int64_t nk, const float *v, int64_t ldv,
+                                 int64_t Dv, float *o) {
+    const int64_t pf = npattn_prefetch_rows(ldv * 4) * ldv; /* the first block of the first pass prefetches */
+    int64_t e0 = 0;
+    for (; e0 + 32 <= Dv; e0 += 32) {
+        int64_t r = 0;
+        for (; r + 4 <= M; r += 4)
+            accumulate_block(st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0 ? pf : 0);
+        int64_t pr = r == 0 && e0 == 0 ? pf : 0;
+        switch (M - r) {
+        case 3: accumulate_block(st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 2: accumulate_block(st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 1: accumulate_block(st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        default: break;
+        }
+    }
+    if (e0 < Dv) /* columns left over, fewer than 32 */
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t j = 0; j < nk; j++) {
+                float p = st[r * ldst + j];
+                for (int64_t e = e0; e < Dv; e++) o[r * Dv + e] += p * v[j * ldv + e];
+            }
+}
+
+AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
+    for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
+}
+
+const struct npattn_kernels npattn_kernels_avx2 = {
+    .name = "avx2",
+    .softmax_f32 = softmax_avx2,
+    .softmax_rows_f32 = softmax_rows_avx2,
+    .scores_f32 = scores_avx2,
+    .accumulate_f32 = accumulate_avx2,
+    .f16_to_f32 = f16_to_f32_avx2,
+};
+#endif

@@ -1,0 +1,296 @@
+/* kernels/avx512.c: the kernels in AVX-512F, 16 query rows per vector, masked
+ * tails. Twin of avx2.c and neon.c: the same arithmetic in other widths. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels.h"
+
+#define AVX512 __attribute__((target("avx512f")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* Lanes of a 16-float chunk c of a row of width n. */
+AVX512 INLINE __mmask16 lanes(int64_t n, int64_t c) {
+    int64_t left = n - 16 * c;
+    return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+}
+
+/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
+AVX512 INLINE __m512 exp_nonpos(__m512 x) {
+    const __m512 vmin = _mm512_set1_ps(NPATTN_EXP2_MIN);
+    __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E));
+    __mmask16 keep = _mm512_cmp_ps_mask(y, vmin, _CMP_GE_OQ);
+    y = _mm512_max_ps(y, vmin);
+    __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(y, n);
+    __m512 p = _mm512_set1_ps(NPATTN_EXP2_C6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n */
+}
+
+/* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
+AVX512 INLINE __m512 tanh_approx(__m512 y) {
+    const __m512 sign = _mm512_set1_ps(-0.0f), one = _mm512_set1_ps(1.0f);
+    __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_castps_si512(sign), _mm512_castps_si512(y)));
+    __m512 u = _mm512_mul_ps(y, y);
+    __m512 p = _mm512_set1_ps(NPATTN_TANH_P4);
+    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P3));
+    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P2));
+    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P1));
+    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P0));
+    __m512 near = _mm512_fmadd_ps(_mm512_mul_ps(y, u), p, y);
+    __m512 e = exp_nonpos(_mm512_mul_ps(a, _mm512_set1_ps(-2.0f)));
+    __m512 far = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    far = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(far),
+                                              _mm512_and_si512(_mm512_castps_si512(y), _mm512_castps_si512(sign))));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(NPATTN_TANH_SPLIT), _CMP_LT_OQ), far, near);
+}
+
+AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
+    const int64_t nk = t->nk, M = t->M, ld = t->ld;
+    const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    const int capped = t->softcap > 0;
+    const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
+    for (int64_t r = 0; r < M; r += 16) {
+        const __mmask16 live = lanes(M - r, 0);
+        __m512 vm = _mm512_maskz_loadu_ps(live, m + r), mx = vm;
+        /* nf sums x - x over unhidden scores: it stays 0 unless one is NaN or infinite */
+        __m512 nf = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(vm, ninf, _CMP_NEQ_UQ), vm, vm);
+        __m512i vlo = _mm512_setzero_si512(), vhi = vlo;
+        if (t->lo) {
+            vlo = _mm512_maskz_loadu_epi32(live, t->lo + r);
+            vhi = _mm512_maskz_loadu_epi32(live, t->hi + r);
+        }
+        /* pass 1: final scores written back, the column max */
+        for (int64_t j = 0; j < nk; j++) {
+            float *row = st + j * ld + r;
+            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row), scale);
+            __m512 check = _mm512_sub_ps(x, x);
+            __mmask16 vis = live;
+            if (capped) x = _mm512_mul_ps(cap, tanh_approx(_mm512_mul_ps(x, inv_cap)));
+            if (t->lo) {
+                __m512i vj = _mm512_set1_epi32((int32_t)j);
+                vis &= _mm512_cmp_epi32_mask(vlo, vj, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(vj, vhi, _MM_CMPINT_LE);
+            }
+            if (t->bias) {
+                __m512 b = _mm512_maskz_loadu_ps(live, t->bias + j * ld + r);
+                vis &= _mm512_cmp_ps_mask(b, ninf, _CMP_NEQ_UQ);
+                x = _mm512_add_ps(x, b);
+                check = _mm512_add_ps(check, _mm512_sub_ps(x, x));
+            }
+            nf = _mm512_mask_add_ps(nf, vis, nf, check);
+            x = _mm512_mask_blend_ps(vis, ninf, x);
+            _mm512_mask_storeu_ps(row, live, x);
+            mx = _mm512_max_ps(mx, x);
+        }
+        if (_mm512_cmp_ps_mask(nf, zero, _CMP_NEQ_UQ)) return 1;
+        /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
+        __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), mx, zero);
+        __m512 a = exp_nonpos(_mm512_sub_ps(vm, shift)), sum = zero;
+        for (int64_t j = 0; j < nk; j++) {
+            float *row = st + j * ld + r;
+            __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row), shift));
+            _mm512_mask_storeu_ps(row, live, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_mask_storeu_ps(l + r, live, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l + r), a, sum));
+        _mm512_mask_storeu_ps(m + r, live, mx);
+        _mm512_mask_storeu_ps(alpha + r, live, a);
+    }
+    return 0;
+}
+
+AVX512 static int softmax_rows_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l,
+                                      float *alpha) {
+    const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    const int capped = t->softcap > 0;
+    const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t r = 0; r < t->M; r++) {
+        float *row = st + r * t->ld;
+        const float *brow = t->bias ? t->bias + r * t->ld : NULL;
+        if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
+        __m512i vlo = _mm512_set1_epi32(t->lo ? t->lo[r] : 0), vhi = _mm512_set1_epi32(t->lo ? t->hi[r] : 0);
+        __m512 vmx = ninf, nf = zero;
+        /* pass 1: final scores written back, the row's max */
+        for (int64_t j = 0; j < t->nk; j += 16) {
+            const __mmask16 live = lanes(t->nk - j, 0);
+            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + j), scale);
+            __m512 check = _mm512_sub_ps(x, x);
+            __mmask16 vis = live;
+            if (capped) x = _mm512_mul_ps(cap, tanh_approx(_mm512_mul_ps(x, inv_cap)));
+            if (t->lo) {
+                __m512i vj = _mm512_add_epi32(iota, _mm512_set1_epi32((int32_t)j));
+                vis &= _mm512_cmp_epi32_mask(vlo, vj, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(vj, vhi, _MM_CMPINT_LE);
+            }
+            if (brow) {
+                __m512 b = _mm512_maskz_loadu_ps(live, brow + j);
+                vis &= _mm512_cmp_ps_mask(b, ninf, _CMP_NEQ_UQ);
+                x = _mm512_add_ps(x, b);
+                check = _mm512_add_ps(check, _mm512_sub_ps(x, x));
+            }
+            nf = _mm512_mask_add_ps(nf, vis, nf, check);
+            x = _mm512_mask_blend_ps(vis, ninf, x);
+            _mm512_mask_storeu_ps(row + j, live, x);
+            vmx = _mm512_mask_max_ps(vmx, live, vmx, x);
+        }
+        if (_mm512_cmp_ps_mask(nf, zero, _CMP_NEQ_UQ)) return 1;
+        float mx = _mm512_reduce_max_ps(vmx);
+        mx = m[r] > mx ? m[r] : mx;
+        /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
+        const __m512 shift = _mm512_set1_ps(mx == -INFINITY ? 0.0f : mx);
+        __m512 sum = zero;
+        for (int64_t j = 0; j < t->nk; j += 16) {
+            const __mmask16 live = lanes(t->nk - j, 0);
+            __m512 p = _mm512_maskz_mov_ps(live, exp_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + j), shift)));
+            _mm512_mask_storeu_ps(row + j, live, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        float a = _mm_cvtss_f32(_mm512_castps512_ps128(exp_nonpos(_mm512_sub_ps(_mm512_set1_ps(m[r]), shift))));
+        l[r] = l[r] * a + _mm512_reduce_add_ps(sum);
+        m[r] = mx;
+        alpha[r] = a;
+    }
+    return 0;
+}
+
+/* The 16 sums of v[0..15], lane i = sum of v[i]: a transpose-and-add tree
+ * (15 adds, 30 shuffles) instead of 16 horizontal reductions. */
+AVX512 INLINE __m512 sum16(const __m512 v[16]) {
+    __m512 b[4];
+    for (int g = 0; g < 4; g++) {
+        const __m512 *w = v + 4 * g;
+        /* within each 128-bit lane: partial sums of w0, w1 (then w2, w3) interleaved */
+        __m512 a01 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+        __m512 a23 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+        /* each 128-bit lane now holds one partial sum of w0, w1, w2, w3 */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
+        b[g] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    /* add the four 128-bit lanes, group g ending in lane g */
+    __m512 d01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+    __m512 d23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD));
+}
+
+/* Scores of nr <= 4 query rows (at qr) against nkb <= 4 keys (rows of k at
+ * kr), into st (nr, ldst): 16 products per pair of loaded vectors, one
+ * reduction tree. pf: the offset (in floats) of the rows to prefetch, or 0. */
+AVX512 INLINE void scores_block(const float *qr, int nr, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
+                                int64_t ldst, int64_t pf) {
+    __m512 acc[16]; /* acc[4 * row + key] */
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; 16 * c < D; c++) {
+        __mmask16 m = lanes(D, c);
+        __m512 kv[4], qv[4];
+        if (pf)
+            for (int a = 0; a < nkb; a++) _mm_prefetch((const char *)(kr + a * ldk + 16 * c + pf), _MM_HINT_T1);
+        for (int a = 0; a < nkb; a++) kv[a] = _mm512_maskz_loadu_ps(m, kr + a * ldk + 16 * c);
+        for (int b = 0; b < nr; b++) qv[b] = _mm512_maskz_loadu_ps(m, qr + b * D + 16 * c);
+        for (int b = 0; b < nr; b++)
+            for (int a = 0; a < nkb; a++) acc[4 * b + a] = _mm512_fmadd_ps(kv[a], qv[b], acc[4 * b + a]);
+    }
+    __m512 sums = sum16(acc); /* lanes 4b .. 4b+3: row b, keys 0..3 */
+    if (nkb == 4) {
+        if (nr > 0) _mm_storeu_ps(st, _mm512_extractf32x4_ps(sums, 0));
+        if (nr > 1) _mm_storeu_ps(st + ldst, _mm512_extractf32x4_ps(sums, 1));
+        if (nr > 2) _mm_storeu_ps(st + 2 * ldst, _mm512_extractf32x4_ps(sums, 2));
+        if (nr > 3) _mm_storeu_ps(st + 3 * ldst, _mm512_extractf32x4_ps(sums, 3));
+        return;
+    }
+    float out[16];
+    _mm512_storeu_ps(out, sums);
+    for (int b = 0; b < nr; b++)
+        for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[4 * b + a];
+}
+
+AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk,
+                                 float *st, int64_t ldst) {
+    const int64_t pf = npattn_prefetch_rows(ldk * 4) * ldk; /* the first row block prefetches */
+    int64_t j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        const float *kr = k + j * ldk;
+        int64_t r = 0;
+        if (M >= 4) {
+            scores_block(q, 4, D, kr, ldk, 4, st + j, ldst, pf);
+            for (r = 4; r + 4 <= M; r += 4) scores_block(q + r * D, 4, D, kr, ldk, 4, st + r * ldst + j, ldst, 0);
+        }
+        int64_t pr = r == 0 ? pf : 0;
+        switch (M - r) { /* the rows left, each count specialised */
+        case 3: scores_block(q + r * D, 3, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
+        case 2: scores_block(q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
+        case 1: scores_block(q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
+        default: break;
+        }
+    }
+    if (j < nk)
+        for (int64_t r = 0; r < M; r += 4)
+            scores_block(q + r * D, (int)(M - r < 4 ? M - r : 4), D, k + j * ldk, ldk, (int)(nk - j),
+                         st + r * ldst + j, ldst, 0);
+}
+
+/* o (nr <= 4 rows, 64 columns from e0) += P @ v: o in registers while the
+ * value rows stream past. pf: as for scores_block, whole rows. */
+AVX512 INLINE void accumulate_block(const float *st, int64_t ldst, int nr, int64_t nk, const float *v, int64_t ldv,
+                                    int64_t Dv, int64_t e0, float *o, int64_t pf) {
+    __mmask16 m[4];
+    for (int c = 0; c < 4; c++) m[c] = lanes(Dv - e0, c);
+    __m512 acc[16]; /* acc[4 * row + chunk] */
+    for (int a = 0; a < nr; a++)
+        for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_maskz_loadu_ps(m[c], o + a * Dv + e0 + 16 * c);
+    for (int64_t j = 0; j < nk; j++) {
+        const float *vr = v + j * ldv + e0;
+        if (pf)
+            for (int64_t e = 0; e < Dv; e += 16) _mm_prefetch((const char *)(v + j * ldv + e + pf), _MM_HINT_T1);
+        __m512 vv[4];
+        for (int c = 0; c < 4; c++) vv[c] = _mm512_maskz_loadu_ps(m[c], vr + 16 * c);
+        for (int a = 0; a < nr; a++) {
+            __m512 pa = _mm512_set1_ps(st[a * ldst + j]);
+            for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_fmadd_ps(pa, vv[c], acc[4 * a + c]);
+        }
+    }
+    for (int a = 0; a < nr; a++)
+        for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + a * Dv + e0 + 16 * c, m[c], acc[4 * a + c]);
+}
+
+AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, int64_t nk, const float *v,
+                                     int64_t ldv, int64_t Dv, float *o) {
+    const int64_t pf = npattn_prefetch_rows(ldv * 4) * ldv; /* the first block of each pass prefetches */
+    for (int64_t e0 = 0; e0 < Dv; e0 += 64) {
+        int64_t r = 0;
+        if (M >= 4) {
+            accumulate_block(st, ldst, 4, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0);
+            for (r = 4; r + 4 <= M; r += 4) accumulate_block(st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, 0);
+        }
+        int64_t pr = r == 0 && e0 == 0 ? pf : 0;
+        switch (M - r) {
+        case 3: accumulate_block(st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 2: accumulate_block(st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 1: accumulate_block(st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        default: break;
+        }
+    }
+}
+
+AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(dst + j, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + j))));
+    for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
+}
+
+const struct npattn_kernels npattn_kernels_avx512 = {
+    .name = "avx512",
+    .softmax_f32 = softmax_avx512,
+    .softmax_rows_f32 = softmax_rows_avx512,
+    .scores_f32 = scores_avx512,
+    .accumulate_f32 = accumulate_avx512,
+    .f16_to_f32 = f16_to_f32_avx512,
+};
+#endif

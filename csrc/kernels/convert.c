@@ -1,0 +1,181 @@
+/* kernels/convert.c: float16 and bfloat16 to and from float, and rows of any
+ * dtype loaded as float or double and stored back, rounded to nearest even. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+
+float npattn_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13); /* inf, NaN */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13); /* normal: rebias 15 -> 127 */
+    } else {
+        float f = (float)man * 5.9604644775390625e-8f; /* subnormal: man * 2^-24 */
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float -> float16, round to nearest even; overflow to inf; NaN stays NaN. */
+uint16_t npattn_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u) return sign | 0x7E00u;      /* NaN */
+    if (ax >= 0x477FF000u) return sign | 0x7C00u;     /* rounds to >= 65520: inf */
+    if (ax >= 0x38800000u) {                          /* normal in float16 */
+        uint32_t r = ax + 0x0FFFu + ((ax >> 13) & 1u); /* round to nearest even at bit 13 */
+        return sign | (uint16_t)((r - 0x38000000u) >> 13);
+    }
+    if (ax < 0x33000000u) return sign;                /* below half the smallest subnormal */
+    /* subnormal: the value in units of 2^-24, rounded to nearest even */
+    uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 126 - e;                          /* 14 .. 24 */
+    uint32_t half = 1u << (shift - 1), rest = m & ((1u << shift) - 1), q = m >> shift;
+    if (rest > half || (rest == half && (q & 1u))) q++;
+    return sign | (uint16_t)q;
+}
+
+float npattn_bf16_to_f32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float -> bfloat16, round to nearest even; NaN stays NaN. */
+uint16_t npattn_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+int npattn_all_finite_f32(const float *x, int64_t n) {
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        bad |= (u & 0x7FFFFFFFu) >= 0x7F800000u;
+    }
+    return !bad;
+}
+
+/* A double as float, finite values beyond float's range kept finite: a mask
+ * of -1e300 still hides nothing, and a finite score stays finite. */
+static float narrow(double x) {
+    if (x > 3.4028234663852886e38) return x == (double)INFINITY ? (float)x : 3.4028234663852886e38f;
+    if (x < -3.4028234663852886e38) return x == -(double)INFINITY ? (float)x : -3.4028234663852886e38f;
+    return (float)x;
+}
+
+void npattn_load_f32(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, float *dst) {
+    switch (dtype) {
+    case NPATTN_DTYPE_F32: {
+        const float *s = src;
+        if (stride == 1) memcpy(dst, s, (size_t)n * sizeof *dst);
+        else for (int64_t j = 0; j < n; j++) dst[j] = s[j * stride];
+        return;
+    }
+    case NPATTN_DTYPE_F64: {
+        const double *s = src;
+        for (int64_t j = 0; j < n; j++) dst[j] = narrow(s[j * stride]);
+        return;
+    }
+    case NPATTN_DTYPE_BF16: {
+        const uint16_t *s = src;
+        for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
+        return;
+    }
+    case NPATTN_DTYPE_F16: {
+        const uint16_t *s = src;
+        if (stride == 1) npattn_kernels()->f16_to_f32(s, n, dst);
+        else for (int64_t j = 0; j < n; j++) dst[j] = npattn_f16_to_f32(s[j * stride]);
+        return;
+    }
+    }
+}
+
+void npattn_load_f64(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, double *dst) {
+    switch (dtype) {
+    case NPATTN_DTYPE_F64: {
+        const double *s = src;
+        if (stride == 1) memcpy(dst, s, (size_t)n * sizeof *dst);
+        else for (int64_t j = 0; j < n; j++) dst[j] = s[j * stride];
+        return;
+    }
+    case NPATTN_DTYPE_F32: {
+        const float *s = src;
+        for (int64_t j = 0; j < n; j++) dst[j] = s[j * stride];
+        return;
+    }
+    case NPATTN_DTYPE_BF16: {
+        const uint16_t *s = src;
+        for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
+        return;
+    }
+    case NPATTN_DTYPE_F16: {
+        const uint16_t *s = src;
+        for (int64_t j = 0; j < n; j++) dst[j] = npattn_f16_to_f32(s[j * stride]);
+        return;
+    }
+    }
+}
+
+void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst, int64_t stride) {
+    switch (dtype) {
+    case NPATTN_DTYPE_F32: {
+        float *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = src[j];
+        return;
+    }
+    case NPATTN_DTYPE_F64: {
+        double *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = src[j];
+        return;
+    }
+    case NPATTN_DTYPE_BF16: {
+        uint16_t *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16(src[j]);
+        return;
+    }
+    case NPATTN_DTYPE_F16: {
+        uint16_t *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_f16(src[j]);
+        return;
+    }
+    }
+}
+
+/* Through float for the narrow dtypes: a double already rounded to float
+ * rounds the same way again except at exact ties, a few in 2^29. */
+void npattn_store_f64(enum npattn_dtype dtype, const double *src, int64_t n, void *dst, int64_t stride) {
+    switch (dtype) {
+    case NPATTN_DTYPE_F64: {
+        double *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = src[j];
+        return;
+    }
+    case NPATTN_DTYPE_F32: {
+        float *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = (float)src[j];
+        return;
+    }
+    case NPATTN_DTYPE_BF16: {
+        uint16_t *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16((float)src[j]);
+        return;
+    }
+    case NPATTN_DTYPE_F16: {
+        uint16_t *d = dst;
+        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_f16((float)src[j]);
+        return;
+    }
+    }
+}

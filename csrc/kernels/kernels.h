@@ -1,0 +1,144 @@
+/* kernels/kernels.h: the hot inner pieces of the core, one dispatch table per
+ * instruction set. portable.c, avx2.c, avx512.c and neon.c each define one
+ * complete table; dispatch.c picks the best this CPU runs. Nothing outside
+ * csrc/kernels/ contains SIMD code.
+ *
+ * Scores arrive transposed: st is (nk, ld) row-major, column r holding query
+ * row r's raw dot products q.k for nk keys, so that one SIMD lane serves one
+ * query row all the way down the column.
+ */
+#ifndef NPATTN_KERNELS_H
+#define NPATTN_KERNELS_H
+
+#include <stdint.h>
+
+#include "../attention.h"
+
+/* What turns a tile of raw dot products into final scores, query row by
+ * query row: x = raw * scale; x = softcap * tanh(x / softcap) when softcap >
+ * 0; x += bias (-inf hides); keys outside [lo[r], hi[r]] are hidden. The tile
+ * is st (nk, ld) with one column per query row (gemm tiles), or st (M, ld)
+ * with one row per query row (streamed tiles); bias has st's layout. */
+struct npattn_score_tile {
+    int64_t nk, M, ld;       /* keys, query rows, row stride of st and bias */
+    float scale, softcap;    /* softcap 0: none */
+    const float *bias;       /* NULL, or (nk, ld): the mask, 0 or -inf for a bool one */
+    const int32_t *lo, *hi;  /* NULL, or [M]: column r sees tile keys lo[r] <= j <= hi[r] */
+};
+
+struct npattn_kernels {
+    const char *name;
+
+    /* One step of online softmax (FlashAttention-2, arXiv:2307.08691,
+     * Algorithm 1) over a tile: st becomes exp(x - m_new) column by column,
+     * with m[r] = m_new[r] = max(m[r], max of column r's x), l[r] = l[r] *
+     * alpha[r] + the column's sum, and alpha[r] = exp(m_old - m_new), the
+     * factor by which row r of the accumulator is rescaled. m is in natural
+     * units. A column that has seen nothing visible yet (m stays -inf)
+     * becomes zeros and leaves l at 0. Returns nonzero, leaving st, m, l and
+     * alpha unspecified, when an unhidden score is NaN or infinite (overflow,
+     * or NaN and infinity in the inputs): the caller then recomputes in
+     * double. */
+    int (*softmax_f32)(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha);
+
+    /* The same step over a tile stored by rows, st (M, ld): row r holds
+     * query row r's nk scores, as the streaming kernels leave them. */
+    int (*softmax_rows_f32)(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha);
+
+    /* Decode-sized tiles, which read each key and value row once.
+     * scores: st (M, ldst) = raw scores of the M rows of q (M, D),
+     * row-major, against nk rows of k. accumulate: o (M, Dv) row-major +=
+     * P @ v, P (M, nk) given as st (M, ldst). */
+    void (*scores_f32)(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk, float *st,
+                       int64_t ldst);
+    void (*accumulate_f32)(const float *st, int64_t ldst, int64_t M, int64_t nk, const float *v, int64_t ldv,
+                           int64_t Dv, float *o);
+
+    /* dst[j] = src[j] for j < n, float16 to float. */
+    void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
+};
+
+/* The tables; dispatch.c chooses among those this CPU can run. */
+extern const struct npattn_kernels npattn_kernels_portable;
+#if defined(__x86_64__) || defined(__i386__)
+extern const struct npattn_kernels npattn_kernels_avx2;
+extern const struct npattn_kernels npattn_kernels_avx512;
+#endif
+#if defined(__aarch64__)
+extern const struct npattn_kernels npattn_kernels_neon;
+#endif
+
+/* The table in use. */
+const struct npattn_kernels *npattn_kernels(void);
+
+/* Test hook: use the named table ("" or NULL: the best this CPU has).
+ * Returns -1, changing nothing, when this CPU cannot run it. */
+int npattn_kernels_force(const char *name);
+
+/* The same online-softmax step in double, portable C on libm's exp: the path
+ * of float64 problems and of float tiles that met an extreme. It never
+ * fails: NaN and infinities propagate as the formula says. */
+struct npattn_score_tile_f64 {
+    int64_t nk, M, ld;
+    double scale, softcap;
+    const double *bias;
+    const int32_t *lo, *hi;
+};
+void npattn_softmax_f64(double *st, const struct npattn_score_tile_f64 *t, double *m, double *l, double *alpha);
+
+/* The portable softmax step over columns r0 .. r1-1: the SIMD tables' tails. */
+int npattn_softmax_f32_columns(float *st, const struct npattn_score_tile *t, int64_t r0, int64_t r1, float *m,
+                               float *l, float *alpha);
+
+/* ---- conversions (convert.c) ---- */
+
+/* Whether x[0 .. n-1] are all finite. */
+int npattn_all_finite_f32(const float *x, int64_t n);
+
+float npattn_f16_to_f32(uint16_t h);
+uint16_t npattn_f32_to_f16(float f);  /* round to nearest even */
+float npattn_bf16_to_f32(uint16_t b);
+uint16_t npattn_f32_to_bf16(float f); /* round to nearest even */
+
+/* dst[j] = src[j * stride] converted, for j < n; src of any dtype. */
+void npattn_load_f32(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, float *dst);
+void npattn_load_f64(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, double *dst);
+
+/* dst[j * stride] = src[j] rounded to nearest even in dtype, for j < n. */
+void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst, int64_t stride);
+void npattn_store_f64(enum npattn_dtype dtype, const double *src, int64_t n, void *dst, int64_t stride);
+
+/* ---- shared by the tables ---- */
+
+/* Streaming kernels prefetch rows this far ahead into L2 while they read a
+ * row: about 8 KiB, more than a DRAM latency's worth of the stream, so that
+ * decode over a long context runs near the memory's bandwidth (1.7x with it,
+ * measured on Qwen3-4B heads at S = 32768). */
+static inline int64_t npattn_prefetch_rows(int64_t row_bytes) {
+    int64_t n = 8192 / (row_bytes > 0 ? row_bytes : 1);
+    return n < 4 ? 4 : n;
+}
+
+
+/* exp2 on [-0.5, 0.5]: Cephes exp2f's polynomial, relative error < 2e-7.
+ * exp(x) is computed as exp2(x * log2(e)); below 2^-126 it is taken as 0. */
+#define NPATTN_EXP2_C6 1.535336188319500e-4f
+#define NPATTN_EXP2_C5 1.339887440266574e-3f
+#define NPATTN_EXP2_C4 9.618437357674640e-3f
+#define NPATTN_EXP2_C3 5.550332471162809e-2f
+#define NPATTN_EXP2_C2 2.402264791363012e-1f
+#define NPATTN_EXP2_C1 6.931472028550421e-1f
+#define NPATTN_EXP2_MIN -126.0f
+#define NPATTN_LOG2E 1.44269504088896341f
+
+/* tanh(y) for |y| < 0.625: y + y^3 P(y^2), P a least-squares fit of degree
+ * 4, within 1.4 half-ulps in float; beyond, (1 - e) / (1 + e) with
+ * e = exp(-2|y|), within 2.3 ulps. */
+#define NPATTN_TANH_SPLIT 0.625f
+#define NPATTN_TANH_P0 -3.3333285213e-01f
+#define NPATTN_TANH_P1 1.3331512469e-01f
+#define NPATTN_TANH_P2 -5.3744640344e-02f
+#define NPATTN_TANH_P3 2.0653063925e-02f
+#define NPATTN_TANH_P4 -5.7188915338e-03f
+
+#endif /* NPATTN_KERNELS_H */

@@ -1,0 +1,197 @@
+/* tile_fwd.h: one task of the forward pass, written once for both computed
+ * types. forward.c includes it twice: REAL = float (SFX f32, GEMM sgemm) and
+ * REAL = double (SFX f64, GEMM dgemm). The double copy is also the exact path
+ * of a float task that met an extreme.
+ *
+ * A unit (batch b, kv head g, a block of g's query heads, a block of query
+ * rows) stacks those rows of those heads into one tile of M rows, so that
+ * each K and V tile serves every head of the group, and runs online softmax
+ * between the two products (FlashAttention-2, arXiv:2307.08691). Scores are
+ * kept transposed, (keys, M): the first product reads K in place as a plain
+ * NoTrans gemm and the softmax runs down columns, one SIMD lane per query
+ * row. Only the keys the band lets the unit's rows see are visited. A unit's
+ * keys may be split into n_split tasks (split-K), each leaving a partial
+ * (lse, normalised O) that merge() combines.
+ */
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+
+/* Loads n elements of dtype (at stride) as REAL. */
+#define LOAD CAT(npattn_load_, SFX)
+#define STORE CAT(npattn_store_, SFX)
+
+/* Returns 1 when a float task must be recomputed in double. */
+static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, char *scratch) {
+    const struct npattn_problem *p = pl->p;
+    const int f64 = sizeof(REAL) == sizeof(double);
+    const struct layout *lay = f64 ? &pl->lay64 : &pl->lay;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, split = task % pl->n_split;
+    struct unit u;
+    locate(pl, task / pl->n_split, &u);
+    const int64_t M = u.M, nq = u.nq, i0 = u.i0, h0 = u.h0;
+    /* streaming kernels or gemms; the f64 copy always gemms */
+    const int stream = !f64 && pl->stream;
+    const int k_direct = f64 == pl->f64 && pl->k_direct, v_direct = f64 == pl->f64 && pl->v_direct;
+
+    REAL *qt = (REAL *)(scratch + lay->qt), *st = (REAL *)(scratch + lay->st), *ot = (REAL *)(scratch + lay->ot);
+    REAL *mt = (REAL *)(scratch + lay->m), *lt = (REAL *)(scratch + lay->l), *at = (REAL *)(scratch + lay->alpha);
+    REAL *row = (REAL *)(scratch + lay->row), *kt = (REAL *)(scratch + lay->kt), *vt = (REAL *)(scratch + lay->vt);
+    REAL *bias = (REAL *)(scratch + lay->bias);
+    int32_t *lo = (int32_t *)(scratch + lay->lo), *hi = (int32_t *)(scratch + lay->hi);
+
+    /* Q's rows (M, D) for the streaming kernels; Q^T (D, M) for the gemm,
+     * which then reads K in place as a plain NoTrans product (a form
+     * OpenBLAS's small-matrix kernels take), transposed in blocks */
+    const int64_t qsz = (int64_t)npattn_dtype_size(p->q.dtype);
+    REAL *qrows = stream ? qt : (REAL *)(scratch + lay->qrows);
+    for (int64_t r = 0; r < M; r++)
+        LOAD(p->q.dtype, elem_ptr(&p->q, qsz, u.off_q, h0 + r / nq, i0 + r % nq), p->q.col_stride, D, qrows + r * D);
+    if (!stream)
+        for (int64_t r0 = 0; r0 < M; r0 += 16)
+            for (int64_t d0 = 0; d0 < D; d0 += 16)
+                for (int64_t r = r0; r < r0 + 16 && r < M; r++)
+                    for (int64_t d = d0; d < d0 + 16 && d < D; d++) qt[d * M + r] = qrows[r * D + d];
+    /* The running max starts at the head's sink, whose weight exp(0) is 1;
+     * with split-K only the first split carries it. */
+    for (int64_t r = 0; r < M; r++) {
+        double sink = p->sinks && split == 0 ? p->sinks[h0 + r / nq] : -INFINITY;
+        mt[r] = (REAL)sink;
+        lt[r] = sink == -INFINITY ? (REAL)0 : (REAL)1;
+    }
+    memset(ot, 0, (size_t)(M * Dv) * sizeof(REAL)); /* O's rows (M, D_v) */
+
+    /* this split's share of the key tiles the band lets the rows see */
+    const int64_t n_ktile = (u.j1 - u.j0 + pl->bk - 1) / pl->bk;
+    const int64_t t_begin = n_ktile * split / pl->n_split, t_end = n_ktile * (split + 1) / pl->n_split;
+    const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
+    const char *kbase = n_ktile > 0 ? elem_ptr(&p->k, ks, u.off_k, u.g, 0) : NULL;
+    const char *vbase = n_ktile > 0 && Dv > 0 ? elem_ptr(&p->v, vs, u.off_v, u.g, 0) : NULL;
+
+    /* scores (j, r) sit at st[j * sj + r * sr]: transposed (keys, M) for the
+     * gemms, by rows (M, bk) for the streaming kernels; the bias likewise */
+    const int64_t sld = stream ? pl->bk : M, sj = stream ? 1 : M, sr = stream ? pl->bk : 1;
+    SCORE_TILE tile = {.M = M, .ld = sld, .scale = (REAL)p->scale, .softcap = (REAL)p->softcap};
+    for (int pass = 0; pass < (p->weights.data ? 2 : 1); pass++) {
+        if (pass == 1) {
+            /* the weights: every tile again, against the row's final lse, so
+             * that exp(x - max(lse, x)) is the probability exp(x - lse) */
+            for (int64_t r = 0; r < M; r++) {
+                mt[r] = lt[r] == (REAL)0 ? (REAL)-INFINITY : mt[r] + (REAL)log((double)lt[r]);
+                lt[r] = 0;
+                REAL zero = 0;
+                for (int64_t j = 0; j < p->n_key; j++) /* keys the band hides stay 0 */
+                    STORE(p->weights.dtype, &zero, 1, weight_ptr(p, &u, r, j), 1);
+            }
+        }
+        for (int64_t t = t_begin; t < t_end; t++) {
+            if (npattn_run_stopped(&pl->run, slot)) return 0;
+            const int64_t j0 = u.j0 + t * pl->bk, nk = u.j1 - j0 < pl->bk ? u.j1 - j0 : pl->bk;
+
+            /* K and V tiles: in place where BLAS can read them, else converted here */
+            const REAL *ktile = kt, *vtile = vt;
+            int64_t ldk = D, ldv = Dv > 0 ? Dv : 1;
+            if (k_direct) {
+                ktile = (const REAL *)(kbase + j0 * p->k.row_stride * ks);
+                ldk = pl->ldk;
+            } else {
+                for (int64_t j = 0; j < nk; j++)
+                    LOAD(p->k.dtype, kbase + (j0 + j) * p->k.row_stride * ks, p->k.col_stride, D, kt + j * D);
+            }
+            if (pass == 0 && Dv > 0) {
+                if (v_direct) {
+                    vtile = (const REAL *)(vbase + j0 * p->v.row_stride * vs);
+                    ldv = pl->ldv;
+                } else {
+                    for (int64_t j = 0; j < nk; j++)
+                        LOAD(p->v.dtype, vbase + (j0 + j) * p->v.row_stride * vs, p->v.col_stride, Dv,
+                             vt + j * Dv);
+                }
+            }
+
+            /* scores^T (nk, M) = K_tile (nk, D) @ Q^T (D, M) */
+            if (stream)
+                npattn_kernels()->scores_f32((const float *)qt, M, D, (const float *)ktile, ldk, nk, (float *)st, sld);
+            else
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile, (int)ldk, qt,
+                     (int)M, (REAL)0, st, (int)M);
+
+            /* the mask array, as a bias tile; the band, where it cuts this tile */
+            tile.nk = nk;
+            tile.bias = NULL;
+            if (p->mask_kind != NPATTN_MASK_NONE) {
+                const int64_t ms = mask_elem_size(p), mcs = p->mask.col_stride;
+                for (int64_t r = 0; r < M; r++) {
+                    const char *mrow = elem_ptr(&p->mask, ms, u.off_mask, h0 + r / nq, i0 + r % nq) + j0 * mcs * ms;
+                    if (p->mask_kind == NPATTN_MASK_BOOL) {
+                        for (int64_t j = 0; j < nk; j++)
+                            bias[j * sj + r * sr] = ((const uint8_t *)mrow)[j * mcs] ? (REAL)0 : (REAL)-INFINITY;
+                    } else {
+                        LOAD(p->mask.dtype, mrow, mcs, nk, row);
+                        for (int64_t j = 0; j < nk; j++) bias[j * sj + r * sr] = row[j];
+                    }
+                }
+                tile.bias = bias;
+            }
+            tile.lo = tile.hi = NULL;
+            if (!npattn_band_covers(&pl->band, i0, i0 + nq, j0, j0 + nk)) {
+                for (int64_t r = 0; r < M; r++) npattn_band_tile(&pl->band, i0 + r % nq, j0, nk, lo + r, hi + r);
+                tile.lo = lo, tile.hi = hi;
+            }
+
+            /* online softmax down each column: probabilities in place, max and sum updated */
+#if IS_F64
+            npattn_softmax_f64(st, &tile, mt, lt, at);
+#else
+            if ((stream ? npattn_kernels()->softmax_rows_f32 : npattn_kernels()->softmax_f32)(st, &tile, mt, lt, at))
+                return 1;
+#endif
+            if (pass == 1) { /* the weights of this tile */
+                for (int64_t r = 0; r < M; r++) {
+                    for (int64_t j = 0; j < nk; j++) row[j] = st[j * sj + r * sr];
+                    STORE(p->weights.dtype, row, nk, weight_ptr(p, &u, r, j0), p->weights.col_stride);
+                }
+                continue;
+            }
+            int rescale = 0;
+            for (int64_t r = 0; r < M; r++) rescale |= at[r] != (REAL)1;
+            if (rescale)
+                for (int64_t r = 0; r < M; r++)
+                    for (int64_t e = 0; e < Dv; e++) ot[r * Dv + e] *= at[r];
+
+            /* O (M, D_v) += P (M, nk) @ V_tile (nk, D_v), P stored as st */
+            if (stream)
+                npattn_kernels()->accumulate_f32((const float *)st, sld, M, nk, (const float *)vtile, ldv, Dv, (float *)ot);
+            else if (Dv > 0)
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)Dv, (int)nk, (REAL)1, st, (int)M, vtile,
+                     (int)ldv, (REAL)1, ot, (int)Dv);
+        }
+        if (pass == 1) break;
+#if !IS_F64
+        /* an accumulator that overflowed is recomputed in double */
+        if (!npattn_all_finite_f32(ot, M * Dv)) return 1;
+#endif
+        if (pl->n_split == 1) {
+            for (int64_t r = 0; r < M; r++) {
+                REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r]; /* a row that saw no key: zeros, not NaN */
+                for (int64_t e = 0; e < Dv; e++) row[e] = ot[r * Dv + e] * inv;
+                const int64_t h = h0 + r / nq, i = i0 + r % nq;
+                if (Dv > 0) STORE(p->out.dtype, row, Dv, elem_ptr(&p->out, pl->out_size, u.off_out, h, i), p->out.col_stride);
+                if (p->lse.data) store_lse(p, u.off_lse, h, i, lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]));
+            }
+        } else {
+            /* split-K: leave (lse, O / l) for the merge, in double */
+            double *part = pl->partials + (size_t)task * (size_t)(pl->max_m * (Dv + 1));
+            for (int64_t r = 0; r < M; r++) {
+                REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r];
+                part[r] = lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]);
+                for (int64_t e = 0; e < Dv; e++) part[pl->max_m + r * Dv + e] = (double)(ot[r * Dv + e] * inv);
+            }
+        }
+    }
+    return 0;
+}
+
+#undef LOAD
+#undef STORE
+#undef CAT
+#undef CAT_
