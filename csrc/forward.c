@@ -26,7 +26,7 @@
 #define STREAM_ROWS 16            /* at most this many stacked rows stream (decode) */
 #define STREAM_KEYS 64            /* keys per streamed tile: its scores stay in L1 */
 #define SPLIT_MIN_KEYS 512        /* split-K gives each part at least this many keys */
-#define FLOPS_PER_THREAD 2.0e6    /* each thread beyond the caller needs this much work to repay waking it */
+#define FLOPS_PER_THREAD 4.0e5    /* each thread beyond the caller needs this much work to repay waking it */
 
 /* Byte offsets of one slot's scratch regions. */
 struct layout {

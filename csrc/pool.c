@@ -27,6 +27,9 @@
 #include "internal.h"
 
 #define POLL_NS 50000000LL      /* the calling thread polls cancel every 50 ms */
+#ifndef NPATTN_SPIN_NS
+#define NPATTN_SPIN_NS 100000LL /* an idle helper watches for work this long before it sleeps */
+#endif
 #define EXIT_WAIT_NS 5000000000LL /* the exit hook waits at most 5 s for tiles to stop */
 
 static int64_t now_ns(void) {
@@ -94,7 +97,9 @@ static struct {
     pthread_cond_t done;    /* a job's last helper left */
     struct job *jobs;       /* jobs that may take more helpers */
     int32_t n_workers;      /* helper threads started */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0};
+    int32_t n_sleeping;     /* helpers waiting on `work` */
+    atomic_int posted;      /* counts posted jobs: what a spinning helper watches */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static _Thread_local struct job *current_job; /* the job this thread is the caller of */
@@ -166,6 +171,33 @@ static void unlink_job(struct job *j) {
         }
 }
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Waits, the lock held, for a job to be posted: first watching for a short
+ * while, so that back-to-back calls (a decode loop) find their helpers
+ * awake, then asleep on the condition variable. */
+static void wait_for_work(void) {
+    int seen = atomic_load(&pool.posted);
+    pthread_mutex_unlock(&pool.lock);
+    int64_t until = now_ns() + NPATTN_SPIN_NS;
+    int spins = 0;
+    while (atomic_load_explicit(&pool.posted, memory_order_relaxed) == seen) {
+        cpu_relax();
+        if (++spins % 256 == 0 && now_ns() > until) break;
+    }
+    pthread_mutex_lock(&pool.lock);
+    if (atomic_load(&pool.posted) != seen) return;
+    pool.n_sleeping++;
+    pthread_cond_wait(&pool.work, &pool.lock);
+    pool.n_sleeping--;
+}
+
 static void *worker_main(void *unused) {
     (void)unused;
     pthread_mutex_lock(&pool.lock);
@@ -173,7 +205,7 @@ static void *worker_main(void *unused) {
         struct job *j = pool.jobs;
         while (j && !job_has_room(j)) j = j->next;
         if (!j) {
-            pthread_cond_wait(&pool.work, &pool.lock);
+            wait_for_work();
             continue;
         }
         int32_t slot = 1 + j->n_joined++;
@@ -210,6 +242,7 @@ static void atfork_child(void) {
     pthread_cond_init(&pool.done, NULL);
     pool.jobs = NULL;
     pool.n_workers = 0;
+    pool.n_sleeping = 0;
     atomic_store(&n_inside, inside ? 1 : 0);
     if (current_job) {
         current_job->orphaned = 1;
@@ -272,7 +305,8 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
         if (j.max_helpers > 0) {
             j.next = pool.jobs;
             pool.jobs = &j;
-            for (int32_t i = 0; i < j.max_helpers; i++) pthread_cond_signal(&pool.work);
+            atomic_fetch_add(&pool.posted, 1);
+            for (int32_t i = 0; i < j.max_helpers && i < pool.n_sleeping; i++) pthread_cond_signal(&pool.work);
         }
         pthread_mutex_unlock(&pool.lock);
     }
