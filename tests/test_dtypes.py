@@ -3,105 +3,18 @@ float64 copies, the result in the input dtype (np.result_type when mixed).
 
 float16 and ml_dtypes.bfloat16 are computed in float32 tiles and rounded once,
 to nearest, so the result must be the float64 reference correctly rounded, up
-to float32 noise: |got - ref| <= eps/2 |ref| + F32_ULPS float32 ulps of
-(1 + m) V (m = max |logit|, V = max |v|; the float32 bound of
-tests/conftest.py). bfloat16 tests skip where ml_dtypes is not installed.
+to float32 noise (helpers.own_tolerance). bfloat16 tests skip where ml_dtypes
+is not installed.
 """
 
-import subprocess
-import sys
-
-import npattn
 import numpy as np
 import pytest
+from helpers import check, dtype_of, f64, make_mask, qkv, randn, run_script
+
+import npattn
 from npattn import _interop, reference
 
-F32_ULPS = 4
-
 DTYPE_NAMES = ["float16", "bfloat16"]
-
-
-def dtype_of(name):
-    """The NumPy dtype called name; bfloat16 comes from ml_dtypes (skip without it)."""
-    if name == "bfloat16":
-        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
-    return np.dtype(name)
-
-
-def eps_of(dtype):
-    if dtype.name == "bfloat16":
-        return 2.0**-7
-    return float(np.finfo(dtype).eps)
-
-
-def randn(rng, shape, dtype, scale=1.0):
-    """Normal values of shape, drawn in float32 and rounded to dtype."""
-    return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
-
-
-def qkv(rng, batch, H_q, H_kv, L, S, D, D_v=None, dtypes=(np.float32,) * 3):
-    D_v = D if D_v is None else D_v
-    shapes = ((*batch, H_q, L, D), (*batch, H_kv, S, D), (*batch, H_kv, S, D_v))
-    return [randn(rng, s, dt) for s, dt in zip(shapes, dtypes)]
-
-
-def f64(x):
-    return None if x is None or isinstance(x, str) else np.asarray(x, dtype=np.float64)
-
-
-def as_reference_operand(x):
-    """A float array as float64; strings, None, numbers and bool masks as they are."""
-    if isinstance(x, np.ndarray) and x.dtype != bool:
-        return f64(x)
-    return x
-
-
-def max_logit(q, k, scale=None, mask=None, sinks=None):
-    """max |scale * q.k + mask| over visible entries, or max |sink|, in float64."""
-    q, k = f64(q), f64(k)
-    q = q[None] if q.ndim == 2 else q
-    k = k[None] if k.ndim == 2 else k
-    k = np.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
-    factor = q.shape[-1] ** -0.5 if scale is None else abs(scale)
-    m = float(np.abs(q @ np.swapaxes(k, -1, -2)).max(initial=0.0)) * factor
-    mask = f64(mask) if isinstance(mask, np.ndarray) and mask.dtype != bool else None
-    if mask is not None and mask.size and np.isfinite(mask).any():
-        m += float(np.abs(mask[np.isfinite(mask)]).max())
-    if sinks is not None:
-        m = max(m, float(np.abs(f64(sinks)).max()))
-    return m
-
-
-def f32_bound(q, k, v, **kwargs):
-    V = float(np.abs(f64(v)).max(initial=0.0)) or 1.0
-    return F32_ULPS * float(np.finfo(np.float32).eps) * (1 + max_logit(q, k, **kwargs)) * V
-
-
-def assert_correctly_rounded(q, k, v, **kwargs):
-    """sdpa(q, k, v) in q's half dtype == reference on float64 copies, rounded to nearest
-    up to float32 noise. Returns npattn's result."""
-    dtype = np.asarray(q).dtype
-    got = npattn.sdpa(q, k, v, **kwargs)
-    # the reference reads float masks and sinks as float64 (it takes no bfloat16 ones)
-    ref_kwargs = {key: as_reference_operand(val) for key, val in kwargs.items() if key not in ("out", "threads")}
-    want = reference.sdpa(f64(q), f64(k), f64(v), **ref_kwargs)
-    assert type(got) is np.ndarray
-    assert got.dtype == dtype
-    assert got.shape == want.shape
-    bound_kwargs = {key: kwargs.get(key) for key in ("scale", "mask", "sinks")}
-    atol = f32_bound(q, k, v, **bound_kwargs)
-    np.testing.assert_allclose(f64(got), want, rtol=eps_of(dtype) / 2, atol=atol)
-    return got
-
-
-def random_mask(rng, kind, shape, dtype=np.float32):
-    """A bool or additive mask whose rows all see at least their last key."""
-    visible = rng.random(shape) < 0.6
-    visible[..., -1] = True
-    if kind == "bool":
-        return visible
-    bias = np.round(rng.standard_normal(shape) * 4) / 4  # exact in every float dtype
-    return np.where(visible, bias, -np.inf).astype(dtype)
 
 
 # ---- float16 and bfloat16 against the reference ----
@@ -114,10 +27,8 @@ def test_course_shapes_correctly_rounded(rng, batch, mask, name):
     """On the course's H_q=18, H_kv=6, L=3, S=7, D=5, every mask kind: the result is the
     reference rounded to the input dtype."""
     dtype = dtype_of(name)
-    q, k, v = qkv(rng, batch, 18, 6, 3, 7, 5, dtypes=(dtype,) * 3)
-    if mask in ("bool", "additive"):
-        mask = random_mask(rng, mask, (*batch, 18, 3, 7), dtype)
-    assert_correctly_rounded(q, k, v, mask=mask)
+    q, k, v = qkv(rng, batch, 18, 6, 3, 7, 5, dtype=dtype)
+    check(q, k, v, mask=make_mask(rng, mask, (*batch, 18, 3, 7), dtype, empty_rows=False))
 
 
 MODELS = {  # (H_q, H_kv, D) and (batch, L, S): prefill, chunked prefill, decode
@@ -135,18 +46,18 @@ def test_model_shapes_correctly_rounded(rng, model, phase, name):
     dtype = dtype_of(name)
     (H_q, H_kv, D), phases = MODELS[model]
     batch, L, S = phases[phase]
-    q, k, v = qkv(rng, batch, H_q, H_kv, L, S, D, dtypes=(dtype,) * 3)
-    assert_correctly_rounded(q, k, v)
-    assert_correctly_rounded(q, k, v, sinks=randn(rng, H_q, dtype, 2.0), mask=None)
+    q, k, v = qkv(rng, batch, H_q, H_kv, L, S, D, dtype=dtype)
+    check(q, k, v)
+    check(q, k, v, sinks=randn(rng, H_q, dtype, 2.0), mask=None)
 
 
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_scale_sinks_d_v_rank_2(rng, name):
     """scale, sinks in the input dtype, D_v != D and rank-2 operands."""
     dtype = dtype_of(name)
-    q, k, v = qkv(rng, (2,), 4, 2, 5, 9, 8, D_v=3, dtypes=(dtype,) * 3)
-    assert_correctly_rounded(q, k, v, scale=0.7, sinks=randn(rng, 4, dtype))
-    got = assert_correctly_rounded(q[0, 0], k[0, 0], v[0, 0], mask="causal_top_left")
+    q, k, v = qkv(rng, (2,), 4, 2, 5, 9, 8, D_v=3, dtype=dtype)
+    check(q, k, v, scale=0.7, sinks=randn(rng, 4, dtype))
+    got = check(q[0, 0], k[0, 0], v[0, 0], mask="causal_top_left")
     assert got.shape == (5, 3)
 
 
@@ -157,8 +68,8 @@ def test_strided_inputs(rng, name):
     dtype = dtype_of(name)
     shapes = [(2, 5, 6, 16), (2, 7, 3, 16), (2, 7, 3, 32)]  # (B, L or S, H, D): a model's layout
     q, k, v = (randn(rng, s, dtype).transpose(0, 2, 1, 3) for s in shapes)  # (B, H, L, D) views
-    assert_correctly_rounded(q, k, v)
-    assert_correctly_rounded(q[:, ::-1], k[..., ::-1, :], v[:, :, ::-1, ::2], mask="causal_top_left")
+    check(q, k, v)
+    check(q[:, ::-1], k[..., ::-1, :], v[:, :, ::-1, ::2], mask="causal_top_left")
 
 
 @pytest.mark.parametrize("name", DTYPE_NAMES)
@@ -166,9 +77,9 @@ def test_large_logits_computed_in_float32(rng, name):
     """Scores far beyond float16's range (|q.k| ~ 1e6 > 65504) stay finite and correct:
     the products are float32, not the input dtype."""
     dtype = dtype_of(name)
-    q, k, v = qkv(rng, (1,), 2, 1, 4, 6, 64, dtypes=(np.float32,) * 3)
+    q, k, v = qkv(rng, (1,), 2, 1, 4, 6, 64)
     q, k, v = (q * 100).astype(dtype), (k * 100).astype(dtype), v.astype(dtype)
-    got = assert_correctly_rounded(q, k, v, scale=1.0)
+    got = check(q, k, v, scale=1.0)
     assert np.isfinite(f64(got)).all()
 
 
@@ -176,7 +87,7 @@ def test_large_logits_computed_in_float32(rng, name):
 def test_rows_that_see_no_key_are_zero(rng, name):
     """A row that sees no key is 0 in the half dtype too; S == 0 gives zeros."""
     dtype = dtype_of(name)
-    q, k, v = qkv(rng, (2,), 4, 2, 3, 5, 8, dtypes=(dtype,) * 3)
+    q, k, v = qkv(rng, (2,), 4, 2, 3, 5, 8, dtype=dtype)
     visible = np.ones((3, 5), bool)
     visible[1] = False
     for mask in (visible, np.where(visible, 0.0, -np.inf).astype(dtype)):
@@ -192,7 +103,7 @@ def test_rows_that_see_no_key_are_zero(rng, name):
 def test_out_in_the_half_dtype(rng, name):
     """out= of the input dtype is filled and returned; a float32 out is refused."""
     dtype = dtype_of(name)
-    q, k, v = qkv(rng, (2,), 4, 2, 3, 5, 8, dtypes=(dtype,) * 3)
+    q, k, v = qkv(rng, (2,), 4, 2, 3, 5, 8, dtype=dtype)
     out = np.empty((2, 4, 3, 8), dtype)
     assert npattn.sdpa(q, k, v, out=out, threads=1) is out
     np.testing.assert_array_equal(out, npattn.sdpa(q, k, v, threads=1))
@@ -203,6 +114,9 @@ def test_out_in_the_half_dtype(rng, name):
 # ---- mixed dtypes promote by np.result_type ----
 
 MIXED = [  # (q, k, v) dtypes and the result's
+    (("float32", "float64", "float32"), "float64"),
+    (("float64", "float32", "float32"), "float64"),
+    (("float32", "float32", "float64"), "float64"),
     (("float16", "float32", "float32"), "float32"),
     (("float32", "float16", "float16"), "float32"),
     (("float16", "float16", "float64"), "float64"),
@@ -215,16 +129,9 @@ MIXED = [  # (q, k, v) dtypes and the result's
 @pytest.mark.parametrize("names, result", MIXED, ids=lambda x: "-".join(x) if isinstance(x, tuple) else x)
 def test_mixed_dtypes_promote(rng, names, result):
     """Mixed float dtypes compute in, and return, the promoted dtype: the reference on
-    float64 copies within that dtype's bound (conftest.py's 4 float32 / 64 float64 ulps)."""
-    dtypes = [dtype_of(n) for n in names]
-    q, k, v = qkv(rng, (2,), 18, 6, 3, 7, 5, dtypes=dtypes)
-    got = npattn.sdpa(q, k, v)
-    assert got.dtype == np.dtype(result)
-    want = reference.sdpa(f64(q), f64(k), f64(v))
-    ulps = 4 if result == "float32" else 64
-    V = float(np.abs(f64(v)).max())
-    atol = ulps * float(np.finfo(result).eps) * (1 + max_logit(q, k)) * V
-    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+    float64 copies within that dtype's bound."""
+    q, k, v = qkv(rng, (2,), 18, 6, 3, 7, 5, dtypes=[dtype_of(n) for n in names])
+    assert check(q, k, v).dtype == np.dtype(result)
 
 
 # ---- a float mask of any float dtype works with any input dtype ----
@@ -238,18 +145,10 @@ def test_float_mask_of_any_dtype(rng, input_name, mask_name):
     """An additive mask of any float dtype gives, with inputs of any float dtype, bitwise
     the result of the same values as a float64 mask, and matches the reference."""
     dtype, mask_dtype = dtype_of(input_name), dtype_of(mask_name)
-    q, k, v = qkv(rng, (2,), 18, 6, 3, 7, 5, dtypes=(dtype,) * 3)
-    bias = random_mask(rng, "additive", (2, 1, 3, 7), np.float64)  # exact in every dtype
-    got = npattn.sdpa(q, k, v, mask=bias.astype(mask_dtype), threads=1)
-    assert got.dtype == dtype
+    q, k, v = qkv(rng, (2,), 18, 6, 3, 7, 5, dtype=dtype)
+    bias = make_mask(rng, "additive", (2, 1, 3, 7), np.float64, empty_rows=False)  # exact in every dtype
+    got = check(q, k, v, mask=bias.astype(mask_dtype), threads=1)
     np.testing.assert_array_equal(got, npattn.sdpa(q, k, v, mask=bias, threads=1))
-    want = reference.sdpa(f64(q), f64(k), f64(v), mask=bias)
-    if dtype.itemsize == 2:
-        rtol, atol = eps_of(dtype) / 2, f32_bound(q, k, v, mask=bias)
-    else:
-        ulps = 4 if dtype == np.float32 else 64
-        rtol, atol = 0, ulps * float(np.finfo(dtype).eps) * (1 + max_logit(q, k, mask=bias)) * float(np.abs(f64(v)).max())
-    np.testing.assert_allclose(f64(got), want, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("name", ["float32", "float64"])
@@ -257,7 +156,7 @@ def test_half_mask_values_are_read_exactly(rng, name):
     """A float16 / bfloat16 mask with values that are not round numbers is read exactly
     (converted, not reinterpreted): same as its values in float64."""
     dtype = np.dtype(name)
-    q, k, v = qkv(rng, (1,), 4, 2, 3, 7, 8, dtypes=(dtype,) * 3)
+    q, k, v = qkv(rng, (1,), 4, 2, 3, 7, 8, dtype=dtype)
     for mask_name in DTYPE_NAMES:
         mask = randn(rng, (3, 7), dtype_of(mask_name), 3.0)
         got = npattn.sdpa(q, k, v, mask=mask, threads=1)
@@ -271,7 +170,7 @@ def test_reference_takes_a_bfloat16_mask(rng):
     """npattn.reference.sdpa takes a bfloat16 mask, as npattn.sdpa does."""
     bf16 = dtype_of("bfloat16")
     q, k, v = qkv(rng, (1,), 4, 2, 3, 7, 8)
-    mask = random_mask(rng, "additive", (3, 7), bf16)
+    mask = make_mask(rng, "additive", (3, 7), bf16)
     np.testing.assert_allclose(reference.sdpa(q, k, v, mask=mask), reference.sdpa(q, k, v, mask=f64(mask)))
 
 
@@ -298,7 +197,7 @@ def test_import_npattn_imports_no_ml_dtypes_torch_or_mlx():
         "after_calls = sorted(m for m in ('ml_dtypes', 'torch', 'mlx') if m in sys.modules)\n"
         "print(after_import, after_calls)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_script(code)
     assert out.stdout.strip() == "[] []", out.stdout + out.stderr
 
 

@@ -1,122 +1,186 @@
-"""Every code path of the core agrees with the reference: each SIMD variant of
-the softmax kernel (forced through a private hook), each tile-size regime
-(narrow to very wide rows), split-K decode with its log-sum-exp merge, the
-exact path for NaN, and the float16 conversions."""
+"""Every code path of the core agrees with the reference: each kernel table
+(forced through a private hook), each tile regime (streamed decode tiles,
+gemm tiles narrow to very wide), split-K with its log-sum-exp merge, the
+float32 tiles recomputed in double when they meet an extreme, and the three
+ways a call runs (inline on the calling thread, the caller alone when no
+helper can start, the caller with helpers), which give bitwise-identical
+results for the same `threads`."""
 
 import numpy as np
 import pytest
+from helpers import (
+    KERNELS,
+    check,
+    kernels,
+    make_mask,
+    own_tolerance,
+    pool_mode,
+    qkv,
+    randn,
+    reference_call,
+    runnable_kernels,
+)
 
 import npattn
 from npattn import _core
 
-VARIANTS = ["portable", "avx2", "avx512"]
 
-
-@pytest.fixture(params=VARIANTS)
+@pytest.fixture(params=runnable_kernels())
 def variant(request):
-    """Runs the test with one kernel variant forced; skips what this CPU lacks."""
-    try:
-        _core.debug_force_simd(request.param)
-    except ValueError:
-        pytest.skip(f"this CPU cannot run the {request.param} kernels")
-    try:
-        yield request.param
-    finally:
-        _core.debug_force_simd("")
+    """Runs the test with one kernel table forced; skips what this CPU lacks."""
+    with kernels(request.param) as name:
+        yield name
 
 
-def normal(rng, shape, dtype=np.float32):
-    return rng.standard_normal(shape).astype(dtype)
-
-
-# (H_q, H_kv, L, S, D, D_v): each row lands in another tile regime of attention.c
+# (H_q, H_kv, L, S, D, D_v): each row lands in another tile regime of forward.c
 REGIMES = [
     pytest.param(8, 2, 300, 300, 64, 64, id="prefill-D64"),
     pytest.param(4, 1, 100, 700, 128, 128, id="chunked-D128"),
     pytest.param(3, 3, 37, 61, 8, 8, id="narrow-D8"),
     pytest.param(2, 1, 9, 140, 300, 200, id="wide-D300"),
     pytest.param(2, 2, 5, 70, 1024, 16, id="very-wide-D1024"),
-    pytest.param(18, 6, 3, 7, 5, 5, id="course"),
+    pytest.param(18, 6, 3, 7, 5, 5, id="course-streamed"),
+    pytest.param(14, 2, 1, 333, 64, 64, id="decode-D64-streamed"),
+    pytest.param(32, 8, 1, 150, 128, 128, id="decode-D128-streamed"),
+    pytest.param(4, 4, 3, 90, 24, 40, id="stream-odd-widths"),
 ]
 
 
 @pytest.mark.parametrize("H_q, H_kv, L, S, D, D_v", REGIMES)
-@pytest.mark.parametrize("mask", ["causal", "causal_top_left", None, "bool", "float"])
-def test_each_variant_and_tile_regime_matches_reference(variant, check, rng, H_q, H_kv, L, S, D, D_v, mask):
-    """sdpa == reference for every kernel variant, tile regime and mask kind."""
-    q = normal(rng, (2, H_q, L, D))
-    k = normal(rng, (2, H_kv, S, D))
-    v = normal(rng, (2, H_kv, S, D_v))
-    if mask == "bool":
-        mask = rng.random((H_q, L, S)) < 0.7
-    elif mask == "float":
-        mask = np.where(rng.random((L, S)) < 0.7, rng.standard_normal((L, S)), -np.inf).astype(np.float32)
-    check(q, k, v, mask=mask)
+@pytest.mark.parametrize("mask", ["causal", "causal_top_left", None, "bool", "additive"])
+def test_each_kernel_table_and_tile_regime_matches_reference(variant, rng, H_q, H_kv, L, S, D, D_v, mask):
+    """sdpa == reference for every kernel table, tile regime and mask kind."""
+    q, k, v = qkv(rng, (2,), H_q, H_kv, L, S, D, D_v)
+    check(q, k, v, mask=make_mask(rng, mask, (H_q, L, S)))
 
 
 @pytest.mark.parametrize("threads", [2, 3, 5])
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("mask", ["causal", None, "bool"])
-def test_split_k_decode_matches_reference(variant, check, rng, threads, sinks, mask):
+def test_split_k_decode_matches_reference(variant, rng, threads, sinks, mask):
     """Decode with one kv head and many keys splits the keys across threads;
-    the merged result equals the reference and repeats bitwise."""
+    the merged result and lse equal the reference and repeat bitwise."""
     S = 5000
-    q = normal(rng, (1, 4, 1, 64))
-    k = normal(rng, (1, 1, S, 64))
-    v = normal(rng, (1, 1, S, 48))
-    kwargs = {"threads": threads}
+    q, k, v = qkv(rng, (1,), 4, 1, 1, S, 64, 48)
+    kwargs = {"threads": threads, "return_lse": True}
     if sinks:
         kwargs["sinks"] = rng.standard_normal(4) * 3
     if mask == "bool":
         mask = rng.random((4, 1, S)) < 0.5
         mask[1] = False  # one head sees no key: zeros, or only its sink
-    kwargs["mask"] = mask
-    first = check(q, k, v, **kwargs)
-    again = npattn.sdpa(q, k, v, **kwargs)
-    assert np.array_equal(first, again, equal_nan=True)
+    first, lse = check(q, k, v, mask=mask, **kwargs)
+    again, lse_again = npattn.sdpa(q, k, v, mask=mask, **kwargs)
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(lse, lse_again)
 
 
 def test_split_k_float64_matches_reference(check, rng):
     """The float64 merge is exact to float64 rounding."""
-    q = rng.standard_normal((1, 2, 2, 32))
-    k = rng.standard_normal((1, 1, 6000, 32))
-    v = rng.standard_normal((1, 1, 6000, 32))
-    check(q, k, v, threads=4, sinks=np.array([0.5, -1.0]))
+    q, k, v = qkv(rng, (1,), 2, 1, 2, 6000, 32, dtype=np.float64)
+    check(q, k, v, threads=4, sinks=np.array([0.5, -1.0]), return_lse=True)
 
 
-def test_nan_in_a_visible_key_takes_the_exact_path(variant, rng):
-    """A NaN score makes only the rows that see it NaN, in every variant."""
-    q = normal(rng, (1, 2, 40, 16))
-    k = normal(rng, (1, 1, 40, 16))
-    v = normal(rng, (1, 1, 40, 16))
-    k[0, 0, 20, 3] = np.nan  # causal: rows 20.. see key 20
-    out = npattn.sdpa(q, k, v)
-    assert np.isnan(out[:, :, 20:]).all()
-    assert np.isfinite(out[:, :, :20]).all()
-    ref = npattn.reference.sdpa(q[:, :, :20].astype(float), k[:, :, :20].astype(float), v[:, :, :20].astype(float))
-    np.testing.assert_allclose(out[:, :, :20], ref, atol=1e-5)
+def test_float16_conversions_in_each_kernel_table(variant, rng):
+    """float16 tiles convert the same way in every table (F16C, AVX-512, NEON or
+    portable): the reference correctly rounded."""
+    q, k, v = (randn(rng, s, np.float16) for s in [(1, 4, 33, 64), (1, 2, 50, 64), (1, 2, 50, 64)])
+    check(q, k, v)
 
 
-def test_float16_conversions_in_each_variant(variant, rng):
-    """float16 tiles convert the same way in every variant (F16C or portable):
-    results within float16 rounding of the float64 reference."""
-    q, k, v = (normal(rng, s, np.float16) for s in [(1, 4, 33, 64), (1, 2, 50, 64), (1, 2, 50, 64)])
-    got = npattn.sdpa(q, k, v)
-    want = npattn.reference.sdpa(q.astype(float), k.astype(float), v.astype(float))
-    assert got.dtype == np.float16
-    # one float16 rounding of a value |x| <= max|v| < 8: half an ulp at 8 is 2**-8
-    np.testing.assert_allclose(got.astype(float), want, rtol=0, atol=2**-8)
-
-
-def test_simd_reports_the_variant_in_use():
-    """The hook reports the variant that runs; '' restores the best one."""
+def test_simd_reports_the_table_in_use():
+    """The hook reports the table that runs; '' restores the best one; a table this CPU
+    cannot run is refused."""
+    names = runnable_kernels()
     best = _core.simd()
-    assert best in VARIANTS
-    _core.debug_force_simd("portable")
-    try:
+    assert best == names[0] and best in KERNELS and "portable" in names
+    with kernels("portable"):
         assert _core.simd() == "portable"
-    finally:
-        _core.debug_force_simd("")
     assert _core.simd() == best
-    with pytest.raises(ValueError):
-        _core.debug_force_simd("neon")
+    missing = [name for name in KERNELS if name not in names]
+    for name in missing:
+        with pytest.raises(ValueError):
+            _core.debug_force_simd(name)
+
+
+# ---- how a call runs: inline, caller alone, caller with helpers ----
+
+RUN_SHAPES = {  # (batch, H_q, H_kv, L, S, D): small (inline) to split-K
+    "course": ((2,), 18, 6, 3, 7, 5),
+    "prefill": ((2,), 8, 2, 150, 150, 64),
+    "decode": ((1,), 14, 2, 1, 3000, 64),
+    "split-k": ((1,), 4, 1, 1, 9000, 64),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("shape", list(RUN_SHAPES))
+def test_inline_caller_and_pool_paths_are_bitwise_equal(rng, shape, threads, dtype):
+    """For the same `threads`, the plan is the same whoever runs it: the calling thread
+    alone because the work is small or no helper can start (pool mode 1), or with helpers
+    (pool mode 2 makes them join any work): bitwise-identical results and lse."""
+    batch, H_q, H_kv, L, S, D = RUN_SHAPES[shape]
+    q, k, v = qkv(rng, batch, H_q, H_kv, L, S, D, dtype=dtype)
+    results = {}
+    for mode in (0, 1, 2):
+        with pool_mode(mode):
+            results[mode] = npattn.sdpa(q, k, v, threads=threads, return_lse=True)
+    for mode in (1, 2):
+        np.testing.assert_array_equal(results[mode][0], results[0][0])
+        np.testing.assert_array_equal(results[mode][1], results[0][1])
+    check(q, k, v, threads=threads)
+
+
+# ---- extremes: finite inputs with a representable answer give it ----
+
+
+@pytest.mark.parametrize("table", runnable_kernels())
+@pytest.mark.parametrize(
+    "case",
+    [
+        "sink 3e38",
+        "q 3e38 against k 1e-38",
+        "values 1e38",
+        "scores beyond float32",
+        "mask beyond float32",
+        "scale 1e-40",
+        "scale 1e35",
+        "scale 1e-300, float64",
+        "scale 1e300, float64",
+    ],
+)
+def test_extremes_are_exact_where_representable(table, case):
+    """Finite float32 inputs whose exact result is representable give it, however
+    extreme: tiles that overflow in float32 are recomputed in double. (Each of these gave
+    NaN or inf in 0.1.0, or was refused.)"""
+    rng = np.random.default_rng(9)
+    dtype = np.float64 if "float64" in case else np.float32
+    q, k, v = qkv(rng, (1,), 2, 1, 5, 7, 4, dtype=dtype)
+    kwargs = {"mask": None}
+    if case == "sink 3e38":
+        kwargs["sinks"] = np.array([3e38, 0.0])  # head 0: every weight goes to the sink, so 0
+    elif case == "q 3e38 against k 1e-38":
+        q = np.full_like(q, 3e38)
+        k = np.full_like(k, 1e-38) * np.arange(1, 8, dtype=dtype)[:, None]  # scores 3 * j / 2
+    elif case == "values 1e38":
+        v = np.full_like(v, 1e38)  # the unnormalised sum of 7 rows overflows float32
+    elif case == "scores beyond float32":
+        q, k = q * 1e20, k * 1e20  # q.k ~ 1e40, scale 1e-42: scores of order 1
+        kwargs["scale"] = 1e-42
+    elif case == "mask beyond float32":
+        kwargs["mask"] = np.where(np.eye(5, 7, 2, dtype=bool), 0.0, -1e300)  # finite, beyond float32
+    else:
+        kwargs["scale"] = float(case.split()[1].rstrip(","))
+        q = q / np.sqrt(abs(kwargs["scale"])) if abs(kwargs["scale"]) > 1 else q
+    with kernels(table):
+        got = npattn.sdpa(q, k, v, **kwargs)
+    want = reference_call(q, k, v, **kwargs)
+    assert np.isfinite(want).all()
+    assert np.isfinite(got).all(), got
+    if case == "sink 3e38":
+        np.testing.assert_array_equal(got[0, 0], 0)
+    # as close as any float32 result: the tolerance of the logits that matter (the
+    # mask's -1e300 only hides)
+    bound = {key: val for key, val in kwargs.items() if key != "mask"}
+    _, atol = own_tolerance(q, k, v, np.dtype(dtype), **bound)
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)

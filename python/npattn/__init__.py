@@ -9,8 +9,8 @@ other and times them.
 
 __version__ = "0.2.0.dev0"
 
-from . import reference
+from . import reference, testing
 from ._api import attention_weights, merge, sdpa
 from .reference import causal_mask
 
-__all__ = ["sdpa", "attention_weights", "merge", "causal_mask", "reference", "__version__"]
+__all__ = ["sdpa", "attention_weights", "merge", "causal_mask", "reference", "testing", "__version__"]

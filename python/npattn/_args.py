@@ -40,12 +40,15 @@ def is_float(dt: np.dtype) -> bool:
 
 
 def result_dtype(*dtypes: np.dtype) -> np.dtype:
-    """np.result_type of the inputs; float16 with bfloat16 (which NumPy
-    cannot promote) computes in float32."""
-    try:
-        return np.result_type(*dtypes)
-    except TypeError:
-        return np.dtype(np.float32)
+    """np.result_type of the inputs, pairwise; float16 with bfloat16 (which
+    NumPy cannot promote) gives float32."""
+    result = np.dtype(dtypes[0])
+    for dt in dtypes[1:]:
+        try:
+            result = np.result_type(result, dt)
+        except TypeError:
+            result = np.dtype(np.float32)
+    return result
 
 
 def asarray(fn: str, x: Any, name: str) -> np.ndarray:

@@ -38,6 +38,8 @@ import numbers
 
 import numpy as np
 
+from ._args import result_dtype
+
 __all__ = ["causal_mask", "sdpa", "attention_weights"]
 
 MASK_STRINGS = ("causal", "causal_top_left")
@@ -76,15 +78,6 @@ def _numpy_dtype(dtype):
 def _is_float(dtype):
     """NumPy's floats, and ml_dtypes.bfloat16 (which NumPy does not count as one)."""
     return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
-
-
-def _result_dtype(*dtypes):
-    """The dtype of the result: np.result_type, except that float16 with
-    bfloat16, which NumPy cannot promote, gives float32."""
-    try:
-        return np.result_type(*dtypes)
-    except TypeError:
-        return np.dtype(np.float32)
 
 
 def visible_keys(L, S, mask="causal", window=None, q_offset=None, k_offset=0):
@@ -140,8 +133,9 @@ def _sink_logits(sinks, H_q):
     return sinks.astype(np.float64)
 
 
-def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset):
-    """The probabilities and log-sum-exp, grouped: (*B, H_kv, n_repeats, L, S) and (..., L).
+def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=()):
+    """The probabilities and log-sum-exp, grouped: (*B, H_kv, n_repeats, L, S) and (..., L),
+    B being the batch dims of q, k (and v_batch) broadcast.
 
     Also returns the shapes needed to ungroup them.
     """
@@ -166,7 +160,8 @@ def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset
 
     # Step 2: relevance scores, scaled; k is broadcast across the n_repeats axis.
     scores = (q @ k.swapaxes(-2, -1)) * factor  # (*B, H_kv, n_repeats, L, S)
-    B = scores.shape[:-4]
+    B = np.broadcast_shapes(scores.shape[:-4], tuple(v_batch))
+    scores = np.broadcast_to(scores, (*B, *scores.shape[-4:]))
 
     # Step 2b (Gemma 2): cap the scores smoothly at +-softcap.
     if softcap is not None:
@@ -206,25 +201,24 @@ def sdpa(
     float32).
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    dtype = _result_dtype(q.dtype, k.dtype, v.dtype)
+    dtype = result_dtype(q.dtype, k.dtype, v.dtype)
     if not _is_float(dtype):
         raise TypeError(f"sdpa: q, k and v must be floating arrays; got {q.dtype}, {k.dtype}, {v.dtype}")
     if v.ndim < 2:
         raise ValueError(f"sdpa: v needs rank >= 2; got {v.shape}")
     all_rank_2 = q.ndim == k.ndim == v.ndim == 2
-    weights, lse, (B, H_q, L, S) = _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset)
     v = np.asarray(v[None] if v.ndim == 2 else v, dtype=np.float64)
+    weights, lse, (B, H_q, L, S) = _softmax_parts(
+        q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=v.shape[:-3]
+    )
     *Bv, H_kv, S_v, D_v = v.shape
     if S_v != S or H_q % H_kv or weights.shape[-4] != H_kv:
         raise ValueError(f"sdpa: v does not fit q and k; got v {v.shape}")
 
-    # Step 5: weighted sum of values, then the groups back to H_q heads; v's
-    # batch dims broadcast too.
+    # Step 5: weighted sum of values, then the groups back to H_q heads.
     v = v.reshape(*Bv, H_kv, 1, S, D_v)
-    result = weights @ v
-    B = result.shape[:-4]
-    result = result.reshape(*B, H_q, L, D_v)
-    lse = np.broadcast_to(lse, (*B, *lse.shape[-3:])).reshape(*B, H_q, L)
+    result = (weights @ v).reshape(*B, H_q, L, D_v)
+    lse = lse.reshape(*B, H_q, L)
     if all_rank_2:
         result, lse = result[0], lse[0]
     result = result.astype(dtype)
@@ -246,7 +240,7 @@ def attention_weights(
     """The probabilities ``softmax(...)``, shape ``(*B, H_q, L, S)``, in float64
     and then ``np.result_type(q, k)``; same semantics as ``npattn.attention_weights``."""
     q, k = np.asarray(q), np.asarray(k)
-    dtype = _result_dtype(q.dtype, k.dtype)
+    dtype = result_dtype(q.dtype, k.dtype)
     all_rank_2 = q.ndim == k.ndim == 2
     weights, _, (B, H_q, L, S) = _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset)
     weights = weights.reshape(*B, H_q, L, S)

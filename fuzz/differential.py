@@ -1,0 +1,154 @@
+"""Differential fuzzing of npattn.sdpa against the float64 reference (see fuzz/README.md).
+
+    python fuzz/differential.py --calls 1000000            # about an hour on 2 cores
+    python fuzz/differential.py --calls 30000 --seed 1     # CI's slice
+    python fuzz/differential.py --replay 1:12345           # one case again, described
+
+Each case is tests/helpers.random_problem(seed): the whole contract of
+npattn.sdpa (ranks, broadcasting, GQA, empty sizes, layouts, dtypes, masks,
+sinks, scale, window, softcap, positions, lse, threads), one in ten with NaN
+and infinities in q, k, v, now and then a model-sized one. Three calls per
+case, cycling through the kernel tables this CPU runs: the result against the
+reference (the tolerance npattn's tests use; NaN and infinities where the
+reference has them), a second call bitwise equal, a call into out= bitwise
+equal and returning out, and every input unchanged. Any exception is a
+finding too: every case is a valid call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from helpers import (  # noqa: E402
+    check,
+    compare_with_nan,
+    f64,
+    kernels,
+    own_tolerance,
+    random_problem,
+    reference_call,
+    runnable_kernels,
+    snapshot,
+)
+
+import npattn  # noqa: E402
+
+CALLS_PER_CASE = 3
+
+
+def problem(seed: int, case: int):
+    """The case's problem and whether it holds NaN or infinities."""
+    rng = np.random.default_rng([seed, case])
+    specials = case % 10 == 9
+    return (*random_problem(rng, specials=specials, large=True), specials)
+
+
+def run_case(seed: int, case: int, table: str) -> None:
+    """The four checks of one case; raises AssertionError (or anything) on a finding."""
+    q, k, v, kwargs, specials = problem(seed, case)
+    arrays = [x for x in (q, k, v, *kwargs.values()) if isinstance(x, np.ndarray)]
+    before = snapshot(*arrays)
+    with kernels(table):
+        if specials:
+            kwargs.pop("window", None)
+            first = npattn.sdpa(q, k, v, **kwargs)
+            want = reference_call(q, k, v, **kwargs)
+            got = first[0] if kwargs.get("return_lse") else first
+            want = want[0] if kwargs.get("return_lse") else want
+            clean = [np.where(np.isfinite(f64(x)), f64(x), 0.0) for x in (q, k, v)]
+            rtol, atol = own_tolerance(*clean, got.dtype, **kwargs)
+            compare_with_nan(got, want, atol, rtol, infinite_inputs=any(np.isinf(f64(x)).any() for x in (q, k, v)))
+        else:
+            first = check(q, k, v, **kwargs)
+        again = npattn.sdpa(q, k, v, **kwargs)
+        out = first[0] if kwargs.get("return_lse") else first
+        buf = np.empty_like(out)
+        into = npattn.sdpa(q, k, v, out=buf, **kwargs)
+    assert (into[0] if kwargs.get("return_lse") else into) is buf, "out= did not return out"
+    for name, result in (("a second call", again), ("the call into out=", into)):
+        pairs = zip(first, result) if kwargs.get("return_lse") else [(first, result)]
+        for a, b in pairs:
+            assert np.array_equal(a, b, equal_nan=True), f"{name} differs from the first"
+    assert snapshot(*arrays) == before, "an input changed"
+
+
+def describe(seed: int, case: int) -> str:
+    q, k, v, kwargs, specials = problem(seed, case)
+
+    def show(x):
+        if isinstance(x, np.ndarray):
+            return f"array{x.shape} {x.dtype} strides {x.strides}"
+        return repr(x)
+
+    lines = [f"case {seed}:{case}" + (" (NaN/inf in q, k, v)" if specials else "")]
+    lines += [f"  {name} = {show(x)}" for name, x in (("q", q), ("k", k), ("v", v))]
+    lines += [f"  {name} = {show(x)}" for name, x in kwargs.items()]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=30000, help="sdpa calls (3 per case)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start", type=int, default=0, help="first case number")
+    parser.add_argument("--replay", help="SEED:CASE: run one case, describe it, show the finding")
+    parser.add_argument("--report", help="write the counts and findings as JSON here")
+    parser.add_argument("--max-findings", type=int, default=20)
+    args = parser.parse_args(argv)
+    tables = runnable_kernels()
+
+    if args.replay:
+        seed, case = (int(x) for x in args.replay.split(":"))
+        print(describe(seed, case))
+        for table in tables:
+            try:
+                run_case(seed, case, table)
+                print(f"{table}: ok")
+            except Exception:  # noqa: BLE001 -- show every table's outcome
+                print(f"{table}: FINDING\n{traceback.format_exc()}")
+        return 0
+
+    n_cases = max(1, args.calls // CALLS_PER_CASE)
+    findings, counts, start = [], {t: 0 for t in tables}, time.monotonic()
+    for i in range(args.start, args.start + n_cases):
+        table = tables[i % len(tables)]
+        try:
+            run_case(args.seed, i, table)
+        except Exception as e:  # noqa: BLE001 -- every exception is a finding
+            findings.append({"case": f"{args.seed}:{i}", "kernels": table, "error": f"{type(e).__name__}: {e}"[:2000]})
+            print(f"FINDING {args.seed}:{i} ({table}): {type(e).__name__}: {str(e)[:300]}", flush=True)
+            if len(findings) >= args.max_findings:
+                break
+        counts[table] += 1
+        done = i - args.start + 1
+        if done % 5000 == 0:
+            rate = done / (time.monotonic() - start)
+            print(f"{done * CALLS_PER_CASE} calls, {rate * CALLS_PER_CASE:.0f} calls/s, {len(findings)} findings", flush=True)
+    elapsed = time.monotonic() - start
+    n_calls = sum(counts.values()) * CALLS_PER_CASE
+    summary = {
+        "npattn": npattn.__version__,
+        "seed": args.seed,
+        "cases": sum(counts.values()),
+        "calls": n_calls,
+        "calls_per_kernel_table": {t: c * CALLS_PER_CASE for t, c in counts.items()},
+        "seconds": round(elapsed, 1),
+        "findings": findings,
+    }
+    print(f"{n_calls} calls in {elapsed:.0f} s over {', '.join(tables)}: {len(findings)} findings")
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
