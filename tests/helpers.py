@@ -418,3 +418,27 @@ def _has_ml_dtypes():
     except ImportError:
         return False
     return True
+
+
+def assert_parity(got, want, q, k, v, mask=None, sinks=None, stats=None, dtype_name=None):
+    """npattn's result `got` and a peer's `want` on the same inputs (any library):
+    npattn == reference within own_tolerance, the peer == reference within
+    npattn.testing.tolerance (a peer's float32 8 ulps, its half dtypes 2 ulps plus the
+    float32 bound), hence npattn == peer within the sum. The course's small float32
+    shapes use the issue's rtol 1e-5 / atol 1e-6 for both."""
+    q, k, v = (npattn._interop.asarray(x) for x in (q, k, v))
+    mask = mask if mask is None or isinstance(mask, str) else npattn._interop.asarray(mask)
+    sinks = None if sinks is None else npattn._interop.asarray(sinks)
+    got64, want64 = f64(got), f64(npattn._interop.asarray(want))
+    ref = reference_call(q, k, v, mask=mask, sinks=sinks)
+    dtype = np.dtype(got.dtype)
+    if dtype == np.float32 and q.shape[-1] <= 8:
+        (rtol_n, atol_n), (rtol_p, atol_p) = (1e-5, 1e-6), (1e-5, 1e-6)
+    else:
+        rtol_n, atol_n = own_tolerance(q, k, v, dtype, mask=mask, sinks=sinks)
+        rtol_p, atol_p = 0.0, testing.tolerance(q, k, v, mask=f64(mask), sinks=sinks, dtype=dtype)
+    np.testing.assert_allclose(got64, ref, rtol=rtol_n, atol=atol_n, err_msg="npattn vs reference")
+    np.testing.assert_allclose(want64, ref, rtol=rtol_p, atol=atol_p, err_msg="peer vs reference")
+    np.testing.assert_allclose(got64, want64, rtol=rtol_n + rtol_p, atol=atol_n + atol_p, err_msg="npattn vs peer")
+    if stats is not None:
+        stats.record(dtype_name or dtype.name, got64, want64)

@@ -42,15 +42,17 @@ def make_cases():
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
     q16, k16, v16 = (x.astype(np.float16) for x in (q, k, v))
     qt = randn((2, 5, 4, 8)).swapaxes(1, 2)  # transposed: read in place
-    kr = randn((2, 2, 7, 16))[..., ::2]  # strided last axis: copied
+    kr = randn((2, 2, 7, 16))[..., ::2]  # strided last axis: gathered tile by tile
     bool_mask = rng.random((5, 7)) < 0.7
-    add_mask = np.where(bool_mask, 0.0, -np.inf).astype(np.float16)  # converted to float32
+    add_mask = np.where(bool_mask, 0.0, -np.inf).astype(np.float16)  # read as float16
     sinks = rng.uniform(-1, 1, 4)
     out = np.empty((2, 4, 5, 6), np.float32)
+    lse = np.zeros((2, 4, 5), np.float32)
+    big_v = np.full((2, 2, 7, 6), 1e38, np.float32)
     bad_out = np.empty((2, 4, 5, 5), np.float32)
     int_q = np.ones((2, 4, 5, 8), np.int32)
     q5 = randn((2, 5, 5, 8))
-    decode_q, decode_k, decode_v = randn((1, 2, 1, 8)), randn((1, 1, 2048, 8)), randn((1, 1, 2048, 8))
+    decode_q, decode_k, decode_v = randn((1, 2, 1, 8)), randn((1, 1, 40000, 8)), randn((1, 1, 40000, 8))
     fail = npattn._core.debug_fail_alloc_after
 
     def failing_call():
@@ -61,7 +63,7 @@ def make_cases():
             fail(-1)
 
     def failing_split_k():
-        fail(1)  # the scratch succeeds, the split-K partials fail
+        fail(2)  # the scratch and the exact path's table succeed, the split-K partials fail
         try:
             npattn.sdpa(decode_q, decode_k, decode_v, threads=2)
         finally:
@@ -74,7 +76,11 @@ def make_cases():
         ("bool mask, sinks", lambda: npattn.sdpa(q, k, v, mask=bool_mask, sinks=sinks), None, (bool_mask, sinks)),
         ("float16 mask", lambda: npattn.sdpa(q, k, v, mask=add_mask), None, (add_mask,)),
         ("out=", lambda: npattn.sdpa(q, k, v, out=out), None, (out,)),
-        ("copied layouts", lambda: npattn.sdpa(qt, kr, v, scale=0.5), None, (qt, kr)),
+        ("strided layouts", lambda: npattn.sdpa(qt, kr, v, scale=0.5), None, (qt, kr)),
+        ("window, softcap, lse", lambda: npattn.sdpa(q, k, v, window=(2, 0), softcap=5.0, return_lse=True), None, ()),
+        ("redone in double", lambda: npattn.sdpa(q, k, big_v), None, (big_v,)),
+        ("weights", lambda: npattn.attention_weights(q, k, mask=bool_mask), None, ()),
+        ("merge", lambda: npattn.merge([out, out], [lse, lse]), None, (out, lse)),
         ("lists", lambda: npattn.sdpa([[1.0, 2.0]], [[1.0, 0.0], [0.0, 1.0]], [[1.0], [2.0]]), None, ()),
         ("decode, split-K", lambda: npattn.sdpa(decode_q, decode_k, decode_v, threads=2), None, (decode_q,)),
         ("bad dtype", lambda: npattn.sdpa(int_q, k, v), TypeError, (int_q,)),

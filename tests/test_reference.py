@@ -14,17 +14,19 @@ import pytest
 from npattn import reference
 
 
-def naive_sdpa(q, k, v, scale=None, visible=None, bias=None, sinks=None):
-    """softmax(scale * q.k + bias) @ v one (batch, head, row) at a time, in Python floats.
+def naive_sdpa(q, k, v, scale=None, visible=None, bias=None, sinks=None, softcap=None, with_lse=False):
+    """softmax(cap(scale * q.k) + bias) @ v one (batch, head, row) at a time, in Python floats.
 
     q (B, H_q, L, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v); visible and bias
-    are (B, H_q, L, S) or None; sinks (H_q,) or None.
+    are (B, H_q, L, S) or None; sinks (H_q,) or None; cap(s) = softcap *
+    tanh(s / softcap). With with_lse, also log(sum of exp) per row (-inf: no key).
     """
     B, H_q, L, D = q.shape
     _, H_kv, S, D_v = v.shape
     group = H_q // H_kv
     scale = 1 / math.sqrt(D) if scale is None else scale
     out = np.zeros((B, H_q, L, D_v))
+    lse = np.full((B, H_q, L), -math.inf)
     for b in range(B):
         for h in range(H_q):
             g = h // group  # contiguous groups of query heads share one kv head
@@ -34,6 +36,8 @@ def naive_sdpa(q, k, v, scale=None, visible=None, bias=None, sinks=None):
                     if visible is not None and not visible[b, h, i, j]:
                         continue
                     s = scale * sum(float(q[b, h, i, d]) * float(k[b, g, j, d]) for d in range(D))
+                    if softcap is not None:
+                        s = softcap * math.tanh(s / softcap)
                     if bias is not None:
                         s += float(bias[b, h, i, j])
                     logits.append((s, j))
@@ -43,9 +47,10 @@ def naive_sdpa(q, k, v, scale=None, visible=None, bias=None, sinks=None):
                     continue  # sees no key: stays zero
                 weights = [(math.exp(s - top), j) for s, j in logits]
                 total = sum(w for w, _ in weights) + sum(math.exp(s - top) for s in sink)
+                lse[b, h, i] = top + math.log(total)
                 for w, j in weights:
                     out[b, h, i] += (w / total) * v[b, g, j]
-    return out
+    return (out, lse) if with_lse else out
 
 
 def normal(rng, *shapes):
@@ -133,13 +138,6 @@ def test_causal_mask_square_is_lower_triangular():
 def test_causal_mask_dtype(dtype):
     """causal_mask(L, S, dtype).dtype == dtype."""
     assert reference.causal_mask(2, 3, dtype).dtype == dtype
-
-
-def test_causal_mask_is_npattn_causal_mask():
-    """npattn.causal_mask gives the same array as reference.causal_mask."""
-    np.testing.assert_array_equal(npattn.causal_mask(3, 5), reference.causal_mask(3, 5))
-    assert npattn.causal_mask(3, 5).dtype == np.float32
-    assert npattn.causal_mask(3, 5, np.float64).dtype == np.float64
 
 
 @pytest.mark.parametrize("L, S", [(0, 0), (0, 4), (4, 0)])
@@ -373,3 +371,77 @@ def test_mismatched_shapes_raise(shapes):
     q, k, v = (np.ones(s) for s in shapes)
     with pytest.raises(ValueError):
         reference.sdpa(q, k, v)
+
+
+# ---- positions, windows, softcap, log-sum-exp (SPEC section 6) ----
+
+# Hand-written from the rule: query i sits at q_offset + i, key j at k_offset + j;
+# a window (left, right) keeps q_pos - left <= k_pos <= q_pos + right.
+WINDOW_TABLES = [
+    # causal, a sliding window of 2 keys (window=(1, 0)), L = S = 4
+    ("causal", (1, 0), None, 0, 4, 4, [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]),
+    # no mask, a band of one key on each side, L = 3, S = 5 (q_offset S - L = 2)
+    (None, (1, 1), None, 0, 3, 5, [[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]),
+    # causal, keys start at position 2: key j sits at 2 + j; queries at 3, 4, 5
+    ("causal", None, 3, 2, 3, 4, [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]),
+    # causal, queries before every key: rows see nothing
+    ("causal", None, -5, 0, 2, 3, [[0, 0, 0], [0, 0, 0]]),
+    # a window to the right only (look-ahead of 1), no mask
+    (None, (0, 1), 0, 0, 3, 3, [[1, 1, 0], [0, 1, 1], [0, 0, 1]]),
+]
+
+
+@pytest.mark.parametrize("sdpa", list(SDPAS))
+@pytest.mark.parametrize("mask, window, q_offset, k_offset, L, S, table", WINDOW_TABLES)
+def test_window_and_positions_match_hand_written_tables(mask, window, q_offset, k_offset, L, S, table, sdpa):
+    """Visible keys under a window and positions == the table written out by hand, for the
+    reference and npattn alike."""
+    fn, dtype = SDPAS[sdpa]
+    q, k, v = np.zeros((L, 1), dtype), np.zeros((S, 1), dtype), np.eye(S, dtype=dtype)
+    out = fn(q, k, v, mask=mask, window=window, q_offset=q_offset, k_offset=k_offset)
+    np.testing.assert_array_equal((out > 0).astype(int), table)
+    np.testing.assert_array_equal(reference.visible_keys(L, S, mask, window, q_offset, k_offset), np.array(table, bool))
+
+
+@pytest.mark.parametrize("softcap", [None, 0.7, 30.0])
+@pytest.mark.parametrize("case", ["window", "positions", "sinks", "mask"])
+def test_reference_with_positions_softcap_and_lse_equals_naive_loop(rng, case, softcap):
+    """reference.sdpa(..., return_lse=True) == the naive loop, output and lse, with a
+    window, shifted positions, sinks or an additive mask, capped or not."""
+    B, H_q, H_kv, L, S, D, D_v = 2, 4, 2, 5, 7, 3, 2
+    q, k, v = normal(rng, (B, H_q, L, D), (B, H_kv, S, D), (B, H_kv, S, D_v))
+    q, k = 2 * q, 2 * k  # logits of several units, so that the cap matters
+    kwargs, visible, bias, sinks = {"mask": "causal"}, None, None, None
+    q_pos, k_pos = np.arange(L)[:, None] + (S - L), np.arange(S)[None, :]
+    causal = k_pos <= q_pos
+    if case == "window":
+        kwargs["window"] = (2, None)
+        visible = causal & (k_pos >= q_pos - 2)
+    elif case == "positions":
+        kwargs.update(q_offset=10, k_offset=8)  # queries at 10..14, keys at 8..14
+        visible = (k_pos + 8) <= (np.arange(L)[:, None] + 10)
+    elif case == "sinks":
+        kwargs["sinks"] = sinks = np.array([-1.0, 0.5, 3.0, -np.inf])
+        visible = causal
+    else:
+        kwargs["mask"] = bias = np.where(rng.random((B, H_q, L, S)) < 0.7, rng.standard_normal((B, H_q, L, S)), -np.inf)
+        visible = np.isfinite(bias)
+        bias = np.where(visible, bias, 0.0)
+    got, got_lse = reference.sdpa(q, k, v, softcap=softcap, return_lse=True, **kwargs)
+    want, want_lse = naive_sdpa(
+        q, k, v, visible=np.broadcast_to(visible, (B, H_q, L, S)), bias=bias, sinks=sinks, softcap=softcap, with_lse=True
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got_lse, want_lse, rtol=1e-12, atol=1e-14)
+
+
+def test_reference_attention_weights_are_the_softmax(rng):
+    """reference.attention_weights rows are the naive loop's weights: applied to the
+    identity as v they give them back, and they sum to 1 (less with a sink, 0 with no key)."""
+    q, k = normal(rng, (2, 4, 3), (2, 6, 3))
+    weights = reference.attention_weights(q, k, mask="causal", sinks=[0.5, -1.0])
+    want = naive_sdpa(q[None], k[None], np.eye(6)[None, None].repeat(2, 1), sinks=[0.5, -1.0],
+                      visible=np.broadcast_to(np.tril(np.ones((4, 6), bool), 2), (1, 2, 4, 6)))[0]  # fmt: skip
+    np.testing.assert_allclose(weights, want, rtol=1e-12, atol=1e-15)
+    assert (weights.sum(-1) < 1).all()
+    np.testing.assert_array_equal(reference.attention_weights(q, k[:, :0]), np.zeros((2, 4, 0)))

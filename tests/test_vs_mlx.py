@@ -7,16 +7,17 @@ npattn's "causal" is MLX's mask="causal" (both bottom-right); npattn's
 scale= and rank-4 inputs. MLX wants an additive mask and sinks in the inputs'
 dtype ("must promote to output type").
 
-The tolerances are derived in ``parity_tolerances``; after the module, a line
-gives how many parity cases ran per dtype and the largest |npattn - MLX|.
-The whole module skips where mlx is not installed.
+The tolerances are helpers.assert_parity's (npattn.testing's for the peer);
+after the module, a line gives how many parity cases ran per dtype and the
+largest |npattn - MLX|. The whole module skips where mlx is not installed.
 """
 
-import npattn
 import numpy as np
 import pytest
+from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible
+
+import npattn
 from npattn import _interop, reference
-from parity import MASKS, SHAPES, ParityStats
 
 mx = pytest.importorskip("mlx.core")
 mx.set_default_device(mx.cpu)
@@ -26,7 +27,6 @@ DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 # ---- the shapes and masks compared over, and the figures reported after the module ----
 
 STATS = ParityStats(lambda: f"mlx {mx.__version__} (CPU)")
-record = STATS.record
 parity_summary = STATS.fixture()
 
 
@@ -46,17 +46,13 @@ def f64(x):
 
 
 def mask_for(kind, rng, H_q, L, S, dtype):
-    """(npattn mask, MLX mask) for one mask kind.
-
-    Random masks keep, in every row, the key the bottom-right diagonal reaches, so no
-    row is empty (empty rows have their own tests: there MLX differs).
-    """
+    """(npattn mask, MLX mask) for one mask kind; random masks leave no row empty
+    (empty rows have their own tests: there MLX differs)."""
     if kind in ("causal", None):
         return kind, kind
     if kind == "causal_top_left":
         return kind, mx.array(np.tril(np.ones((L, S), bool)))
-    visible = rng.random((H_q, L, S)) < 0.6
-    visible[:, np.arange(L), np.minimum(np.arange(L) + S - L, S - 1)] = True
+    visible = peer_visible(rng, H_q, L, S)
     if kind == "bool":
         return visible, mx.array(visible)
     # additive: (L, S), broadcast over batch and heads; values exact in bfloat16
@@ -74,78 +70,28 @@ def mlx_sdpa(q, k, v, scale=None, mask=None, sinks=None):
     return out
 
 
-def max_logit(q, k, mask, sinks=None):
-    """max |scale * q.k + mask| over visible entries, and |sinks|, in float64."""
-    q, k = f64(q), f64(k)
-    k = np.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
-    m = float(np.abs(q @ np.swapaxes(k, -1, -2)).max(initial=0.0)) * q.shape[-1] ** -0.5
-    if isinstance(mask, np.ndarray) and mask.dtype != bool:
-        m += float(np.abs(mask[np.isfinite(mask)]).max(initial=0.0))
-    if sinks is not None:
-        m = max(m, float(np.abs(f64(sinks)).max()))
-    return m
-
-
-def parity_tolerances(dtype, q, k, v, mask, sinks=None):
-    """((rtol, atol) of npattn vs reference, (rtol, atol) of MLX vs reference).
-
-    float32 on the course's small shapes: the issue's rtol 1e-5 / atol 1e-6 for
-    both. float32 on model shapes (D up to 128): 4 float32 ulps of (1 + m) V, the
-    bound tests/conftest.py derives, with m = max |logit|, V = max |v|; measured:
-    npattn and MLX up to 0.13 of it (0.09 and 0.08 of the small-shape one). For
-    float16 and bfloat16 (eps = that dtype's machine epsilon), with inputs
-    already in that dtype, so exact in float64:
-
-    - npattn computes in float32 tiles and rounds the result once, to nearest:
-      |err| <= ulp(out)/2 <= eps/2 |out|, so rtol = eps/2, plus the float32
-      bound as atol for a value float32 noise tips across a rounding boundary.
-      This asks for a correctly rounded result.
-    - MLX's CPU path composes ops in the input dtype: q * scale and the scores
-      are rounded to it (a logit error up to eps m, which moves the output by up
-      to 2 eps m V), the probabilities are rounded (eps/2 V) and the output is
-      (eps/2 V): (2 m + 1) eps V in all, so atol = 2 eps (1 + m) V. Measured:
-      up to 0.05 of it (0.7 eps V).
-    """
-    m = max_logit(q, k, mask, sinks)
-    V = float(np.abs(f64(v)).max())
-    f32_bound = 4 * np.finfo(np.float32).eps * (1 + m) * V
-    if dtype == mx.float32:
-        return ((1e-5, 1e-6),) * 2 if q.shape[-1] <= 8 else ((0.0, f32_bound),) * 2
-    eps = float(mx.finfo(dtype).eps)
-    return (eps / 2, f32_bound), (0.0, 2 * eps * (1 + m) * V + f32_bound)
-
-
 def check_parity(dtype_name, q, k, v, mask, mlx_mask, sinks=None):
-    """npattn (on the MLX arrays) vs MLX vs reference, within parity_tolerances."""
-    dtype = DTYPES[dtype_name]
+    """npattn (on the MLX arrays) vs MLX vs reference (helpers.assert_parity)."""
     # MLX arrays go straight in; sinks as the same values in float32 (a bfloat16
     # MLX array as sinks: see test_mlx_masks_and_sinks)
     np_sinks = None if sinks is None else np.array(sinks.astype(mx.float32))
     got = npattn.sdpa(q, k, v, mask=mask, sinks=np_sinks)
     want = mlx_sdpa(q, k, v, mask=mlx_mask, sinks=sinks)
-    ref = reference.sdpa(f64(q), f64(k), f64(v), mask=mask, sinks=np_sinks)
-
     assert type(got) is np.ndarray and got.shape == tuple(want.shape)
     assert got.dtype.name == dtype_name
-    got64, want64 = np.asarray(got, np.float64), f64(want)
-    (rtol_n, atol_n), (rtol_m, atol_m) = parity_tolerances(dtype, q, k, v, mask, sinks)
-    np.testing.assert_allclose(got64, ref, rtol=rtol_n, atol=atol_n, err_msg="npattn vs reference")
-    np.testing.assert_allclose(want64, ref, rtol=rtol_m, atol=atol_m, err_msg="mlx vs reference")
-    # hence npattn vs MLX within the sum of the two
-    np.testing.assert_allclose(got64, want64, rtol=rtol_n + rtol_m, atol=atol_n + atol_m, err_msg="npattn vs mlx")
-    record(dtype_name, float(np.abs(got64 - want64).max(initial=0.0)))
+    assert_parity(got, want, q, k, v, mask=mask, sinks=np_sinks, stats=STATS)
 
 
 # ---- parity: course and model shapes, every mask kind, sinks, three dtypes ----
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-@pytest.mark.parametrize("mask_kind", MASKS, ids=str)
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("mask_kind", MASK_KINDS, ids=str)
+@pytest.mark.parametrize("shape", list(PEER_SHAPES))
 def test_sdpa_equals_mlx(rng, shape, mask_kind, dtype_name):
     """npattn.sdpa(q, k, v, mask) == mx.fast.scaled_dot_product_attention with the same
     mask, and both == reference; inputs are MLX arrays of the dtype under test."""
-    batch, H_q, H_kv, L, S, D = SHAPES[shape]
+    batch, H_q, H_kv, L, S, D = PEER_SHAPES[shape]
     q, k, v = arrays(rng, batch, H_q, H_kv, L, S, D, dtype=DTYPES[dtype_name])
     mask, mlx_mask = mask_for(mask_kind, rng, H_q, L, S, DTYPES[dtype_name])
     check_parity(dtype_name, q, k, v, mask, mlx_mask)
@@ -156,7 +102,7 @@ def test_sdpa_equals_mlx(rng, shape, mask_kind, dtype_name):
 @pytest.mark.parametrize("shape", ["course", "qwen2-0.5b-chunked", "qwen3-4b-decode", "gpt2-prefill"])
 def test_sinks_equal_mlx(rng, shape, mask_kind, dtype_name):
     """sinks= (one logit per query head) means the same in both."""
-    batch, H_q, H_kv, L, S, D = SHAPES[shape]
+    batch, H_q, H_kv, L, S, D = PEER_SHAPES[shape]
     dtype = DTYPES[dtype_name]
     q, k, v = arrays(rng, batch, H_q, H_kv, L, S, D, dtype=dtype)
     mask, mlx_mask = mask_for(mask_kind, rng, H_q, L, S, dtype)
@@ -270,7 +216,7 @@ def test_float64_is_float32_accurate_in_mlx_true_double_in_npattn(rng):
     assert want.dtype == got.dtype == np.float64
     assert np.abs(got - ref).max() < 1e-13
     assert 1e-10 < np.abs(want - ref).max() < 1e-5
-    record("float64", float(np.abs(got - want).max()))
+    STATS.record("float64", got, want)
 
 
 # ---- MLX arrays as npattn inputs ----

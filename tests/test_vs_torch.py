@@ -7,18 +7,19 @@ Masks are always passed explicitly, since the defaults differ: npattn's
 "causal_top_left" is PyTorch's ``is_causal=True``. GQA needs
 ``enable_gqa=True`` in PyTorch.
 
-The tolerances are derived in ``parity_tolerances``; after the module, a line
-gives how many parity cases ran per dtype and the largest |npattn - torch|.
-The whole module skips where torch is not installed.
+The tolerances are helpers.assert_parity's (npattn.testing's for the peer);
+after the module, a line gives how many parity cases ran per dtype and the
+largest |npattn - torch|. The whole module skips where torch is not installed.
 """
 
 import warnings
 
-import npattn
 import numpy as np
 import pytest
-from npattn import _interop, reference
-from parity import MASKS, SHAPES, ParityStats
+from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible
+
+import npattn
+from npattn import _interop
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -30,7 +31,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # ---- the shapes and masks compared over, and the figures reported after the module ----
 
 STATS = ParityStats(lambda: f"torch {torch.__version__}")
-record = STATS.record
 parity_summary = STATS.fixture()
 
 
@@ -50,11 +50,8 @@ def f64(t):
 
 
 def mask_for(kind, rng, batch, H_q, L, S, dtype):
-    """(npattn mask, torch keyword arguments) for one mask kind.
-
-    Random masks keep, in every row, the key the bottom-right diagonal reaches, so no
-    row is empty (empty rows have their own tests).
-    """
+    """(npattn mask, torch keyword arguments) for one mask kind; random masks leave no
+    row empty (empty rows have their own tests)."""
     if kind in ("causal", "causal_top_left", None):
         torch_kwargs = {
             "causal": {"attn_mask": causal_lower_right(L, S)},
@@ -62,8 +59,7 @@ def mask_for(kind, rng, batch, H_q, L, S, dtype):
             None: {},
         }[kind]
         return kind, torch_kwargs
-    visible = rng.random((H_q, L, S)) < 0.6
-    visible[:, np.arange(L), np.minimum(np.arange(L) + S - L, S - 1)] = True
+    visible = peer_visible(rng, H_q, L, S)
     if kind == "bool":
         return visible, {"attn_mask": torch.from_numpy(visible)}
     # additive: (*batch, 1, L, S), broadcast over heads; values exact in bfloat16
@@ -80,77 +76,27 @@ def torch_sdpa(q, k, v, scale=None, **kwargs):
     return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa, **kwargs)
 
 
-def max_logit(q, k, mask):
-    """max |scale * q.k + mask| over visible entries, in float64 (GQA by repeat)."""
-    q, k = f64(q), f64(k)
-    k = np.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
-    scores = np.abs(q @ np.swapaxes(k, -1, -2)) * q.shape[-1] ** -0.5
-    bias = 0.0
-    if mask is not None and not isinstance(mask, str):
-        m = np.asarray(mask, dtype=np.float64) if not torch.is_tensor(mask) else f64(mask)
-        bias = np.abs(m[np.isfinite(m)]).max(initial=0.0) if m.dtype != bool else 0.0
-    return float(scores.max(initial=0.0)) + bias
-
-
-def parity_tolerances(dtype, q, k, v, mask):
-    """((rtol, atol) of npattn vs reference, (rtol, atol) of torch vs reference).
-
-    float32 on the course's small shapes: the issue's rtol 1e-5 / atol 1e-6 for
-    both. float32 on model shapes (D up to 128): 4 float32 ulps of (1 + m) V, the
-    bound tests/conftest.py derives, with m = max |logit|, V = max |v|; measured:
-    npattn up to 0.14, PyTorch 0.19 of it (0.13 and 0.17 of the small-shape one). For float16 and bfloat16 (eps = that dtype's
-    machine epsilon), with inputs already in that dtype, so exact in float64:
-
-    - npattn computes in float32 tiles and rounds the result once, to nearest:
-      |err| <= ulp(out)/2 <= eps/2 |out|, so rtol = eps/2, plus that float32
-      bound as atol for a value float32 noise tips across a rounding boundary.
-      This asks for a correctly rounded result; measured: up to 0.99 of it, as
-      a correctly rounded result must come close to half an ulp somewhere.
-    - PyTorch's CPU kernel computes the logits, softmax and sums in float32 too,
-      but rounds the probabilities to the input dtype before P @ V (eps/2 of
-      sum p |v| <= eps/2 V) and then the output (eps/2 |out| <= eps/2 V):
-      atol = eps V plus the float32 bound. Measured: 0.33 of it.
-    """
-    m = max_logit(q, k, mask)
-    V = float(np.abs(f64(v)).max())
-    f32_bound = 4 * np.finfo(np.float32).eps * (1 + m) * V
-    if dtype == torch.float32:
-        return ((1e-5, 1e-6),) * 2 if q.shape[-1] <= 8 else ((0.0, f32_bound),) * 2
-    eps = torch.finfo(dtype).eps
-    return (eps / 2, f32_bound), (0.0, eps * V + f32_bound)
-
-
 # ---- parity: course and model shapes, every mask kind, three dtypes ----
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-@pytest.mark.parametrize("mask_kind", MASKS, ids=str)
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("mask_kind", MASK_KINDS, ids=str)
+@pytest.mark.parametrize("shape", list(PEER_SHAPES))
 def test_sdpa_equals_torch(rng, shape, mask_kind, dtype_name):
     """npattn.sdpa(q, k, v, mask) == F.scaled_dot_product_attention with the same mask,
     and both == reference; inputs are torch tensors of the dtype under test."""
-    batch, H_q, H_kv, L, S, D = SHAPES[shape]
+    batch, H_q, H_kv, L, S, D = PEER_SHAPES[shape]
     dtype = DTYPES[dtype_name]
     q, k, v = tensors(rng, batch, H_q, H_kv, L, S, D, dtype=dtype)
     mask, torch_kwargs = mask_for(mask_kind, rng, batch, H_q, L, S, dtype)
-
     got = npattn.sdpa(q, k, v, mask=mask)  # torch tensors go straight in
     want = torch_sdpa(q, k, v, **torch_kwargs)
-    ref_mask = f64(mask) if torch.is_tensor(mask) else mask
-    ref = reference.sdpa(f64(q), f64(k), f64(v), mask=ref_mask)
-
     assert type(got) is np.ndarray and got.shape == tuple(want.shape)
     assert got.dtype == _interop.asarray(want).dtype  # same dtype as PyTorch's result
-    got64, want64 = np.asarray(got, np.float64), f64(want)
-    (rtol_n, atol_n), (rtol_t, atol_t) = parity_tolerances(dtype, q, k, v, mask)
-    np.testing.assert_allclose(got64, ref, rtol=rtol_n, atol=atol_n, err_msg="npattn vs reference")
-    np.testing.assert_allclose(want64, ref, rtol=rtol_t, atol=atol_t, err_msg="torch vs reference")
-    # hence npattn vs torch within the sum of the two
-    np.testing.assert_allclose(got64, want64, rtol=rtol_n + rtol_t, atol=atol_n + atol_t, err_msg="npattn vs torch")
-    record(dtype_name, float(np.abs(got64 - want64).max(initial=0.0)))
+    assert_parity(got, want, q, k, v, mask=mask, stats=STATS)
 
 
-@pytest.mark.parametrize("mask_kind", MASKS, ids=str)
+@pytest.mark.parametrize("mask_kind", MASK_KINDS, ids=str)
 def test_sdpa_equals_torch_float64(rng, mask_kind):
     """float64: PyTorch computes in double too, so the two agree to ~1e-15."""
     q, k, v = tensors(rng, (2,), 18, 6, 3, 7, 5, dtype=torch.float64)
@@ -159,7 +105,7 @@ def test_sdpa_equals_torch_float64(rng, mask_kind):
     want = torch_sdpa(q, k, v, **torch_kwargs).numpy()
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
-    record("float64", float(np.abs(got - want).max()))
+    STATS.record("float64", got, want)
 
 
 def test_default_scale_agrees_and_default_mask_differs(rng):
@@ -225,8 +171,9 @@ def test_row_that_sees_no_key_is_zero_in_both(rng, path, dtype_name):
     if "rank 3" in path:
         q, k, v = q[0], k[0], v[0]
     bool_mask, add_mask = empty_row_masks(3, 5, np.float32)
-    # the other rows: the float16/bfloat16 bound of parity_tolerances, ~ eps V
-    atol = 2 * torch.finfo(dtype).eps * float(np.abs(f64(v)).max()) + 1e-5
+    # the other rows: a peer's bound for the dtype (npattn.testing.tolerance)
+    atol = npattn.testing.tolerance(q, k, v, mask=None, dtype=np.dtype(dtype_name if dtype_name != "bfloat16" else "float32"))
+    atol = max(atol, 2 * torch.finfo(dtype).eps * float(np.abs(f64(v)).max()))
     for mask, torch_mask in [
         (bool_mask, torch.from_numpy(bool_mask)),
         (add_mask, torch.from_numpy(add_mask).to(dtype)),
@@ -257,7 +204,7 @@ def test_fused_kernel_only_at_rank_4_and_d_v_equal_d(rng):
             got = npattn.sdpa(*args, mask="causal_top_left")
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-            record("float32", float(np.abs(got - want).max()))
+            STATS.record("float32", got, want)
 
 
 def test_torch_has_no_sinks(rng):

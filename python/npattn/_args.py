@@ -55,8 +55,10 @@ def asarray(fn: str, x: Any, name: str) -> np.ndarray:
     """x as a NumPy array, through _interop; a failed conversion names x."""
     try:
         a = _interop.asarray(x, f"{fn}: {name}")
-    except (TypeError, MemoryError, ImportError):
+    except (TypeError, ImportError):
         raise
+    except MemoryError as e:
+        raise MemoryError(f"{fn}: {name} could not be converted to an array: {e}") from e
     except Exception as e:  # ragged lists and the like
         raise ValueError(f"{fn}: {name} could not be converted to an array: {e}") from None
     if is_bfloat16(a.dtype):
@@ -257,7 +259,7 @@ def prepare(
     fn: str, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, threads, has_v: bool = True
 ) -> Problem:
     """Checks and converts the arguments common to sdpa and its relatives."""
-    given = (q, k, v)
+    given = (q, k, v, mask, sinks)  # as the caller gave them: out must overlap none
     q = operand(fn, q, "q")
     k = operand(fn, k, "k")
     v = operand(fn, v, "v") if has_v else None
