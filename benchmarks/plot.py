@@ -1,143 +1,80 @@
-"""Plot benchmarks/bench.py's JSON: ``python benchmarks/plot.py results.json results.png``.
+"""Plots of a benchmark run (bench.py's JSON): model-sized calls as bars, the
+per-call sweep as latency against S on log-log axes.
 
-Three panels, one group of bars per case and one bar per system:
-  1. time relative to npattn (log scale; above 1 means npattn is faster);
-  2. useful GFLOP/s on the prefill cases, with the sgemm ceilings as lines;
-  3. K/V GB/s on the decode cases.
+    python benchmarks/plot.py results.json results.png   # writes results.png and results-per-call.png
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-COLORS = {
-    "npattn": "#d62728",
-    "numpy": "#7f7f7f",
-    "torch": "#ee7733",
-    "mlx": "#33bbee",
-    "jax": "#009988",
-}
-LABELS = {
-    "npattn": "npattn",
-    "numpy": "NumPy formula",
-    "torch": "PyTorch",
-    "mlx": "MLX",
-    "jax": "JAX",
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import case_results  # noqa: E402
+from systems import LABELS  # noqa: E402
+
+COLORS = {"npattn": "#d62728", "numpy": "#1f77b4", "torch": "#ff7f0e", "mlx": "#2ca02c", "jax": "#9467bd"}
 
 
-def short(entry: dict) -> str:
-    c = entry["case"]
-    shape = f"L=S={c['L']}" if c["L"] == c["S"] else f"L={c['L']}\nS={c['S']}"
-    text = f"{c['model']}\n{shape}"
-    if c["B"] != 1:
-        text += f" B={c['B']}"
-    if c["one_thread"]:
-        text += "\n1 thread"
-    return text
-
-
-def bars(ax, entries: list[dict], systems: list[str], value) -> None:
-    """Grouped bars: value(result_dict) per system per case; missing -> no bar."""
-    width = 0.8 / len(systems)
-    for i, s in enumerate(systems):
-        xs, ys = [], []
-        for x, e in enumerate(entries):
-            r = e["results"].get(s, {})
-            y = value(r) if r.get("status") == "ok" else None
-            if y is not None:
-                xs.append(x + (i - (len(systems) - 1) / 2) * width)
-                ys.append(y)
-        ax.bar(xs, ys, width, color=COLORS[s])
-    ax.set_xticks(range(len(entries)), [short(e) for e in entries], fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
-
-
-def plot(data: dict, path: str) -> None:
+def plot(data: dict, path: str) -> list[str]:
+    """Writes `path` (model-sized calls) and `<path>-per-call.png` (the sweep); returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    systems = data["systems"]
-    timed = [
-        e
-        for e in data["cases"]
-        if e["case"]["timed"] and e["results"].get("npattn", {}).get("status") == "ok"
-    ]
-    prefill = [e for e in timed if e["case"]["L"] > 1]
-    decode = [e for e in timed if e["case"]["L"] == 1]
-    fig, axes = plt.subplots(
-        3,
-        1,
-        figsize=(max(8, 1.1 * len(timed) + 2), 12),
-        gridspec_kw={"height_ratios": [1.2, 1, 0.8]},
-    )
-    p = data["provenance"]
-    fig.suptitle(
-        f"npattn {p['versions']['npattn']} ({p['git_commit'][:10]}) vs CPU peers, float32, "
-        f"{data['settings']['threads']} threads — {p['cpu_model']}",
-        fontsize=10,
-    )
-
-    ax = axes[0]
-    peers = [s for s in systems if s != "npattn"]
-    if peers:
-        bars(ax, timed, peers, lambda r: r.get("ratio_to_npattn"))
-    ax.set_yscale("log")
-    ratios = [
-        e["results"][s]["ratio_to_npattn"]
-        for e in timed
-        for s in peers
-        if "ratio_to_npattn" in e["results"].get(s, {})
-    ]
-    if ratios:
-        ax.set_ylim(min(0.5, 0.7 * min(ratios)), 1.5 * max(ratios))
-    ax.axhline(1.0, color=COLORS["npattn"], lw=1.5)
-    ax.set_ylabel("peer's time / npattn's time\n(> 1: npattn faster)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[s]) for s in systems]
-    fig.legend(
-        handles,
-        [LABELS[s] for s in systems],
-        loc="upper center",
-        ncol=len(systems),
-        bbox_to_anchor=(0.5, 0.965),
-        fontsize=9,
-        frameon=False,
-    )
-
-    ax = axes[1]
+    written = []
+    systems = data["settings"]["systems"]
+    prefill = [(case, res) for suite, case, res, _ in case_results(data) if suite == "prefill"]
     if prefill:
-        bars(ax, prefill, systems, lambda r: r["gflops"])
-        styles = ["--", ":"]
-        for (t, c), style in zip(
-            sorted(data["ceiling"].items(), key=lambda kv: -int(kv[0])), styles, strict=False
-        ):
-            ax.axhline(
-                c["gflops"],
-                color="black",
-                ls=style,
-                lw=1,
-                label=f"sgemm ceiling, {t} thread{'s' * (t != '1')}",
-            )
-        ax.set_yscale("log")
-        ax.set_ylim(top=4 * max(c["gflops"] for c in data["ceiling"].values()))
-        ax.legend(fontsize=8, loc="upper left", ncol=2)
-    ax.set_ylabel("useful GFLOP/s\n(visible pairs only)")
-
-    ax = axes[2]
-    if decode:
-        bars(ax, decode, systems, lambda r: r.get("kv_gbs"))
-    ax.set_ylabel("decode: K/V GB/s")
-
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        fig, ax = plt.subplots(figsize=(11, 5))
+        width = 0.8 / len(systems)
+        for i, name in enumerate(systems):
+            xs, ys = [], []
+            for x, (case, res) in enumerate(prefill):
+                r = res.get(name)
+                if r and r.get("status") == "ok":
+                    xs.append(x + (i - len(systems) / 2 + 0.5) * width)
+                    ys.append(case.flops / (r["ms"] / 1e3) / 1e9)
+            ax.bar(xs, ys, width, label=LABELS[name], color=COLORS[name])
+        ax.set_xticks(range(len(prefill)))
+        ax.set_xticklabels([c.label.replace(" prefill", "\nprefill").replace(" decode", "\ndecode") for c, _ in prefill],
+                           rotation=30, ha="right", fontsize=7)  # fmt: skip
+        ax.set_ylabel("useful GFLOP/s (higher is better)")
+        ax.set_title(f"Model-sized attention, float32, {data['settings']['threads']} threads")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    sweep = [(case, res) for suite, case, res, _ in case_results(data) if suite == "per-call" and case.decode]
+    if sweep:
+        base = os.path.splitext(path)[0] + "-per-call.png"
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+        for ax, model in zip(axes, ("Qwen2-0.5B", "Qwen3-4B")):
+            rows = sorted(((c, r) for c, r in sweep if c.model == model), key=lambda cr: cr[0].S)
+            for name in systems:
+                pts = [(c.S, r[name]["ms"] * 1e3) for c, r in rows if r.get(name, {}).get("status") == "ok"]
+                if pts:
+                    ax.plot(*zip(*pts), "o-", ms=3, label=LABELS[name], color=COLORS[name])
+            h_q, h_kv, D = rows[0][0].heads if rows else (0, 0, 0)
+            ax.set_title(f"{model} decode ({h_q}/{h_kv} heads, D={D})", fontsize=10)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("keys S")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel("µs per call (lower is better)")
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"One call per layer per token: latency, float32, {data['settings']['threads']} threads", fontsize=11)
+        fig.tight_layout()
+        fig.savefig(base, dpi=110)
+        plt.close(fig)
+        written.append(base)
+    return written
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__.split("\n")[0])
     with open(sys.argv[1]) as f:
-        plot(json.load(f), sys.argv[2])
+        print("\n".join(plot(json.load(f), sys.argv[2])))

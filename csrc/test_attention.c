@@ -1,7 +1,11 @@
-/* test_attention.c: the core alone, no Python, against a naive loop.
+/* test_attention.c: the forward pass of the core alone, no Python, against a
+ * naive loop in long double: every mask, the band of positions and windows,
+ * softcap, sinks, lse and weights, in float64, float32, float16 and
+ * bfloat16, under every kernel table this CPU runs; allocation failure at
+ * each allocation, cancellation, the pool's three ways of running, extremes
+ * recomputed in double, the conversions, and problems that break a rule.
  *
- *   cc -fsanitize=address,undefined -g -Icsrc csrc/test_attention.c \
- *      csrc/attention.c csrc/pool.c csrc/kernels.c -lopenblas -lpthread -lm
+ *   make -C csrc test            (see csrc/Makefile; SAN=1 for the sanitizers)
  *
  * Prints one line per failure and a final "N passed, N failed" line; exits
  * nonzero on any failure.
@@ -12,7 +16,7 @@
 #include <string.h>
 
 #include "attention.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 static int n_pass, n_fail;
 
@@ -33,54 +37,86 @@ static double uniform(void) { /* xorshift64, in [-1, 1) */
     return (double)(rng >> 11) / (double)(1ull << 52) - 1.0;
 }
 
-/* The formula, one row at a time, in long double; contiguous (B, H, N, W). */
-static void naive(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t D, int64_t Dv,
-                  const double *q, const double *k, const double *v, double scale,
-                  enum npattn_mask_kind kind, const uint8_t *bmask, const double *sinks, double *out) {
+enum mask { MASK_NONE, MASK_BOOL, MASK_ADD };
+
+struct case_ {
+    int64_t B, Hq, Hkv, L, S, D, Dv;
+    int causal;
+    int64_t wl, wr;      /* window, NPATTN_UNBOUNDED for none */
+    int64_t q_offset;    /* INT64_MIN: bottom-right (S - L) */
+    int64_t k_offset;
+    enum mask mask;
+    double softcap;
+    int sinks;
+    int threads;
+};
+
+/* The formula, one row at a time, in long double; contiguous (B, H, N, W) arrays;
+ * also lse (B, H, L) and the weights (B, H, L, S). */
+static void naive(const struct case_ *c, const double *q, const double *k, const double *v, const uint8_t *bmask,
+                  const double *amask, const double *sinks, double *out, double *lse, double *weights) {
+    const int64_t L = c->L, S = c->S, D = c->D, Dv = c->Dv;
+    const int64_t qo = c->q_offset == INT64_MIN ? S - L : c->q_offset;
     long double *w = malloc(sizeof *w * (size_t)(S > 0 ? S : 1));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hq; h++)
+    int *vis = malloc(sizeof *vis * (size_t)(S > 0 ? S : 1));
+    const long double scale = 1.0L / sqrtl((long double)D);
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->Hq; h++)
             for (int64_t i = 0; i < L; i++) {
-                int64_t g = h / (Hq / Hkv);
-                const double *qi = q + ((b * Hq + h) * L + i) * D;
+                int64_t g = h / (c->Hq / c->Hkv);
+                const double *qi = q + ((b * c->Hq + h) * L + i) * D;
                 long double mx = sinks ? sinks[h] : -INFINITY;
                 for (int64_t j = 0; j < S; j++) {
-                    int vis = 1;
-                    if (kind == NPATTN_MASK_CAUSAL) vis = j <= i + (S - L);
-                    if (kind == NPATTN_MASK_CAUSAL_TOP_LEFT) vis = j <= i;
-                    if (kind == NPATTN_MASK_BOOL) vis = bmask[(h * L + i) * S + j];
+                    long double qp = (long double)qo + i, kp = (long double)c->k_offset + j;
+                    vis[j] = 1;
+                    if (c->causal) vis[j] &= kp <= qp;
+                    if (c->wl != NPATTN_UNBOUNDED) vis[j] &= kp >= qp - c->wl;
+                    if (c->wr != NPATTN_UNBOUNDED) vis[j] &= kp <= qp + c->wr;
+                    if (c->mask == MASK_BOOL) vis[j] &= bmask[(h * L + i) * S + j] != 0;
+                    if (c->mask == MASK_ADD) vis[j] &= amask[(h * L + i) * S + j] != -INFINITY;
                     long double s = 0;
-                    for (int64_t d = 0; d < D; d++) s += (long double)qi[d] * k[((b * Hkv + g) * S + j) * D + d];
-                    w[j] = vis ? s * scale : -INFINITY;
+                    for (int64_t d = 0; d < D; d++) s += (long double)qi[d] * k[((b * c->Hkv + g) * S + j) * D + d];
+                    s *= scale;
+                    if (c->softcap > 0) s = c->softcap * tanhl(s / c->softcap);
+                    if (c->mask == MASK_ADD && vis[j]) s += amask[(h * L + i) * S + j];
+                    w[j] = vis[j] ? s : -INFINITY;
                     if (w[j] > mx) mx = w[j];
                 }
                 long double den = sinks ? expl(sinks[h] - mx) : 0;
                 for (int64_t j = 0; j < S; j++) {
-                    w[j] = w[j] == -INFINITY ? 0 : expl(w[j] - mx);
+                    w[j] = vis[j] ? expl(w[j] - mx) : 0;
                     den += w[j];
                 }
-                double *o = out + ((b * Hq + h) * L + i) * Dv;
+                int64_t row = (b * c->Hq + h) * L + i;
+                lse[row] = den > 0 ? (double)(mx + logl(den)) : -INFINITY;
+                for (int64_t j = 0; j < S; j++) weights[row * S + j] = den > 0 ? (double)(w[j] / den) : 0.0;
                 for (int64_t e = 0; e < Dv; e++) {
                     long double acc = 0;
-                    for (int64_t j = 0; j < S; j++) acc += w[j] * v[((b * Hkv + g) * S + j) * Dv + e];
-                    o[e] = den > 0 ? (double)(acc / den) : 0.0;
+                    for (int64_t j = 0; j < S; j++) acc += w[j] * v[((b * c->Hkv + g) * S + j) * Dv + e];
+                    out[row * Dv + e] = den > 0 ? (double)(acc / den) : 0.0;
                 }
             }
     free(w);
+    free(vis);
 }
 
-struct case_ {
-    int64_t B, Hq, Hkv, L, S, D, Dv;
-    enum npattn_mask_kind kind;
-    int with_sinks;
-    int threads;
+/* A contiguous (B, H, N, W) tensor of dtype; batch stride points at bstr. */
+static struct npattn_tensor tensor(void *data, enum npattn_dtype dt, int64_t *bstr, int64_t B, int64_t H, int64_t N,
+                                   int64_t W) {
+    struct npattn_tensor t = {data, dt, bstr, N * W, W, 1};
+    bstr[0] = B > 1 ? H * N * W : 0;
+    return t;
+}
+
+struct buffers {
+    int64_t bs[7];
+    void *q, *k, *v, *out, *lse, *weights, *mask;
 };
 
-static void fill_problem(struct npattn_problem *p, const struct case_ *c, enum npattn_dtype dt,
-                         const void *q, const void *k, const void *v, void *out, const uint8_t *bmask,
-                         const double *sinks, const int64_t *bshape, const int64_t bstr[5][1]) {
+static void fill_problem(struct npattn_problem *p, const struct case_ *c, enum npattn_dtype dt, struct buffers *x,
+                         const double *sinks, int64_t *bshape) {
     memset(p, 0, sizeof *p);
-    p->dtype = dt;
+    bshape[0] = c->B;
     p->n_batch_dim = 1;
     p->batch_shape = bshape;
     p->n_head_q = c->Hq;
@@ -89,113 +125,159 @@ static void fill_problem(struct npattn_problem *p, const struct case_ *c, enum n
     p->n_key = c->S;
     p->n_embd_k = c->D;
     p->n_embd_v = c->Dv;
-    p->q = q;
-    p->q_batch_stride = bstr[0];
-    p->q_head_stride = c->L * c->D;
-    p->q_row_stride = c->D;
-    p->q_col_stride = 1;
-    p->k = k;
-    p->k_batch_stride = bstr[1];
-    p->k_head_stride = c->S * c->D;
-    p->k_row_stride = c->D;
-    p->v = v;
-    p->v_batch_stride = bstr[2];
-    p->v_head_stride = c->S * c->Dv;
-    p->v_row_stride = c->Dv;
-    p->out = out;
-    p->out_batch_stride = bstr[3];
-    p->out_head_stride = c->L * c->Dv;
-    p->out_row_stride = c->Dv;
-    p->out_col_stride = 1;
+    p->q = tensor(x->q, dt, &x->bs[0], c->B, c->Hq, c->L, c->D);
+    p->k = tensor(x->k, dt, &x->bs[1], c->B, c->Hkv, c->S, c->D);
+    p->v = tensor(x->v, dt, &x->bs[2], c->B, c->Hkv, c->S, c->Dv);
+    p->out = tensor(x->out, dt, &x->bs[3], c->B, c->Hq, c->L, c->Dv);
+    enum npattn_dtype wide = dt == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    p->lse = tensor(x->lse, wide, &x->bs[4], c->B, c->Hq, c->L, 1);
+    p->weights = tensor(x->weights, dt, &x->bs[5], c->B, c->Hq, c->L, c->S);
     p->scale = 1.0 / sqrt((double)c->D);
-    p->mask_kind = c->kind;
-    p->mask = bmask;
-    p->mask_batch_stride = bstr[4]; /* the bool mask is shared by the batch: stride 0 */
-    p->mask_head_stride = c->L * c->S;
-    p->mask_row_stride = c->S;
-    p->mask_col_stride = 1;
+    p->softcap = c->softcap;
+    p->causal = c->causal;
+    p->q_offset = c->q_offset == INT64_MIN ? c->S - c->L : c->q_offset;
+    p->k_offset = c->k_offset;
+    p->window_left = c->wl;
+    p->window_right = c->wr;
+    p->mask_kind = c->mask == MASK_BOOL ? NPATTN_MASK_BOOL : c->mask == MASK_ADD ? NPATTN_MASK_ADD : NPATTN_MASK_NONE;
+    p->mask = tensor(x->mask, NPATTN_DTYPE_F64, &x->bs[6], c->B, c->Hq, c->L, c->S);
+    x->bs[6] = 0; /* the mask is shared by the batch */
     p->sinks = sinks;
     p->n_threads = c->threads;
 }
 
-static void run_case(const struct case_ *c) {
-    int64_t nq = c->B * c->Hq * c->L * c->D, nk = c->B * c->Hkv * c->S * c->D;
-    int64_t nv = c->B * c->Hkv * c->S * c->Dv, no = c->B * c->Hq * c->L * c->Dv;
-    int64_t nm = c->Hq * c->L * c->S;
-    double *q = malloc(8 * (size_t)(nq + 1)), *k = malloc(8 * (size_t)(nk + 1));
-    double *v = malloc(8 * (size_t)(nv + 1)), *want = malloc(8 * (size_t)(no + 1));
-    double *got = malloc(8 * (size_t)(no + 1)), sinks[64];
-    float *qf = malloc(4 * (size_t)(nq + 1)), *kf = malloc(4 * (size_t)(nk + 1));
-    float *vf = malloc(4 * (size_t)(nv + 1)), *gotf = malloc(4 * (size_t)(no + 1));
-    uint8_t *bmask = malloc((size_t)nm + 1);
-    for (int64_t i = 0; i < nq; i++) qf[i] = (float)(q[i] = uniform() * 2);
-    for (int64_t i = 0; i < nk; i++) kf[i] = (float)(k[i] = uniform() * 2);
-    for (int64_t i = 0; i < nv; i++) vf[i] = (float)(v[i] = uniform());
-    for (int64_t i = 0; i < nm; i++) bmask[i] = uniform() > -0.3;  /* about 35% hidden */
-    for (int i = 0; i < 64; i++) sinks[i] = uniform() * 3;
-    const double *sk = c->with_sinks ? sinks : NULL;
-    naive(c->B, c->Hq, c->Hkv, c->L, c->S, c->D, c->Dv, q, k, v, 1.0 / sqrt((double)c->D), c->kind, bmask, sk,
-          want);
-
-    int64_t bshape[1] = {c->B};
-    int64_t bstr[5][1] = {{c->Hq * c->L * c->D}, {c->Hkv * c->S * c->D}, {c->Hkv * c->S * c->Dv},
-                          {c->Hq * c->L * c->Dv}, {0}};
-    struct npattn_problem p;
-    char what[256];
-    snprintf(what, sizeof what, "B=%lld Hq=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld mask=%d sinks=%d threads=%d",
-             (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->L, (long long)c->S,
-             (long long)c->D, (long long)c->Dv, (int)c->kind, c->with_sinks, c->threads);
-
-    /* float64: the long double loop and dgemm agree to rounding */
-    fill_problem(&p, c, NPATTN_DTYPE_F64, q, k, v, got, bmask, sk, bshape, bstr);
-    enum npattn_status st = npattn_sdpa(&p);
+static double max_err(const double *want, const double *got, int64_t n, int lse) {
     double err = 0;
-    for (int64_t i = 0; i < no; i++) err = fmax(err, fabs(got[i] - want[i]));
-    expect(st == NPATTN_STATUS_OK && err < 1e-12, what);
-
-    /* float32: inputs are exact in float, so error is float rounding only */
-    fill_problem(&p, c, NPATTN_DTYPE_F32, qf, kf, vf, gotf, bmask, sk, bshape, bstr);
-    st = npattn_sdpa(&p);
-    err = 0;
-    for (int64_t i = 0; i < no; i++) err = fmax(err, fabs(gotf[i] - want[i]));
-    expect(st == NPATTN_STATUS_OK && err < 2e-5, what);
-
-    /* float16 and bfloat16: the naive loop on the rounded inputs; the result
-     * is rounded once more (2^-11 and 2^-8 relative), |out| <= max|v| <= 1 */
-    static const enum npattn_dtype halves[2] = {NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
-    static const double half_tol[2] = {1.5e-3, 1.2e-2};
-    uint16_t *qh = malloc(2 * (size_t)(nq + 1)), *kh = malloc(2 * (size_t)(nk + 1));
-    uint16_t *vh = malloc(2 * (size_t)(nv + 1)), *oh = malloc(2 * (size_t)(no + 1));
-    float *tmp = malloc(4 * (size_t)(nq + nk + nv + no + 1));
-    for (int t = 0; t < 2; t++) {
-        npattn_row_from_f32(halves[t], qf, nq, qh, 1);
-        npattn_row_from_f32(halves[t], kf, nk, kh, 1);
-        npattn_row_from_f32(halves[t], vf, nv, vh, 1);
-        npattn_row_to_f32(halves[t], qh, 1, nq, tmp);
-        for (int64_t i = 0; i < nq; i++) q[i] = tmp[i];
-        npattn_row_to_f32(halves[t], kh, 1, nk, tmp);
-        for (int64_t i = 0; i < nk; i++) k[i] = tmp[i];
-        npattn_row_to_f32(halves[t], vh, 1, nv, tmp);
-        for (int64_t i = 0; i < nv; i++) v[i] = tmp[i];
-        naive(c->B, c->Hq, c->Hkv, c->L, c->S, c->D, c->Dv, q, k, v, 1.0 / sqrt((double)c->D), c->kind, bmask,
-              sk, want);
-        fill_problem(&p, c, halves[t], qh, kh, vh, oh, bmask, sk, bshape, bstr);
-        st = npattn_sdpa(&p);
-        npattn_row_to_f32(halves[t], oh, 1, no, tmp);
-        err = 0;
-        for (int64_t i = 0; i < no; i++) err = fmax(err, fabs(tmp[i] - want[i]));
-        expect(st == NPATTN_STATUS_OK && err < half_tol[t], what);
+    for (int64_t i = 0; i < n; i++) {
+        if (lse && isinf(want[i])) {
+            if (want[i] != got[i]) err = INFINITY;
+            continue;
+        }
+        double e = fabs(got[i] - want[i]);
+        err = e > err || e != e ? e : err;
     }
-    free(qh), free(kh), free(vh), free(oh), free(tmp);
+    return err;
+}
 
-    /* allocation failure is a status, not a crash (sanitizers watch for leaks) */
-    npattn_debug_fail_alloc_after(0);
-    st = npattn_sdpa(&p);
-    npattn_debug_fail_alloc_after(-1);
-    int empty = c->B * c->Hq * c->L * c->Dv == 0;
-    expect(empty ? st == NPATTN_STATUS_OK : st == NPATTN_STATUS_NO_MEMORY, "allocation failure");
+/* dst[i] = src[i] of dtype dt as double. */
+static void to_double(enum npattn_dtype dt, const void *src, int64_t n, double *dst) {
+    float *tmp = malloc(sizeof *tmp * (size_t)(n + 1));
+    if (dt == NPATTN_DTYPE_F64) memcpy(dst, src, sizeof *dst * (size_t)n);
+    else npattn_load_f32(dt, src, 1, n, tmp);
+    if (dt != NPATTN_DTYPE_F64)
+        for (int64_t i = 0; i < n; i++) dst[i] = tmp[i];
+    free(tmp);
+}
 
-    free(q), free(k), free(v), free(want), free(got), free(qf), free(kf), free(vf), free(gotf), free(bmask);
+/* src of doubles stored as dtype dt, and rounded back: the values the core sees. */
+static void from_double(enum npattn_dtype dt, double *src, int64_t n, void *dst) {
+    if (dt == NPATTN_DTYPE_F64) {
+        memcpy(dst, src, sizeof *src * (size_t)n);
+        return;
+    }
+    float *tmp = malloc(sizeof *tmp * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) tmp[i] = (float)src[i];
+    npattn_store_f32(dt, tmp, n, dst, 1);
+    free(tmp);
+    to_double(dt, dst, n, src);
+}
+
+static void run_case(const struct case_ *c, const char *table) {
+    const int64_t nq = c->B * c->Hq * c->L * c->D, nk = c->B * c->Hkv * c->S * c->D;
+    const int64_t nv = c->B * c->Hkv * c->S * c->Dv, no = c->B * c->Hq * c->L * c->Dv;
+    const int64_t nl = c->B * c->Hq * c->L, nw = nl * c->S, nm = c->Hq * c->L * c->S;
+    double *q = malloc(8 * (size_t)(nq + 1)), *k = malloc(8 * (size_t)(nk + 1)), *v = malloc(8 * (size_t)(nv + 1));
+    double *want = malloc(8 * (size_t)(no + 1)), *want_lse = malloc(8 * (size_t)(nl + 1));
+    double *want_w = malloc(8 * (size_t)(nw + 1)), *got = malloc(8 * (size_t)(no + nw + 1));
+    double *amask = malloc(8 * (size_t)(nm + 1)), sinks[64];
+    uint8_t *bmask = malloc((size_t)nm + 1);
+    struct buffers x;
+    x.q = malloc(8 * (size_t)(nq + 1)), x.k = malloc(8 * (size_t)(nk + 1)), x.v = malloc(8 * (size_t)(nv + 1));
+    x.out = malloc(8 * (size_t)(no + 1)), x.lse = malloc(8 * (size_t)(nl + 1)), x.weights = malloc(8 * (size_t)(nw + 1));
+    x.mask = c->mask == MASK_BOOL ? (void *)bmask : (void *)amask;
+    for (int64_t i = 0; i < nm; i++) {
+        bmask[i] = uniform() > -0.3; /* about 35% hidden */
+        amask[i] = bmask[i] ? uniform() * 2 : -INFINITY;
+    }
+    for (int i = 0; i < 64; i++) sinks[i] = uniform() * 3;
+    const double *sk = c->sinks ? sinks : NULL;
+    char what[320];
+    snprintf(what, sizeof what,
+             "%s B=%lld Hq=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld causal=%d window=(%lld,%lld) offsets=(%lld,%lld) "
+             "mask=%d softcap=%g sinks=%d threads=%d",
+             table, (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->L, (long long)c->S,
+             (long long)c->D, (long long)c->Dv, c->causal, (long long)c->wl, (long long)c->wr, (long long)c->q_offset,
+             (long long)c->k_offset, (int)c->mask, c->softcap, c->sinks, c->threads);
+
+    /* float64 is the naive loop to double rounding; float32, float16 and
+     * bfloat16 see the inputs rounded to them, compute in float, and round
+     * the result once more (2^-11 and 2^-8 relative, |out| <= max|v| <= 1) */
+    static const enum npattn_dtype dts[4] = {NPATTN_DTYPE_F64, NPATTN_DTYPE_F32, NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
+    static const double tol[4] = {1e-12, 2e-5, 1.5e-3, 1.2e-2};
+    static const char *names[4] = {"float64", "float32", "float16", "bfloat16"};
+    for (int t = 0; t < 4; t++) {
+        for (int64_t i = 0; i < nq; i++) q[i] = uniform() * 2;
+        for (int64_t i = 0; i < nk; i++) k[i] = uniform() * 2;
+        for (int64_t i = 0; i < nv; i++) v[i] = uniform();
+        from_double(dts[t], q, nq, x.q);
+        from_double(dts[t], k, nk, x.k);
+        from_double(dts[t], v, nv, x.v);
+        naive(c, q, k, v, bmask, amask, sk, want, want_lse, want_w);
+        struct npattn_problem p;
+        int64_t bshape[1];
+        fill_problem(&p, c, dts[t], &x, sk, bshape);
+        enum npattn_status st = npattn_sdpa(&p);
+        to_double(dts[t], x.out, no, got);
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s %s: out", what, names[t]);
+        expect(st == NPATTN_STATUS_OK && max_err(want, got, no, 0) < tol[t], msg);
+        to_double(dts[t] == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32, x.lse, nl, got);
+        snprintf(msg, sizeof msg, "%s %s: lse", what, names[t]);
+        expect(max_err(want_lse, got, nl, 1) < (t == 0 ? 1e-12 : 2e-5 * 16), msg);
+        if (t < 2) { /* the weights, with no output at all */
+            p.n_embd_v = 0;
+            p.lse.data = NULL;
+            st = npattn_sdpa(&p);
+            to_double(dts[t], x.weights, nw, got);
+            snprintf(msg, sizeof msg, "%s %s: weights", what, names[t]);
+            expect(st == NPATTN_STATUS_OK && max_err(want_w, got, nw, 0) < tol[t], msg);
+        }
+    }
+    free(q), free(k), free(v), free(want), free(want_lse), free(want_w), free(got), free(amask), free(bmask);
+    free(x.q), free(x.k), free(x.v), free(x.out), free(x.lse), free(x.weights);
+}
+
+/* Allocation failure at each allocation in turn is NO_MEMORY, then the call
+ * succeeds with exactly enough; the sanitizers watch for leaks. */
+static void test_allocation_failure(const struct case_ *c, enum npattn_dtype dt, double value) {
+    const int64_t nq = c->B * c->Hq * c->L * c->D, nk = c->B * c->Hkv * c->S * c->D;
+    const int64_t nv = c->B * c->Hkv * c->S * c->Dv, no = c->B * c->Hq * c->L * c->Dv;
+    struct buffers x;
+    memset(&x, 0, sizeof x);
+    x.q = calloc((size_t)nq + 1, 8), x.k = calloc((size_t)nk + 1, 8), x.v = malloc(8 * (size_t)(nv + 1));
+    x.out = malloc(8 * (size_t)(no + 1)), x.lse = malloc(8 * (size_t)(c->B * c->Hq * c->L + 1));
+    for (int64_t i = 0; i < nv; i++) {
+        if (dt == NPATTN_DTYPE_F64) ((double *)x.v)[i] = value;
+        else ((float *)x.v)[i] = (float)value;
+    }
+    struct npattn_problem p;
+    int64_t bshape[1];
+    fill_problem(&p, c, dt, &x, NULL, bshape);
+    p.weights.data = NULL;
+    int n = 0;
+    enum npattn_status st = NPATTN_STATUS_NO_MEMORY;
+    for (; n < 10 && st == NPATTN_STATUS_NO_MEMORY; n++) {
+        npattn_debug_fail_alloc_after(n);
+        st = npattn_sdpa(&p);
+        npattn_debug_fail_alloc_after(-1);
+    }
+    char msg[200];
+    snprintf(msg, sizeof msg, "allocation failure S=%lld dt=%d value=%g: NO_MEMORY until the %dth, then OK",
+             (long long)c->S, (int)dt, value, n);
+    expect(st == NPATTN_STATUS_OK && n >= 2, msg);
+    double first = dt == NPATTN_DTYPE_F64 ? ((double *)x.out)[0] : ((float *)x.out)[0];
+    expect(first == (dt == NPATTN_DTYPE_F64 ? value : (double)(float)value), "allocation failure: then the right answer");
+    free(x.q), free(x.k), free(x.v), free(x.out), free(x.lse);
 }
 
 static int cancel_now(void *arg) {
@@ -204,20 +286,72 @@ static int cancel_now(void *arg) {
 }
 
 static void test_cancel(void) {
-    /* a call long enough to be polled stops with CANCELLED */
-    struct case_ c = {1, 8, 2, 1024, 1024, 64, 64, NPATTN_MASK_NONE, 0, 2};
-    size_t nq = 8 * 1024 * 64, nk = 2 * 1024 * 64;
-    float *q = calloc(nq, 4), *k = calloc(nk, 4), *v = calloc(nk, 4), *o = calloc(nq, 4);
-    int64_t bshape[1] = {1}, bstr[5][1] = {{0}, {0}, {0}, {0}, {0}};
+    /* a call long enough to be polled (several seconds) stops with CANCELLED */
+    struct case_ c = {1, 8, 2, 4096, 4096, 64, 64, 0, NPATTN_UNBOUNDED, NPATTN_UNBOUNDED, INT64_MIN, 0, MASK_NONE, 0, 0, 2};
+    struct buffers x;
+    x.q = calloc(8 * 4096 * 64, 4), x.k = calloc(2 * 4096 * 64, 4), x.v = calloc(2 * 4096 * 64, 4);
+    x.out = calloc(8 * 4096 * 64, 4), x.lse = x.weights = x.mask = NULL;
     struct npattn_problem p;
-    fill_problem(&p, &c, NPATTN_DTYPE_F32, q, k, v, o, NULL, NULL, bshape, bstr);
+    int64_t bshape[1];
+    fill_problem(&p, &c, NPATTN_DTYPE_F32, &x, NULL, bshape);
     int polls = 0;
     p.cancel = cancel_now;
     p.cancel_arg = &polls;
     enum npattn_status st = npattn_sdpa(&p);
-    /* the call may finish before the first poll on a fast machine */
-    expect(st == NPATTN_STATUS_CANCELLED || (st == NPATTN_STATUS_OK && polls == 0), "cancel");
-    free(q), free(k), free(v), free(o);
+    expect(st == NPATTN_STATUS_CANCELLED && polls == 1, "cancel: one poll stops the call");
+    free(x.q), free(x.k), free(x.v), free(x.out);
+}
+
+static void test_pool_modes(void) {
+    /* the same plan whoever runs it: caller alone (1), helpers for any work (2) */
+    struct case_ c = {2, 8, 2, 150, 300, 32, 32, 1, 40, NPATTN_UNBOUNDED, INT64_MIN, 0, MASK_NONE, 0, 1, 2};
+    const int64_t nq = 2 * 8 * 150 * 32, nk = 2 * 2 * 300 * 32;
+    struct buffers x;
+    x.q = malloc(4 * nq), x.k = malloc(4 * nk), x.v = malloc(4 * nk), x.lse = x.weights = x.mask = NULL;
+    for (int64_t i = 0; i < nq; i++) ((float *)x.q)[i] = (float)uniform();
+    for (int64_t i = 0; i < nk; i++) ((float *)x.k)[i] = (float)uniform(), ((float *)x.v)[i] = (float)uniform();
+    float *outs[3];
+    double sinks[8] = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+    for (int mode = 0; mode < 3; mode++) {
+        x.out = outs[mode] = malloc(4 * nq);
+        struct npattn_problem p;
+        int64_t bshape[1];
+        fill_problem(&p, &c, NPATTN_DTYPE_F32, &x, sinks, bshape);
+        npattn_debug_pool_mode(mode);
+        expect(npattn_sdpa(&p) == NPATTN_STATUS_OK, "pool mode: OK");
+        npattn_debug_pool_mode(0);
+    }
+    expect(!memcmp(outs[0], outs[1], 4 * nq) && !memcmp(outs[0], outs[2], 4 * nq), "pool modes: bitwise equal");
+    for (int mode = 0; mode < 3; mode++) free(outs[mode]);
+    free(x.q), free(x.k), free(x.v);
+}
+
+static void test_extremes(void) {
+    /* finite float32 inputs whose exact result is representable give it:
+     * a sink of 3e38 takes all the weight (0); five values of 1e38, whose
+     * sum overflows float, average to 1e38 */
+    float q[2 * 4] = {0}, k[5 * 4] = {0}, v[5 * 2], out[2 * 2 * 2];
+    for (int i = 0; i < 10; i++) v[i] = 1e38f;
+    double sinks[2] = {3e38, -INFINITY};
+    int64_t bshape[1] = {1}, bs[7] = {0};
+    struct npattn_problem p;
+    memset(&p, 0, sizeof p);
+    p.n_batch_dim = 1, p.batch_shape = bshape, p.n_head_q = 2, p.n_head_kv = 1, p.n_query = 1, p.n_key = 5;
+    p.n_embd_k = 4, p.n_embd_v = 2, p.scale = 1.0, p.n_threads = 1;
+    p.q = (struct npattn_tensor){q, NPATTN_DTYPE_F32, bs, 4, 4, 1};
+    p.k = (struct npattn_tensor){k, NPATTN_DTYPE_F32, bs, 20, 4, 1};
+    p.v = (struct npattn_tensor){v, NPATTN_DTYPE_F32, bs, 10, 2, 1};
+    p.out = (struct npattn_tensor){out, NPATTN_DTYPE_F32, bs, 2, 2, 1};
+    p.sinks = sinks;
+    p.window_left = p.window_right = NPATTN_UNBOUNDED;
+    static const char *tables[] = {"portable", "avx2", "avx512", "neon"};
+    for (int t = 0; t < 4; t++) {
+        if (npattn_kernels_force(tables[t]) != 0) continue;
+        expect(npattn_sdpa(&p) == NPATTN_STATUS_OK, "extremes: OK");
+        expect(out[0] == 0 && out[1] == 0, "extremes: a sink of 3e38 leaves 0");
+        expect(out[2] == 1e38f && out[3] == 1e38f, "extremes: values of 1e38 average to 1e38");
+    }
+    npattn_kernels_force("");
 }
 
 static void test_conversions(void) {
@@ -227,68 +361,109 @@ static void test_conversions(void) {
     const uint16_t f16[] = {0x3C00, 0xC100, 0x7BFF, 0x7C00, 0x0000, 0x0001, 0x0000, 0x3C00, 0x3C01, 0x4200};
     const uint16_t bf16[] = {0x3F80, 0xC020, 0x4780, 0x4780, 0x322C, 0x3380, 0x3300, 0x3F80, 0x3F80, 0x4040};
     uint16_t got[10];
-    npattn_row_from_f32(NPATTN_DTYPE_F16, in, 10, got, 1);
+    npattn_store_f32(NPATTN_DTYPE_F16, in, 10, got, 1);
     expect(memcmp(got, f16, sizeof got) == 0, "float32 -> float16 rounding");
-    npattn_row_from_f32(NPATTN_DTYPE_BF16, in, 10, got, 1);
+    npattn_store_f32(NPATTN_DTYPE_BF16, in, 10, got, 1);
     expect(memcmp(got, bf16, sizeof got) == 0, "float32 -> bfloat16 rounding");
     float back[10];
-    npattn_row_to_f32(NPATTN_DTYPE_F16, f16, 1, 10, back);
+    npattn_load_f32(NPATTN_DTYPE_F16, f16, 1, 10, back);
     expect(back[1] == -2.5f && back[2] == 65504.0f && isinf(back[3]) && back[5] == 5.9604645e-8f, "float16 -> float32");
+    double wide[3] = {1e300, -1e300, -INFINITY};
+    npattn_load_f32(NPATTN_DTYPE_F64, wide, 1, 3, back);
+    expect(back[0] == 3.4028234663852886e38f && back[1] == -3.4028234663852886e38f && back[2] == -INFINITY,
+           "float64 -> float32 keeps finite values finite");
 }
 
 static void test_invalid(void) {
-    struct case_ c = {1, 5, 2, 3, 5, 8, 8, NPATTN_MASK_NONE, 0, 1};
-    float buf[1024] = {0};
-    int64_t bshape[1] = {1}, bstr[5][1] = {{0}, {0}, {0}, {0}, {0}};
+    struct case_ c = {1, 4, 2, 3, 5, 8, 8, 0, NPATTN_UNBOUNDED, NPATTN_UNBOUNDED, INT64_MIN, 0, MASK_NONE, 0, 0, 1};
+    float buf[4096];
+    memset(buf, 0, sizeof buf);
+    struct buffers x = {{0}, buf, buf + 1024, buf + 2048, buf + 3072, NULL, NULL, NULL};
     struct npattn_problem p;
-    fill_problem(&p, &c, NPATTN_DTYPE_F32, buf, buf, buf, buf, NULL, NULL, bshape, bstr);
-    expect(npattn_sdpa(&p) == NPATTN_STATUS_INVALID, "heads not a multiple");
-    c.Hq = 4;
-    fill_problem(&p, &c, NPATTN_DTYPE_F32, buf, buf, buf, buf, NULL, NULL, bshape, bstr);
-    p.k_row_stride = 4; /* shorter than a row */
-    expect(npattn_sdpa(&p) == NPATTN_STATUS_INVALID, "k row stride below D");
-    fill_problem(&p, &c, NPATTN_DTYPE_F32, buf, buf, buf, buf, NULL, NULL, bshape, bstr);
-    p.n_embd_k = (int64_t)1 << 40;
-    expect(npattn_sdpa(&p) == NPATTN_STATUS_TOO_LARGE, "D beyond INT_MAX");
-    fill_problem(&p, &c, NPATTN_DTYPE_F32, buf, buf, buf, buf, NULL, NULL, bshape, bstr);
-    p.scale = NAN;
-    expect(npattn_sdpa(&p) == NPATTN_STATUS_INVALID, "NaN scale");
+    int64_t bshape[1];
+#define INVALID(what, change, status)                                 \
+    do {                                                              \
+        fill_problem(&p, &c, NPATTN_DTYPE_F32, &x, NULL, bshape);     \
+        p.lse.data = p.weights.data = NULL;                           \
+        change;                                                       \
+        expect(npattn_sdpa(&p) == (status), "invalid: " what);        \
+    } while (0)
+    INVALID("a valid problem is OK", (void)0, NPATTN_STATUS_OK);
+    INVALID("heads not a multiple", p.n_head_q = 5, NPATTN_STATUS_INVALID);
+    INVALID("no kv head", p.n_head_kv = 0, NPATTN_STATUS_INVALID);
+    INVALID("D = 0", p.n_embd_k = 0, NPATTN_STATUS_INVALID);
+    INVALID("D beyond INT_MAX", p.n_embd_k = (int64_t)1 << 40, NPATTN_STATUS_TOO_LARGE);
+    INVALID("NaN scale", p.scale = NAN, NPATTN_STATUS_INVALID);
+    INVALID("infinite scale", p.scale = INFINITY, NPATTN_STATUS_INVALID);
+    INVALID("negative softcap", p.softcap = -1, NPATTN_STATUS_INVALID);
+    INVALID("NaN softcap", p.softcap = NAN, NPATTN_STATUS_INVALID);
+    INVALID("window below -1", p.window_left = -2, NPATTN_STATUS_INVALID);
+    INVALID("negative threads", p.n_threads = -1, NPATTN_STATUS_INVALID);
+    INVALID("unknown mask kind", p.mask_kind = (enum npattn_mask_kind)7, NPATTN_STATUS_INVALID);
+    INVALID("unknown dtype", p.q.dtype = (enum npattn_dtype)9, NPATTN_STATUS_INVALID);
+    INVALID("lse of float16", (p.lse.data = buf + 3500, p.lse.dtype = NPATTN_DTYPE_F16), NPATTN_STATUS_INVALID);
+    INVALID("no q data", p.q.data = NULL, NPATTN_STATUS_INVALID);
+    INVALID("no batch strides", p.k.batch_stride = NULL, NPATTN_STATUS_INVALID);
+    INVALID("negative batch size", bshape[0] = -1, NPATTN_STATUS_INVALID);
+    INVALID("out overlapping q", p.out.data = buf + 10, NPATTN_STATUS_INVALID);
+    INVALID("out overlapping v", p.out.data = buf + 2048 + 60, NPATTN_STATUS_INVALID);
+    INVALID("out overlapping itself", p.out.head_stride = 0, NPATTN_STATUS_INVALID);
+    INVALID("out overlapping sinks", (p.sinks = (const double *)(buf + 3072), p.out.data = buf + 3072),
+            NPATTN_STATUS_INVALID);
+    INVALID("strides that overflow", p.k.row_stride = INT64_MAX / 2, NPATTN_STATUS_INVALID);
+    INVALID("empty (L = 0) is OK with no data", (p.n_query = 0, p.q.data = NULL), NPATTN_STATUS_OK);
+#undef INVALID
     expect(npattn_sdpa(NULL) == NPATTN_STATUS_INVALID, "NULL problem");
     expect(strlen(npattn_status_string((enum npattn_status)99)) > 0, "status string");
 }
 
 int main(void) {
+    const int64_t U = NPATTN_UNBOUNDED, BR = INT64_MIN;
     static const struct case_ cases[] = {
-        {2, 18, 6, 3, 7, 5, 5, NPATTN_MASK_CAUSAL, 0, 1},
-        {2, 18, 6, 3, 7, 5, 5, NPATTN_MASK_CAUSAL_TOP_LEFT, 0, 2},
-        {2, 18, 6, 7, 3, 5, 4, NPATTN_MASK_CAUSAL, 0, 3},
-        {1, 4, 1, 1, 300, 16, 9, NPATTN_MASK_CAUSAL, 1, 2},
-        {1, 4, 2, 70, 300, 16, 16, NPATTN_MASK_BOOL, 1, 2},
-        {3, 6, 3, 130, 130, 8, 8, NPATTN_MASK_CAUSAL, 0, 8},
-        {1, 3, 3, 5, 260, 4, 6, NPATTN_MASK_NONE, 0, 2},
-        {1, 2, 1, 4, 0, 4, 4, NPATTN_MASK_NONE, 1, 1},
-        {1, 2, 1, 4, 0, 4, 4, NPATTN_MASK_CAUSAL, 0, 1},
-        {0, 2, 1, 4, 5, 4, 4, NPATTN_MASK_NONE, 0, 1},
-        {1, 2, 1, 4, 5, 4, 0, NPATTN_MASK_NONE, 0, 1},
-        {1, 600, 1, 2, 40, 4, 4, NPATTN_MASK_CAUSAL, 0, 2},
+        /* B Hq Hkv L S D Dv causal wl wr q_offset k_offset mask softcap sinks threads */
+        {2, 18, 6, 3, 7, 5, 5, 1, U, U, BR, 0, MASK_NONE, 0, 0, 1},    /* the course, causal */
+        {2, 18, 6, 3, 7, 5, 5, 1, U, U, 0, 0, MASK_NONE, 0, 0, 2},     /* top-left */
+        {2, 18, 6, 7, 3, 5, 4, 1, U, U, BR, 0, MASK_NONE, 0, 0, 3},    /* L > S: rows with no key */
+        {1, 4, 1, 1, 300, 16, 9, 1, U, U, BR, 0, MASK_NONE, 0, 1, 2},  /* decode, streamed */
+        {1, 4, 2, 70, 300, 16, 16, 0, U, U, BR, 0, MASK_BOOL, 0, 1, 2},
+        {1, 4, 2, 40, 90, 16, 12, 0, U, U, BR, 0, MASK_ADD, 3.0, 0, 2},
+        {3, 6, 3, 130, 130, 8, 8, 1, U, U, BR, 0, MASK_NONE, 0, 0, 8},
+        {1, 3, 3, 5, 260, 4, 6, 0, U, U, BR, 0, MASK_NONE, 0, 0, 2},
+        {1, 2, 1, 4, 0, 4, 4, 0, U, U, BR, 0, MASK_NONE, 0, 1, 1},     /* S = 0 with sinks */
+        {0, 2, 1, 4, 5, 4, 4, 0, U, U, BR, 0, MASK_NONE, 0, 0, 1},     /* B = 0 */
+        {1, 600, 1, 2, 40, 4, 4, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
+        /* windows and positions */
+        {1, 4, 2, 100, 100, 16, 16, 1, 9, 0, BR, 0, MASK_NONE, 0, 0, 2},
+        {1, 4, 2, 33, 200, 8, 8, 0, 5, 5, BR, 0, MASK_BOOL, 0, 1, 3},
+        {2, 4, 4, 20, 50, 8, 8, 1, U, U, 40, 35, MASK_NONE, 0.5, 0, 2},
+        {1, 2, 1, 10, 30, 8, 8, 1, U, U, -4, 0, MASK_ADD, 0, 1, 1},
+        {1, 2, 1, 1, 5000, 8, 8, 1, 511, 0, BR, 0, MASK_NONE, 0, 0, 2}, /* decode with a window */
+        {1, 2, 1, 6, 9, 8, 8, 0, 0, U, INT64_MAX - 3, INT64_MIN + 7, MASK_NONE, 0, 0, 1}, /* saturation */
         /* few units, many keys: split-K, merged by log-sum-exp */
-        {1, 4, 1, 1, 2500, 16, 8, NPATTN_MASK_CAUSAL, 1, 2},
-        {1, 4, 1, 2, 4100, 8, 8, NPATTN_MASK_BOOL, 0, 3},
-        {1, 2, 2, 1, 2100, 8, 8, NPATTN_MASK_NONE, 1, 5},
+        {1, 4, 1, 1, 40000, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 1, 2},
+        {1, 4, 1, 2, 12000, 8, 8, 0, U, U, BR, 0, MASK_BOOL, 0, 0, 3},
         /* wide rows: fewer keys per tile */
-        {1, 2, 1, 9, 40, 300, 200, NPATTN_MASK_CAUSAL, 0, 2},
+        {1, 2, 1, 9, 40, 300, 200, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
     };
-    /* every case under every kernel variant this CPU can run */
-    static const char *variants[] = {"portable", "avx2", "avx512"};
-    for (int w = 0; w < 3; w++) {
-        if (npattn_simd_force(variants[w]) != 0) {
-            printf("skipped: the %s kernels (this CPU cannot run them)\n", variants[w]);
+    /* every case under every kernel table this CPU can run */
+    static const char *tables[] = {"portable", "avx2", "avx512", "neon"};
+    for (int t = 0; t < 4; t++) {
+        if (npattn_kernels_force(tables[t]) != 0) {
+            printf("skipped: the %s kernels (this CPU cannot run them)\n", tables[t]);
             continue;
         }
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], tables[t]);
     }
-    npattn_simd_force("");
+    npattn_kernels_force("");
+    static const struct case_ small = {1, 2, 1, 40, 50, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 0, 1};
+    static const struct case_ split = {1, 2, 1, 1, 60000, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2};
+    test_allocation_failure(&small, NPATTN_DTYPE_F64, 0.5);
+    test_allocation_failure(&small, NPATTN_DTYPE_F32, 0.5);
+    test_allocation_failure(&small, NPATTN_DTYPE_F32, 1e38); /* redone in double: one more */
+    test_allocation_failure(&split, NPATTN_DTYPE_F32, 0.5);
     test_cancel();
+    test_pool_modes();
+    test_extremes();
     test_conversions();
     test_invalid();
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -19,7 +19,7 @@ import pytest
 import npattn
 from npattn import _core, reference, testing
 
-OWN_ULPS = {"float32": 4, "float64": 64}
+OWN_ULPS = testing.OWN_ULPS
 KERNELS = ["portable", "avx2", "avx512", "neon"]
 
 # ---- inputs ----

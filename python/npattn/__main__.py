@@ -1,10 +1,11 @@
 """``python -m npattn``: check this build against the reference, then time it.
 
 First, npattn.sdpa is compared with npattn.reference.sdpa (pure NumPy, float64)
-on the course's shape, grouped-query prefill, decode, every mask kind, float32
-and float64, sinks and strided inputs: one line per check. Then a short table
-times npattn against the tutorial's NumPy formula in float32 on model-sized
-shapes.
+on the course's shape, grouped-query prefill, decode, every mask kind, a
+window, softcap, lse, float32 and float64, sinks and strided inputs: one line
+per check, within the tolerance npattn's own tests use (npattn.testing).
+Then a short table times npattn against the tutorial's NumPy formula
+(npattn.reference.formula) in float32 on model-sized shapes.
 
 Exit status: 0 when every check passes, 1 otherwise.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -22,36 +24,7 @@ from functools import partial
 import numpy as np
 
 import npattn
-from npattn import reference
-
-# A check's tolerance, in units of the result dtype's epsilon per unit of logit
-# and of max|v|. A logit s = scale * q.k (+ mask) is off by a few ulps of |s|;
-# softmax turns a logit error e into a relative weight error of about e, and the
-# output, a convex combination of v's rows, moves by about 2 e max|v| plus a few
-# ulps of max|v| from the weighted sum. The logit bound below (Cauchy-Schwarz)
-# is loose by 3-4x on random data, so a correct build passes with a wide margin,
-# while a real bug (wrong mask, wrong head, lost sink) is off by 1e-3 or more.
-ULPS = {np.dtype(np.float32): 8, np.dtype(np.float64): 64}
-
-
-def tolerance(q, k, v, scale, mask, sinks) -> float:
-    """Absolute tolerance for sdpa(q, k, v, scale, mask, sinks=sinks); see ULPS."""
-    dtype = np.result_type(q, k, v)
-    factor = abs(q.shape[-1] ** -0.5 if scale is None else scale)
-
-    def row_norm(x):
-        return float(np.sqrt((np.asarray(x, np.float64) ** 2).sum(-1)).max()) if x.size else 0.0
-
-    def finite_max(x):
-        if x is None or isinstance(x, str) or np.asarray(x).dtype == bool:
-            return 0.0
-        x = np.asarray(x, np.float64)
-        x = x[np.isfinite(x)]
-        return float(np.abs(x).max()) if x.size else 0.0
-
-    logit = factor * row_norm(q) * row_norm(k) + finite_max(mask) + finite_max(sinks)
-    v_size = finite_max(v) or 1.0
-    return ULPS[np.dtype(dtype)] * float(np.finfo(dtype).eps) * (1.0 + logit) * v_size
+from npattn import reference, testing
 
 
 def checks(rng: np.random.Generator) -> Iterator[tuple[str, tuple, dict]]:
@@ -60,8 +33,7 @@ def checks(rng: np.random.Generator) -> Iterator[tuple[str, tuple, dict]]:
     def qkv(batch, h_q, h_kv, L, S, D, D_v=None, dtype=np.float32):
         D_v = D if D_v is None else D_v
         return tuple(
-            rng.standard_normal((*batch, *shape)).astype(dtype)
-            for shape in ((h_q, L, D), (h_kv, S, D), (h_kv, S, D_v))
+            rng.standard_normal((*batch, *shape)).astype(dtype) for shape in ((h_q, L, D), (h_kv, S, D), (h_kv, S, D_v))
         )
 
     course = {"batch": (2,), "h_q": 18, "h_kv": 6, "L": 3, "S": 7, "D": 5}
@@ -88,6 +60,9 @@ def checks(rng: np.random.Generator) -> Iterator[tuple[str, tuple, dict]]:
     yield "sinks, 8/2/32 L=S=50", qkv((2,), 8, 2, 50, 50, 32), {"sinks": sinks}
     yield "sinks, float64, decode S=77", qkv((), 8, 2, 1, 77, 32, **f64), {"sinks": sinks}
     yield "D_v=24 != D=40, causal", qkv((3,), 6, 3, 20, 33, 40, D_v=24), {}
+    yield "sliding window 64, Qwen2 heads, L=S=300", qkv((), 14, 2, 300, 300, 64), {"window": (63, 0)}
+    yield "softcap 30, decode S=500", qkv((), 8, 2, 1, 500, 64), {"softcap": 30.0}
+    yield "keys 100.. of 300, q_offset/k_offset", qkv((), 8, 2, 40, 200, 32), {"q_offset": 260, "k_offset": 100}
 
     # Models store (B, L, H, D); npattn reads the (B, H, L, D) views in place.
     L, S = 17, 65
@@ -104,43 +79,28 @@ def run_checks() -> bool:
     all_ok = True
     print("checks against npattn.reference (float64 NumPy):")
     for name, (q, k, v), kwargs in checks(rng):
-        f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
-        expected_dtype = np.result_type(q, k, v)
+        dtype = np.result_type(q, k, v)
         try:
             got = npattn.sdpa(q, k, v, **kwargs)
-            want = reference.sdpa(*f64, **kwargs)
-            if got.shape != want.shape or got.dtype != expected_dtype:
-                raise AssertionError(
-                    f"got {got.dtype} {got.shape}, expected {expected_dtype} {want.shape}"
-                )
+            want = reference.sdpa(*(np.asarray(x, np.float64) for x in (q, k, v)), **kwargs)
+            if got.shape != want.shape or got.dtype != dtype:
+                raise AssertionError(f"got {got.dtype} {got.shape}, expected {dtype} {want.shape}")
             err = float(np.abs(got.astype(np.float64) - want).max()) if got.size else 0.0
             if np.isnan(got).any() != np.isnan(want).any():
                 err = float("nan")
         except Exception as exc:  # noqa: BLE001 -- a check that raises fails; the rest still run
-            print(f"  {name:<44} FAIL  {type(exc).__name__}: {exc}")
+            print(f"  {name:<46} FAIL  {type(exc).__name__}: {exc}")
             all_ok = False
             continue
-        tol = tolerance(q, k, v, kwargs.get("scale"), kwargs.get("mask"), kwargs.get("sinks"))
+        bound = {key: kwargs.get(key) for key in ("scale", "mask", "sinks", "softcap")}
+        tol = testing.tolerance(q, k, v, dtype=dtype, ulps=testing.OWN_ULPS[dtype.name], **bound)
         ok = err <= tol  # False for NaN
         all_ok &= ok
-        print(f"  {name:<44} max|err| {err:8.1e}  tol {tol:7.1e}  {'ok' if ok else 'FAIL'}")
+        print(f"  {name:<46} max|err| {err:8.1e}  tol {tol:7.1e}  {'ok' if ok else 'FAIL'}")
     return all_ok
 
 
-def numpy_sdpa(q, k, v, scale, mask):
-    """The tutorial's formula in NumPy: scores, scale, mask, softmax, @ v; GQA by reshape."""
-    *batch, h_q, L, D = q.shape
-    h_kv = k.shape[-3]
-    q = q.reshape(*batch, h_kv, h_q // h_kv, L, D)  # query head h reads kv head h // (h_q // h_kv)
-    scores = q @ k[..., None, :, :].swapaxes(-1, -2) * np.float32(scale)
-    if mask is not None:
-        scores = scores + mask
-    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    scores /= scores.sum(axis=-1, keepdims=True)
-    return (scores @ v[..., None, :, :]).reshape(*batch, h_q, L, v.shape[-1])
-
-
-def median_ms(fn: Callable[[], object], repeats: int = 3) -> float:
+def median_ms(fn: Callable[[], object], repeats: int = 5) -> float:
     """Median wall time of fn() in milliseconds, after one warm-up call."""
     fn()
     times = []
@@ -148,35 +108,35 @@ def median_ms(fn: Callable[[], object], repeats: int = 3) -> float:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[len(times) // 2]
+    return 1e3 * statistics.median(times)
 
 
 def run_speed() -> bool:
     """Print the speed table; True unless npattn raised."""
     rng = np.random.default_rng(0)
     cases = [
-        # name, (H_q, H_kv, D), L, S, causal
-        ("Qwen3-4B 32/8/128 prefill L=S=1024", (32, 8, 128), 1024, 1024, True),
-        ("Qwen2-0.5B 14/2/64 prefill L=S=2048", (14, 2, 64), 2048, 2048, True),
-        ("32/8/128 decode L=1 S=8192", (32, 8, 128), 1, 8192, False),
+        # name, (H_q, H_kv, D), L, S
+        ("Qwen3-4B 32/8/128 prefill L=S=1024", (32, 8, 128), 1024, 1024),
+        ("Qwen2-0.5B 14/2/64 prefill L=S=2048", (14, 2, 64), 2048, 2048),
+        ("32/8/128 decode L=1 S=8192", (32, 8, 128), 1, 8192),
+        ("14/2/64 decode L=1 S=512", (14, 2, 64), 1, 512),
     ]
-    print("\nspeed, float32, batch 1, median of 3 after a warm-up:")
+    print("\nspeed, float32, batch 1, causal, median of 5 after a warm-up:")
     print(f"  {'case':<38} {'npattn ms':>10} {'numpy ms':>10} {'speedup':>8}")
     ok = True
-    for name, (h_q, h_kv, D), L, S, causal in cases:
+    for name, (h_q, h_kv, D), L, S in cases:
         q = rng.standard_normal((1, h_q, L, D), dtype=np.float32)
         k = rng.standard_normal((1, h_kv, S, D), dtype=np.float32)
         v = rng.standard_normal((1, h_kv, S, D), dtype=np.float32)
-        scale = D**-0.5
         try:
-            ours = median_ms(partial(npattn.sdpa, q, k, v, scale, "causal" if causal else None))
+            ours = median_ms(partial(npattn.sdpa, q, k, v))
         except Exception as exc:  # noqa: BLE001 -- report it in the table, fail the run
             print(f"  {name:<38} FAIL  {type(exc).__name__}: {exc}")
             ok = False
             continue
-        mask = npattn.causal_mask(L, S, np.float32) if causal and L > 1 else None
-        theirs = median_ms(partial(numpy_sdpa, q, k, v, scale, mask))
-        print(f"  {name:<38} {ours:10.1f} {theirs:10.1f} {theirs / ours:7.1f}x")
+        mask = npattn.causal_mask(L, S, np.float32) if L > 1 else None
+        theirs = median_ms(partial(reference.formula, q, k, v, mask=mask))
+        print(f"  {name:<38} {ours:10.3f} {theirs:10.3f} {theirs / ours:7.1f}x")
     return ok
 
 
@@ -185,17 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-speed", action="store_true", help="run the checks only")
     args = parser.parse_args(argv)
 
-    python = platform.python_version()
-    print(f"npattn {npattn.__version__}, NumPy {np.__version__}, Python {python}")
     from npattn import _core
 
-    if hasattr(_core, "blas_info"):
-        print(f"BLAS: {_core.blas_info()}")
+    print(f"npattn {npattn.__version__}, NumPy {np.__version__}, Python {platform.python_version()}")
+    print(f"BLAS: {_core.blas_info()}; kernels: {_core.simd()}")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = os.environ.get("NPATTN_NUM_THREADS", "(unset)")
-    print(f"CPUs available: {cpus}, NPATTN_NUM_THREADS={threads}")
-    print()
-
+    print(f"CPUs available: {cpus}, NPATTN_NUM_THREADS={os.environ.get('NPATTN_NUM_THREADS', '(unset)')}\n")
     ok = run_checks()
     if not args.no_speed:
         ok &= run_speed()

@@ -40,7 +40,7 @@ import numpy as np
 
 from ._args import result_dtype
 
-__all__ = ["causal_mask", "sdpa", "attention_weights"]
+__all__ = ["causal_mask", "sdpa", "attention_weights", "formula"]
 
 MASK_STRINGS = ("causal", "causal_top_left")
 
@@ -245,3 +245,24 @@ def attention_weights(
     weights, _, (B, H_q, L, S) = _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset)
     weights = weights.reshape(*B, H_q, L, S)
     return (weights[0] if all_rank_2 else weights).astype(dtype)
+
+
+def formula(q, k, v, scale=None, mask=None):
+    """The tutorial's formula as a NumPy user writes it, in the inputs' dtype:
+    scores, scale, mask, softmax, weighted sum; GQA by reshape. ``mask`` is an
+    additive array (``causal_mask(L, S)``) or None.
+
+    Unlike ``sdpa`` above it computes in the inputs' dtype and materialises
+    every score, and a row that sees no key comes out NaN: this is the
+    baseline ``python -m npattn`` and the benchmarks time npattn against.
+    """
+    *batch, h_q, L, D = q.shape
+    h_kv = k.shape[-3]
+    scale = D**-0.5 if scale is None else scale
+    q = q.reshape(*batch, h_kv, h_q // h_kv, L, D)  # query head h reads kv head h // (h_q // h_kv)
+    scores = q @ k[..., None, :, :].swapaxes(-1, -2) * q.dtype.type(scale)
+    if mask is not None:
+        scores = scores + mask
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return (scores @ v[..., None, :, :]).reshape(*batch, h_q, L, v.shape[-1])

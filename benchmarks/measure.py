@@ -1,0 +1,256 @@
+"""How the benchmark measures: threads pinned before anything is imported,
+warm-up then median of repeated calls, the sgemm ceiling through npattn's own
+OpenBLAS, the memory's streaming-read bandwidth, peak memory in a fresh
+process, and a model's decode loop."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import glob
+import math
+import os
+import statistics
+import threading
+import time
+from functools import partial
+from typing import Callable
+
+import numpy as np
+from cases import DECODE_LOOP, MODELS, Case
+from systems import SYSTEMS
+
+MiB, GiB = 2**20, 2**30
+
+
+def pin_process(threads: int) -> list[int]:
+    """Restrict this process to `threads` CPUs and set the thread environment
+    variables, before numpy, torch, mlx or jax sizes its pools."""
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    os.sched_setaffinity(0, cpus)
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    if threads == 1:  # XLA's CPU client has no runtime knob; these make it single-threaded
+        flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
+    return cpus
+
+
+def npattn_dir() -> str:
+    import npattn._core
+
+    return os.path.dirname(os.path.abspath(npattn._core.__file__))
+
+
+def limit_blas_pools(threads: int) -> list[dict]:
+    """Limit NumPy's BLAS and any other BLAS/OpenMP pool (threadpoolctl) to `threads`,
+    except the OpenBLAS npattn carries, which npattn runs single-threaded inside its own
+    pool; returns threadpoolctl's view, or [] without it."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return []  # OPENBLAS_NUM_THREADS, set before numpy was imported, still holds
+    ours = npattn_dir()
+    controller = ThreadpoolController()
+    for lib in controller.lib_controllers:
+        if not os.path.abspath(lib.filepath).startswith(ours + os.sep):
+            lib.set_num_threads(threads)
+    return [lib.info() for lib in controller.lib_controllers]
+
+
+def time_calls(call: Callable, warmup: int = 1, repeats: int = 5, min_time: float = 0.5, max_calls: int = 2000) -> dict:
+    """Warm up, then time at least `repeats` calls, more (up to max_calls) until
+    `min_time` seconds are measured; the median and all the times, in ms."""
+    for _ in range(max(warmup, 1)):
+        call()
+    times: list[float] = []
+    while len(times) < repeats or (sum(times) < min_time and len(times) < max_calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    ms = [1e3 * t for t in times]
+    return {"ms": statistics.median(ms), "min_ms": min(ms), "runs": len(ms), "times_ms": ms if len(ms) <= 50 else []}
+
+
+class OpenBLAS:
+    """The OpenBLAS library npattn's extension loaded, opened again with ctypes."""
+
+    def __init__(self) -> None:
+        from npattn import _core
+
+        info = _core.blas_info()
+        if info.startswith("scipy"):  # the bundled scipy-openblas32: prefixed names
+            paths = sorted(glob.glob(os.path.join(npattn_dir(), "libscipy_openblas*")))
+            prefix = "scipy_"
+        else:  # a system OpenBLAS build: find the library in this process's mappings
+            with open("/proc/self/maps") as f:
+                mapped = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+            paths = sorted(p for p in mapped if os.path.basename(p).startswith("libopenblas"))
+            prefix = ""
+        if not paths:
+            raise RuntimeError(f"cannot find the OpenBLAS library npattn uses ({info})")
+        self.path = paths[0]
+        lib = ctypes.CDLL(self.path)
+        self.sgemm = getattr(lib, prefix + "cblas_sgemm")
+        self.sgemm.restype = None
+        self.sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                    ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+        self.set_num_threads = getattr(lib, prefix + "openblas_set_num_threads")
+        self.set_num_threads.argtypes = [ctypes.c_int]
+
+    def gflops(self, n: int, threads: int) -> dict:
+        """Median GFLOP/s of C = A @ B, all (n, n) float32, on `threads` threads.
+        OpenBLAS is left single-threaded afterwards, as npattn runs it."""
+        rng = np.random.default_rng(1)
+        a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+        c = np.zeros((n, n), np.float32)
+        row_major, no_trans = 101, 111
+        call = partial(self.sgemm, row_major, no_trans, no_trans, n, n, n, 1.0, a.ctypes.data, n, b.ctypes.data, n,
+                       0.0, c.ctypes.data, n)  # fmt: skip
+        self.set_num_threads(threads)
+        try:
+            t = time_calls(call, repeats=5, min_time=0.0)
+        finally:
+            self.set_num_threads(1)
+        return {"n": n, "threads": threads, "ms": t["ms"], "gflops": 2 * n**3 / (t["ms"] / 1e3) / 1e9}
+
+
+def read_bandwidth(threads: int, gib: float = 1.0) -> dict:
+    """The memory's streaming-read bandwidth: np.maximum.reduce over 1 GiB of float32
+    (far beyond the caches), one part per thread, each part in its own Python thread
+    (NumPy releases the GIL in the loop); median of 5."""
+    a = np.ones(int(gib * GiB) // 4, np.float32)
+    parts = np.array_split(a, threads)
+    times = []
+    for _ in range(6):
+        workers = [threading.Thread(target=np.maximum.reduce, args=(p,)) for p in parts]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times[1:])
+    return {"threads": threads, "gbs": a.nbytes / seconds / 1e9, "bytes": a.nbytes}
+
+
+def inputs(case: Case, seed: int = 0) -> tuple:
+    """q (B, H_q, L, D), k and v (B, H_kv, S, D), float32 N(0, 1)."""
+    h_q, h_kv, D = case.heads
+    rng = np.random.default_rng(seed)
+    shapes = ((case.B, h_q, case.L, D), (case.B, h_kv, case.S, D), (case.B, h_kv, case.S, D))
+    return tuple(rng.standard_normal(s, dtype=np.float32) for s in shapes)
+
+
+def time_case(system_name: str, case: Case, threads: int, min_time: float) -> tuple[dict, np.ndarray]:
+    """One system on one case: its timing and its result (as NumPy, for the check)."""
+    system = SYSTEMS[system_name]
+    q, k, v = (system.native(x) for x in inputs(case))
+    if case.backward:
+        forward, backward = system.backward(threads)
+        out, saved = forward(q, k, v)
+        dout = system.native(np.random.default_rng(1).standard_normal(tuple(out.shape), dtype=np.float32))
+        if system_name == "npattn":
+            call = partial(backward, dout, q, k, v, out, saved)
+        else:
+
+            def call():  # autograd needs a fresh graph each time: the forward is outside the clock
+                fresh_out, fresh_saved = forward(q, k, v)
+                start = time.perf_counter()
+                backward(dout, q, k, v, fresh_out, fresh_saved)
+                return time.perf_counter() - start
+
+            return timed_inner(call, min_time), np.asarray(out.detach().numpy())
+        t = time_calls(call, min_time=min_time)
+        return t, np.asarray(out)
+    fn = system.attention(case.L, case.S, threads, window=case.window, softcap=case.softcap, causal=case.mask == "causal")
+    t = time_calls(partial(fn, q, k, v), min_time=min_time, repeats=5 if case.flops > 1e9 else 11)
+    result = system.to_numpy(fn(q, k, v))
+    return t, result
+
+
+def timed_inner(call: Callable, min_time: float) -> dict:
+    """Like time_calls, for a call that times its own inner part and returns seconds."""
+    call()
+    seconds = []
+    while len(seconds) < 5 or (sum(seconds) < min_time and len(seconds) < 50):
+        seconds.append(call())
+    ms = [1e3 * s for s in seconds]
+    return {"ms": statistics.median(ms), "min_ms": min(ms), "runs": len(ms), "times_ms": ms}
+
+
+def decode_loop(system_name: str, threads: int, repeats: int = 3) -> dict:
+    """DECODE_LOOP's attention, as a model calls it: per layer a preallocated KV cache
+    (prompt + new tokens long) into which each step writes its row, and attention over
+    the views of the rows written so far. Seconds of attention for the prompt's
+    prefill and for the decode steps, the best of `repeats` runs."""
+    system = SYSTEMS[system_name]
+    h_q, h_kv, D = MODELS[DECODE_LOOP["model"]]
+    layers, prompt, new = DECODE_LOOP["layers"], DECODE_LOOP["prompt"], DECODE_LOOP["new_tokens"]
+    rng = np.random.default_rng(3)
+    total = prompt + new
+    caches = [(rng.standard_normal((1, h_kv, total, D), dtype=np.float32),
+               rng.standard_normal((1, h_kv, total, D), dtype=np.float32)) for _ in range(layers)]  # fmt: skip
+    native = [(system.native(k), system.native(v)) for k, v in caches]
+    q_prompt = system.native(rng.standard_normal((1, h_q, prompt, D), dtype=np.float32))
+    q_step = system.native(rng.standard_normal((1, h_q, 1, D), dtype=np.float32))
+    prefill_fn = system.attention(prompt, prompt, threads)
+    step_fn = system.attention(1, prompt + 1, threads)  # decode: the one query sees every key
+    best = None
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        for k, v in native:
+            prefill_fn(q_prompt, k[:, :, :prompt], v[:, :, :prompt])
+        t_prefill = time.perf_counter() - start
+        t_decode = 0.0
+        for t in range(prompt, total):
+            start = time.perf_counter()
+            for k, v in native:
+                step_fn(q_step, k[:, :, : t + 1], v[:, :, : t + 1])
+            t_decode += time.perf_counter() - start
+        if best is None or t_prefill + t_decode < best[0] + best[1]:
+            best = (t_prefill, t_decode)
+    return {"prefill_s": best[0], "decode_s": best[1], "total_s": sum(best), "calls": layers * (1 + new)}
+
+
+def peak_memory(system_name: str, case: Case, threads: int) -> dict:
+    """Peak RSS during one call minus RSS with inputs and output allocated and touched
+    (VmHWM reset through /proc/self/clear_refs); run in a fresh process."""
+    import npattn
+
+    q, k, v = inputs(case)
+    h_q, _, D = case.heads
+    out_bytes = case.B * h_q * case.L * D * 4
+    if system_name == "npattn":
+        out = np.ones((case.B, h_q, case.L, D), np.float32)  # every page touched
+        call = partial(npattn.sdpa, q, k, v, out=out, threads=threads)
+        charged_out = 0
+    else:
+        system = SYSTEMS[system_name]
+        system.set_threads(threads)
+        fn = system.attention(case.L, case.S, threads)
+        q, k, v = (system.native(x) for x in (q, k, v))
+        call = partial(fn, q, k, v)
+        charged_out = out_bytes
+
+    def status_kib(field: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+    gc.collect()
+    baseline = status_kib("VmRSS") * 1024
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak (VmHWM) to the current RSS
+    result = call()
+    peak = status_kib("VmHWM") * 1024
+    del result
+    extra = max(0, peak - baseline - charged_out)
+    return {"extra_mib": extra / MiB, "threads": threads}
+
+
+def check_close(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| (each system's result against npattn's), NaN-safe."""
+    if got.shape != want.shape:
+        return math.inf
+    return float(np.nanmax(np.abs(got.astype(np.float64) - want.astype(np.float64)), initial=0.0))
