@@ -31,8 +31,9 @@ if BLAS_MODE not in BLAS_MODES:
         f"'system' (pkg-config openblas); got {os.environ['NPATTN_BLAS']!r}"
     )
 
-# The scipy-openblas32 wheel's shared library, as copied next to the extension.
-VENDORED_LIB = "libscipy_openblas.so"
+# Where the scipy-openblas32 wheel's shared library is copied, inside the package:
+# a folder that is no Python package, so that pkgutil and help() do not list it.
+VENDORED_DIR = ".libs"
 
 
 def core_sources():
@@ -87,7 +88,7 @@ class BuildExt(build_ext):
             ext.library_dirs.append(lib_dir)
             ext.libraries.append(wheel.get_library())  # "scipy_openblas"
             ext.define_macros.append(("NPATTN_BLAS_SCIPY", "1"))
-            ext.extra_link_args.append("-Wl,-rpath,$ORIGIN")
+            ext.extra_link_args.append(f"-Wl,-rpath,$ORIGIN/{VENDORED_DIR}")
             vendored = os.path.join(lib_dir, wheel.get_library(fullname=True))
         else:
             include_dirs, library_dirs, libraries, other = system_blas_flags()
@@ -107,14 +108,15 @@ class BuildExt(build_ext):
         if self.inplace or getattr(self, "editable_mode", False):
             package_dirs.add(self.get_finalized_command("build_py").get_package_dir("npattn"))
         for package_dir in sorted(package_dirs):
-            target = os.path.join(package_dir, VENDORED_LIB)
+            lib_dir = os.path.join(package_dir, VENDORED_DIR)
             if vendored:
-                os.makedirs(package_dir, exist_ok=True)
+                os.makedirs(lib_dir, exist_ok=True)
+                target = os.path.join(lib_dir, os.path.basename(vendored))
                 shutil.copyfile(vendored, target)
                 print(f"npattn: vendored {vendored} -> {target}")
-            elif os.path.exists(target):
-                os.remove(target)
-                print(f"npattn: removed stale {target}")
+            elif os.path.isdir(lib_dir):
+                shutil.rmtree(lib_dir)
+                print(f"npattn: removed stale {lib_dir}")
 
 
 core = Extension(

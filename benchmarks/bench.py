@@ -51,8 +51,10 @@ def worker(spec: dict) -> dict:
     for t in spec["ceiling_threads"]:
         out["ceiling"][str(t)] = blas.gflops(spec["ceiling_n"], t)
         out["bandwidth"][str(t)] = measure.read_bandwidth(t)
-        log(f"  sgemm on {t} thread(s): {out['ceiling'][str(t)]['gflops']:.0f} GFLOP/s; "
-            f"read bandwidth {out['bandwidth'][str(t)]['gbs']:.1f} GB/s")  # fmt: skip
+        log(
+            f"  sgemm on {t} thread(s): {out['ceiling'][str(t)]['gflops']:.0f} GFLOP/s; "
+            f"read bandwidth {out['bandwidth'][str(t)]['gbs']:.1f} GB/s"
+        )
     out["threadpools"] = measure.limit_blas_pools(threads)
     out["knobs"] = {name: SYSTEMS[name].set_threads(threads) for name in spec["systems"]}
     for c in spec["cases"]:
@@ -67,7 +69,7 @@ def worker(spec: dict) -> dict:
                 continue
             try:
                 timing, result = measure.time_case(name, case, threads, spec["min_time"])
-            except Exception as exc:  # noqa: BLE001 -- one system failing must not end the run
+            except Exception as exc:
                 results[name] = {"status": "error", "note": f"{type(exc).__name__}: {exc}"[:300]}
                 log(f"    {name:<8} ERROR {results[name]['note']}")
                 continue
@@ -125,8 +127,12 @@ def main(argv=None) -> int:
     parser.add_argument("--systems", default="npattn," + ",".join(PEERS), help="npattn and a subset of its peers")
     parser.add_argument("--only", default="", help="only the cases whose id contains this")
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds of timed calls per case (at least 5)")
-    parser.add_argument("--numpy-max-gib", type=float, default=2.0, help="skip the NumPy formula beyond this many GiB of scores")
-    parser.add_argument("--settle", type=float, default=0.3, help="seconds between systems, so idle pools stop spinning")
+    parser.add_argument(
+        "--numpy-max-gib", type=float, default=2.0, help="skip the NumPy formula beyond this many GiB of scores"
+    )
+    parser.add_argument(
+        "--settle", type=float, default=0.3, help="seconds between systems, so idle pools stop spinning"
+    )
     args = parser.parse_args(argv)
 
     from systems import SYSTEMS
@@ -144,19 +150,29 @@ def main(argv=None) -> int:
             if args.only in case.id:
                 groups.setdefault(1 if case.one_thread else args.threads, []).append(case)
     groups.setdefault(args.threads, [])
-    log(f"npattn benchmark: suites {', '.join(chosen)}; systems {', '.join(systems)}; {args.threads} thread(s)"
-        + (f"; missing: {', '.join(missing)}" if missing else ""))  # fmt: skip
+    log(
+        f"npattn benchmark: suites {', '.join(chosen)}; systems {', '.join(systems)}; {args.threads} thread(s)"
+        + (f"; missing: {', '.join(missing)}" if missing else "")
+    )
 
     load_before = os.getloadavg()  # other work on the machine shows up in every number
     workers = {}
     for threads in sorted(groups, reverse=True):
         log(f"\n== {threads} thread(s), in a pinned worker process ==")
-        workers[threads] = run_child("--_worker", {
-            "threads": threads, "systems": systems, "cases": [asdict(c) for c in groups[threads]],
-            "ceiling_threads": sorted({1, threads}), "ceiling_n": 2048 if args.quick else 4096,
-            "min_time": args.min_time, "numpy_max_bytes": args.numpy_max_gib * 2**30, "settle": args.settle,
-            "loop": "loop" in chosen and threads == args.threads,
-        })  # fmt: skip
+        workers[threads] = run_child(
+            "--_worker",
+            {
+                "threads": threads,
+                "systems": systems,
+                "cases": [asdict(c) for c in groups[threads]],
+                "ceiling_threads": sorted({1, threads}),
+                "ceiling_n": 2048 if args.quick else 4096,
+                "min_time": args.min_time,
+                "numpy_max_bytes": args.numpy_max_gib * 2**30,
+                "settle": args.settle,
+                "loop": "loop" in chosen and threads == args.threads,
+            },
+        )
         if workers[threads].get("status") == "error":
             log(f"worker failed: {workers[threads]['note']}")
             return 1
@@ -165,17 +181,25 @@ def main(argv=None) -> int:
         log("\n== peak extra memory, a fresh process per system ==")
         case = MEMORY_CASE if not args.quick else Case("qwen3-memory-1024", "Qwen3-4B", 1, 1024, 1024)
         for name in ("npattn",) + (("torch",) if "torch" in systems else ()):
-            memory[name] = {**run_child("--_memory", {"case": asdict(case), "system": name, "threads": args.threads}),
-                            "case": case.label}  # fmt: skip
+            memory[name] = {
+                **run_child("--_memory", {"case": asdict(case), "system": name, "threads": args.threads}),
+                "case": case.label,
+            }
             log(f"  {case.label} {name}: {memory[name].get('extra_mib', float('nan')):.1f} MiB")
 
     import report
 
     data = {
-        "provenance": {**report.provenance(args.threads), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "provenance": {
+            **report.provenance(args.threads),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
         "settings": {**vars(args), "systems": systems, "missing": missing},
-        "suites": [{"name": s.name, "title": s.title, "cases": [asdict(c) for c in s.cases if args.only in c.id]}
-                   for s in picked],  # fmt: skip
+        "suites": [
+            {"name": s.name, "title": s.title, "cases": [asdict(c) for c in s.cases if args.only in c.id]}
+            for s in picked
+        ],
         "workers": {str(t): w for t, w in workers.items()},
         "memory": memory,
     }

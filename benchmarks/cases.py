@@ -136,8 +136,9 @@ def suites(quick: bool = False) -> list[Suite]:
     alone = ("npattn",)
     features.cases += [
         Case("qwen3-prefill-16384", "Qwen3-4B", 1, size(16384), size(16384), systems=alone),
-        Case("qwen3-prefill-16384-window-1024", "Qwen3-4B", 1, size(16384), size(16384), window=(1023, 0),
-             systems=alone),  # fmt: skip
+        Case(
+            "qwen3-prefill-16384-window-1024", "Qwen3-4B", 1, size(16384), size(16384), window=(1023, 0), systems=alone
+        ),
         Case("qwen3-prefill-2048-nocap", "Qwen3-4B", 1, size(2048), size(2048), systems=alone),
         Case("qwen3-prefill-2048-softcap", "Qwen3-4B", 1, size(2048), size(2048), softcap=50.0, systems=alone),
         Case("qwen3-decode-32768", "Qwen3-4B", 1, 1, size(32768), systems=alone),

@@ -13,10 +13,11 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import numpy as np
+
 from cases import DECODE_LOOP, MODELS, Case
 from systems import SYSTEMS
 
@@ -93,8 +94,16 @@ class OpenBLAS:
         lib = ctypes.CDLL(self.path)
         self.sgemm = getattr(lib, prefix + "cblas_sgemm")
         self.sgemm.restype = None
-        self.sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                                    ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+        self.sgemm.argtypes = [ctypes.c_int] * 6 + [
+            ctypes.c_float,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_float,
+            ctypes.c_void_p,
+            ctypes.c_int,
+        ]
         self.set_num_threads = getattr(lib, prefix + "openblas_set_num_threads")
         self.set_num_threads.argtypes = [ctypes.c_int]
 
@@ -105,8 +114,23 @@ class OpenBLAS:
         a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
         c = np.zeros((n, n), np.float32)
         row_major, no_trans = 101, 111
-        call = partial(self.sgemm, row_major, no_trans, no_trans, n, n, n, 1.0, a.ctypes.data, n, b.ctypes.data, n,
-                       0.0, c.ctypes.data, n)  # fmt: skip
+        call = partial(
+            self.sgemm,
+            row_major,
+            no_trans,
+            no_trans,
+            n,
+            n,
+            n,
+            1.0,
+            a.ctypes.data,
+            n,
+            b.ctypes.data,
+            n,
+            0.0,
+            c.ctypes.data,
+            n,
+        )
         self.set_num_threads(threads)
         try:
             t = time_calls(call, repeats=5, min_time=0.0)
@@ -163,7 +187,9 @@ def time_case(system_name: str, case: Case, threads: int, min_time: float) -> tu
             return timed_inner(call, min_time), np.asarray(out.detach().numpy())
         t = time_calls(call, min_time=min_time)
         return t, np.asarray(out)
-    fn = system.attention(case.L, case.S, threads, window=case.window, softcap=case.softcap, causal=case.mask == "causal")
+    fn = system.attention(
+        case.L, case.S, threads, window=case.window, softcap=case.softcap, causal=case.mask == "causal"
+    )
     t = time_calls(partial(fn, q, k, v), min_time=min_time, repeats=5 if case.flops > 1e9 else 11)
     result = system.to_numpy(fn(q, k, v))
     return t, result
@@ -189,8 +215,13 @@ def decode_loop(system_name: str, threads: int, repeats: int = 3) -> dict:
     layers, prompt, new = DECODE_LOOP["layers"], DECODE_LOOP["prompt"], DECODE_LOOP["new_tokens"]
     rng = np.random.default_rng(3)
     total = prompt + new
-    caches = [(rng.standard_normal((1, h_kv, total, D), dtype=np.float32),
-               rng.standard_normal((1, h_kv, total, D), dtype=np.float32)) for _ in range(layers)]  # fmt: skip
+    caches = [
+        (
+            rng.standard_normal((1, h_kv, total, D), dtype=np.float32),
+            rng.standard_normal((1, h_kv, total, D), dtype=np.float32),
+        )
+        for _ in range(layers)
+    ]
     native = [(system.native(k), system.native(v)) for k, v in caches]
     q_prompt = system.native(rng.standard_normal((1, h_q, prompt, D), dtype=np.float32))
     q_step = system.native(rng.standard_normal((1, h_q, 1, D), dtype=np.float32))

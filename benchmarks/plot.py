@@ -12,8 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import case_results  # noqa: E402
-from systems import LABELS  # noqa: E402
+from report import case_results
+from systems import LABELS
 
 COLORS = {"npattn": "#d62728", "numpy": "#1f77b4", "torch": "#ff7f0e", "mlx": "#2ca02c", "jax": "#9467bd"}
 
@@ -40,8 +40,12 @@ def plot(data: dict, path: str) -> list[str]:
                     ys.append(case.flops / (r["ms"] / 1e3) / 1e9)
             ax.bar(xs, ys, width, label=LABELS[name], color=COLORS[name])
         ax.set_xticks(range(len(prefill)))
-        ax.set_xticklabels([c.label.replace(" prefill", "\nprefill").replace(" decode", "\ndecode") for c, _ in prefill],
-                           rotation=30, ha="right", fontsize=7)  # fmt: skip
+        ax.set_xticklabels(
+            [c.label.replace(" prefill", "\nprefill").replace(" decode", "\ndecode") for c, _ in prefill],
+            rotation=30,
+            ha="right",
+            fontsize=7,
+        )
         ax.set_ylabel("useful GFLOP/s (higher is better)")
         ax.set_title(f"Model-sized attention, float32, {data['settings']['threads']} threads")
         ax.legend(fontsize=8)
@@ -67,7 +71,9 @@ def plot(data: dict, path: str) -> list[str]:
             ax.grid(True, which="both", alpha=0.3)
         axes[0].set_ylabel("µs per call (lower is better)")
         axes[0].legend(fontsize=8)
-        fig.suptitle(f"One call per layer per token: latency, float32, {data['settings']['threads']} threads", fontsize=11)
+        fig.suptitle(
+            f"One call per layer per token: latency, float32, {data['settings']['threads']} threads", fontsize=11
+        )
         fig.tight_layout()
         fig.savefig(base, dpi=110)
         plt.close(fig)

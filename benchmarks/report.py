@@ -37,8 +37,11 @@ def provenance(threads: int) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "versions": {**{name: s.version() for name, s in SYSTEMS.items()}, "npattn": npattn.__version__,
-                     "numpy": np.__version__},  # fmt: skip
+        "versions": {
+            **{name: s.version() for name, s in SYSTEMS.items()},
+            "npattn": npattn.__version__,
+            "numpy": np.__version__,
+        },
         "python": platform.python_version(),
         "platform": platform.platform(),
         "blas_info": _core.blas_info(),
@@ -114,14 +117,23 @@ def markdown(data: dict) -> str:
     if main.get("loop"):
         loop = main["loop"]
         spec = DECODE_LOOP
-        out += [f"### A decode loop: {spec['model']}-sized, {spec['layers']} layers, a {spec['prompt']}-token prompt, "
-                f"{spec['new_tokens']} new tokens", ""]  # fmt: skip
+        out += [
+            f"### A decode loop: {spec['model']}-sized, {spec['layers']} layers, a {spec['prompt']}-token prompt, "
+            f"{spec['new_tokens']} new tokens",
+            "",
+        ]
         rows = []
         for name, r in loop.items():
             ratio = r["total_s"] / loop["npattn"]["total_s"]
-            rows.append(f"| {LABELS[name]} | {r['prefill_s']:.3f} | {r['decode_s']:.3f} | {r['total_s']:.3f} | {ratio:.2f}× |")
-        out += [_table(["system", "prefill s", "decode s", "total s", "× npattn"], rows),
-                "", f"{loop['npattn']['calls']} attention calls per run; seconds of attention alone, best of 3.", ""]  # fmt: skip
+            rows.append(
+                f"| {LABELS[name]} | {r['prefill_s']:.3f} | {r['decode_s']:.3f} | {r['total_s']:.3f} | {ratio:.2f}× |"
+            )
+        out += [
+            _table(["system", "prefill s", "decode s", "total s", "× npattn"], rows),
+            "",
+            f"{loop['npattn']['calls']} attention calls per run; seconds of attention alone, best of 3.",
+            "",
+        ]
     if "prefill" in tables:
         head = ["case", "threads", "npattn ms", "GFLOP/s", "% sgemm", "K/V GB/s (% of read)"]
         head += [f"{LABELS[p]} ms (× npattn)" for p in peers]
@@ -134,7 +146,10 @@ def markdown(data: dict) -> str:
     if data.get("memory"):
         mem = data["memory"]
         cells = [f"{LABELS[n]}: {m['extra_mib']:.1f} MiB" for n, m in mem.items() if "extra_mib" in m]
-        out += [f"Peak memory beyond inputs and output, {next(iter(mem.values()))['case']}: " + "; ".join(cells) + ".", ""]
+        out += [
+            f"Peak memory beyond inputs and output, {next(iter(mem.values()))['case']}: " + "; ".join(cells) + ".",
+            "",
+        ]
     p = data["provenance"]
     ceil = ", ".join(f"{v['gflops']:.0f} GFLOP/s on {t}" for t, v in sorted(ceiling.items()))
     band = ", ".join(f"{v['gbs']:.1f} GB/s on {t}" for t, v in sorted(bw.items()))
@@ -167,5 +182,7 @@ def _features(f: dict) -> str:
             a, b = f[with_id], f[base_id]
             ratio = a["ms"] / b["ms"]
             shown = f"{100 * (ratio - 1):+.0f}%" if "overhead" in what else f"{ratio:.3f} (1/{1 / ratio:.1f})"
-            rows.append(f"| {a['case'].label} | {fmt(a['ms'])} | {b['case'].label} | {fmt(b['ms'])} | {what}: {shown} |")
+            rows.append(
+                f"| {a['case'].label} | {fmt(a['ms'])} | {b['case'].label} | {fmt(b['ms'])} | {what}: {shown} |"
+            )
     return _table(["case", "npattn ms", "against", "npattn ms", "ratio"], rows)

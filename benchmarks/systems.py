@@ -12,8 +12,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +125,6 @@ class Torch(System):
 
     def backward(self, threads):
         """Autograd through F.scaled_dot_product_attention (its CPU flash backward)."""
-        import torch
         import torch.nn.functional as F
 
         def forward(q, k, v):

@@ -27,7 +27,8 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from helpers import (  # noqa: E402
+import npattn
+from helpers import (
     check,
     compare_with_nan,
     f64,
@@ -38,8 +39,6 @@ from helpers import (  # noqa: E402
     runnable_kernels,
     snapshot,
 )
-
-import npattn  # noqa: E402
 
 CALLS_PER_CASE = 3
 
@@ -112,7 +111,7 @@ def main(argv=None) -> int:
             try:
                 run_case(seed, case, table)
                 print(f"{table}: ok")
-            except Exception:  # noqa: BLE001 -- show every table's outcome
+            except Exception:
                 print(f"{table}: FINDING\n{traceback.format_exc()}")
         return 0
 
@@ -122,7 +121,7 @@ def main(argv=None) -> int:
         table = tables[i % len(tables)]
         try:
             run_case(args.seed, i, table)
-        except Exception as e:  # noqa: BLE001 -- every exception is a finding
+        except Exception as e:
             findings.append({"case": f"{args.seed}:{i}", "kernels": table, "error": f"{type(e).__name__}: {e}"[:2000]})
             print(f"FINDING {args.seed}:{i} ({table}): {type(e).__name__}: {str(e)[:300]}", flush=True)
             if len(findings) >= args.max_findings:
@@ -131,7 +130,10 @@ def main(argv=None) -> int:
         done = i - args.start + 1
         if done % 5000 == 0:
             rate = done / (time.monotonic() - start)
-            print(f"{done * CALLS_PER_CASE} calls, {rate * CALLS_PER_CASE:.0f} calls/s, {len(findings)} findings", flush=True)
+            print(
+                f"{done * CALLS_PER_CASE} calls, {rate * CALLS_PER_CASE:.0f} calls/s, {len(findings)} findings",
+                flush=True,
+            )
     elapsed = time.monotonic() - start
     n_calls = sum(counts.values()) * CALLS_PER_CASE
     summary = {

@@ -9,9 +9,9 @@ is not installed.
 
 import numpy as np
 import pytest
-from helpers import check, dtype_of, f64, make_mask, qkv, randn, run_script
 
 import npattn
+from helpers import check, dtype_of, f64, make_mask, qkv, randn, run_script
 from npattn import _interop, reference
 
 DTYPE_NAMES = ["float16", "bfloat16"]

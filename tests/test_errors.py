@@ -13,9 +13,9 @@ import re
 
 import numpy as np
 import pytest
-from helpers import failing_allocations
 
 import npattn
+from helpers import failing_allocations
 
 Q_SHAPE, K_SHAPE, V_SHAPE = (1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 6)
 OUT_SHAPE = (1, 4, 3, 6)
@@ -422,7 +422,9 @@ def test_accepted_edge_values():
         ({"q_offset": np.int32(2), "k_offset": np.int64(0)}, {}),
         ({"return_lse": np.bool_(False)}, {}),
     ):
-        np.testing.assert_array_equal(npattn.sdpa(q, k, v, threads=1, **kwargs), npattn.sdpa(q, k, v, threads=1, **plain))
+        np.testing.assert_array_equal(
+            npattn.sdpa(q, k, v, threads=1, **kwargs), npattn.sdpa(q, k, v, threads=1, **plain)
+        )
 
 
 def test_invalid_input_table_covers_every_rule():

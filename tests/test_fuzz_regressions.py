@@ -9,9 +9,9 @@ reference's answer.
 
 import numpy as np
 import pytest
-from helpers import check
 
 import npattn
+from helpers import check
 from npattn import reference
 
 

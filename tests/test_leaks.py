@@ -16,9 +16,10 @@ import gc
 import os
 import sys
 
-import npattn
 import numpy as np
 import pytest
+
+import npattn
 
 N_CALLS = 10_000
 # Under the ASan build of .ci/run (runtime preloaded) freed memory sits in a quarantine.

@@ -8,6 +8,8 @@ results for the same `threads`."""
 
 import numpy as np
 import pytest
+
+import npattn
 from helpers import (
     KERNELS,
     check,
@@ -20,8 +22,6 @@ from helpers import (
     reference_call,
     runnable_kernels,
 )
-
-import npattn
 from npattn import _core
 
 

@@ -5,9 +5,9 @@ parts equals the whole call; keys outside a window are never read."""
 
 import numpy as np
 import pytest
-from helpers import MASK_KINDS, check, f64, layout, make_mask, own_tolerance, qkv, reference_call
 
 import npattn
+from helpers import MASK_KINDS, check, f64, layout, make_mask, own_tolerance, qkv, reference_call
 from npattn import reference
 
 WINDOWS = [None, (0, 0), (3, 0), (None, 2), (5, 5), (0, None)]
@@ -22,14 +22,24 @@ def test_window_with_every_mask_kind(rng, mask, window, dtype):
     check(q, k, v, mask=make_mask(rng, mask, (2, 6, 9, 13), dtype), window=window, return_lse=True)
 
 
-@pytest.mark.parametrize("q_offset, k_offset", [(None, 0), (0, 0), (40, 35), (-3, 0), (7, -4), (2**62, 2**62), (-(2**62), 2**62)])
+@pytest.mark.parametrize(
+    "q_offset, k_offset", [(None, 0), (0, 0), (40, 35), (-3, 0), (7, -4), (2**62, 2**62), (-(2**62), 2**62)]
+)
 @pytest.mark.parametrize("mask", ["causal", None, "bool"])
 @pytest.mark.parametrize("window", [None, (4, 1)], ids=str)
 def test_positions(rng, q_offset, k_offset, mask, window):
     """q_offset and k_offset place the rows; huge offsets saturate rather than wrap."""
     q, k, v = qkv(rng, (1,), 4, 2, 6, 11, 8)
-    check(q, k, v, mask=make_mask(rng, mask, (4, 6, 11)), window=window, q_offset=q_offset, k_offset=k_offset,
-          return_lse=True)  # fmt: skip
+    check(
+        q,
+        k,
+        v,
+        mask=make_mask(rng, mask, (4, 6, 11)),
+        window=window,
+        q_offset=q_offset,
+        k_offset=k_offset,
+        return_lse=True,
+    )
 
 
 def test_default_positions_are_bottom_right_and_top_left_is_q_offset_zero(rng):
@@ -49,8 +59,15 @@ def test_softcap(rng, softcap, dtype, mask):
     """softcap * tanh(s / softcap) on the scaled scores, before the mask, with sinks."""
     q, k, v = qkv(rng, (2,), 8, 2, 17, 40, 32, dtype=dtype)
     q = (q * 3).astype(dtype)  # logits of several units: the cap bites
-    check(q, k, v, mask=make_mask(rng, mask, (17, 40), dtype), softcap=softcap, sinks=np.linspace(-1, 1, 8),
-          return_lse=True)  # fmt: skip
+    check(
+        q,
+        k,
+        v,
+        mask=make_mask(rng, mask, (17, 40), dtype),
+        softcap=softcap,
+        sinks=np.linspace(-1, 1, 8),
+        return_lse=True,
+    )
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -120,8 +137,16 @@ def test_split_keys_and_merge_equals_the_whole_call(rng, trial):
     cuts = sorted(set(rng.integers(0, S + 1, size=int(rng.integers(0, 4))).tolist()) | {0, S})
     outs, lses = [], []
     for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
-        o, s = npattn.sdpa(q, k[..., a:b, :], v[..., a:b, :], q_offset=q_offset, k_offset=a, return_lse=True,
-                           sinks=sinks if i == 0 else None, **kwargs)  # fmt: skip
+        o, s = npattn.sdpa(
+            q,
+            k[..., a:b, :],
+            v[..., a:b, :],
+            q_offset=q_offset,
+            k_offset=a,
+            return_lse=True,
+            sinks=sinks if i == 0 else None,
+            **kwargs,
+        )
         outs.append(o)
         lses.append(s)
     got, got_lse = npattn.merge(outs, lses)
@@ -179,16 +204,27 @@ def test_merge_errors_name_the_part(outs, lses, error, text):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
-@pytest.mark.parametrize("kwargs", [{}, {"mask": None}, {"window": (2, 0)}, {"softcap": 2.0, "sinks": [0.0, 1.0, -1.0, 2.0]},
-                                    {"mask": "bool"}, {"q_offset": 1, "k_offset": 3}], ids=str)  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"mask": None},
+        {"window": (2, 0)},
+        {"softcap": 2.0, "sinks": [0.0, 1.0, -1.0, 2.0]},
+        {"mask": "bool"},
+        {"q_offset": 1, "k_offset": 3},
+    ],
+    ids=str,
+)
 def test_attention_weights_equal_the_reference(rng, kwargs, dtype):
     """attention_weights == the reference's probabilities, in sdpa's result dtype."""
     q, k, _ = qkv(rng, (2,), 4, 2, 5, 9, 8, dtype=dtype)
     if kwargs.get("mask") == "bool":
         kwargs = {"mask": make_mask(rng, "bool", (4, 5, 9))}
     got = npattn.attention_weights(q, k, **kwargs)
-    want = reference.attention_weights(f64(q), f64(k), **{key: f64(val) if key in ("mask", "sinks") else val
-                                                          for key, val in kwargs.items()})  # fmt: skip
+    want = reference.attention_weights(
+        f64(q), f64(k), **{key: f64(val) if key in ("mask", "sinks") else val for key, val in kwargs.items()}
+    )
     assert got.dtype == dtype and got.shape == (2, 4, 5, 9)
     tol = {np.float32: 1e-6, np.float64: 1e-14, np.float16: 2e-3}[dtype]  # probabilities are at most 1
     np.testing.assert_allclose(f64(got), want, rtol=0, atol=tol)

@@ -5,11 +5,11 @@ threads), drawn by hypothesis, which keeps and replays the seeds that fail.
 fuzz/differential.py runs the same problems by the million."""
 
 import numpy as np
-from helpers import check, compare_with_nan, f64, own_tolerance, random_problem, reference_call, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import npattn
+from helpers import check, compare_with_nan, f64, own_tolerance, random_problem, reference_call, snapshot
 
 SEEDS = st.integers(0, 2**32 - 1)
 

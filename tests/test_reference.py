@@ -8,9 +8,10 @@ from the causal rule.
 
 import math
 
-import npattn
 import numpy as np
 import pytest
+
+import npattn
 from npattn import reference
 
 
@@ -219,9 +220,7 @@ def test_sink_is_unmasked():
 def test_sink_minus_inf_is_no_sink(rng):
     """sinks = -inf gives the same result as no sinks."""
     q, k, v = normal(rng, (2, 3, 4), (1, 5, 4), (1, 5, 2))
-    np.testing.assert_allclose(
-        reference.sdpa(q, k, v, sinks=[-np.inf, -np.inf]), reference.sdpa(q, k, v), rtol=1e-15
-    )
+    np.testing.assert_allclose(reference.sdpa(q, k, v, sinks=[-np.inf, -np.inf]), reference.sdpa(q, k, v), rtol=1e-15)
 
 
 @pytest.mark.parametrize("S", [1, 2, 7])
@@ -429,7 +428,14 @@ def test_reference_with_positions_softcap_and_lse_equals_naive_loop(rng, case, s
         bias = np.where(visible, bias, 0.0)
     got, got_lse = reference.sdpa(q, k, v, softcap=softcap, return_lse=True, **kwargs)
     want, want_lse = naive_sdpa(
-        q, k, v, visible=np.broadcast_to(visible, (B, H_q, L, S)), bias=bias, sinks=sinks, softcap=softcap, with_lse=True
+        q,
+        k,
+        v,
+        visible=np.broadcast_to(visible, (B, H_q, L, S)),
+        bias=bias,
+        sinks=sinks,
+        softcap=softcap,
+        with_lse=True,
     )
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(got_lse, want_lse, rtol=1e-12, atol=1e-14)
@@ -440,8 +446,13 @@ def test_reference_attention_weights_are_the_softmax(rng):
     identity as v they give them back, and they sum to 1 (less with a sink, 0 with no key)."""
     q, k = normal(rng, (2, 4, 3), (2, 6, 3))
     weights = reference.attention_weights(q, k, mask="causal", sinks=[0.5, -1.0])
-    want = naive_sdpa(q[None], k[None], np.eye(6)[None, None].repeat(2, 1), sinks=[0.5, -1.0],
-                      visible=np.broadcast_to(np.tril(np.ones((4, 6), bool), 2), (1, 2, 4, 6)))[0]  # fmt: skip
+    want = naive_sdpa(
+        q[None],
+        k[None],
+        np.eye(6)[None, None].repeat(2, 1),
+        sinks=[0.5, -1.0],
+        visible=np.broadcast_to(np.tril(np.ones((4, 6), bool), 2), (1, 2, 4, 6)),
+    )[0]
     np.testing.assert_allclose(weights, want, rtol=1e-12, atol=1e-15)
     assert (weights.sum(-1) < 1).all()
     np.testing.assert_array_equal(reference.attention_weights(q, k[:, :0]), np.zeros((2, 4, 0)))

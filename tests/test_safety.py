@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+
+import npattn
 from helpers import (
     compare_with_nan,
     failing_allocations,
@@ -32,8 +34,6 @@ from helpers import (
     runnable_kernels,
     snapshot,
 )
-
-import npattn
 from npattn import reference
 
 INTERRUPTED_CALL = r"""
@@ -568,7 +568,8 @@ def test_calls_work_when_no_thread_can_start():
     script = (
         "import resource, numpy as np, npattn\n"
         "rng = np.random.default_rng(0)\n"
-        "q, k, v = (rng.standard_normal(s, dtype=np.float32) for s in [(1, 8, 200, 64), (1, 2, 300, 64), (1, 2, 300, 64)])\n"
+        "shapes = [(1, 8, 200, 64), (1, 2, 300, 64), (1, 2, 300, 64)]\n"
+        "q, k, v = (rng.standard_normal(s, dtype=np.float32) for s in shapes)\n"
         "want = [npattn.sdpa(q, k, v, threads=t).tobytes() for t in (1, 2)]\n"
         "resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))\n"
         "got = [npattn.sdpa(q, k, v, threads=t).tobytes() for t in (1, 2)]\n"

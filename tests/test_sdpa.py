@@ -10,11 +10,10 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import LAYOUTS, MASK_KINDS, layout, make_mask, qkv, randn, run_script
 
 import npattn
+from helpers import LAYOUTS, MASK_KINDS, layout, make_mask, qkv, randn, run_script
 from npattn import reference
-
 
 # ---- the public API ----
 
@@ -293,9 +292,7 @@ def test_rank_2_mixed_with_heads(rng, check):
 def test_lists_as_input(rng, check):
     """Nested lists are taken as np.asarray takes them (float64)."""
     q, k, v = qkv(rng, (), 2, 1, 3, 4, 5, dtype=np.float64)
-    got = check(
-        q.tolist(), k.tolist(), v.tolist(), mask=(rng.random((3, 4)) < 0.8).tolist(), sinks=[0.5, -1.0]
-    )
+    got = check(q.tolist(), k.tolist(), v.tolist(), mask=(rng.random((3, 4)) < 0.8).tolist(), sinks=[0.5, -1.0])
     assert got.dtype == np.float64
 
 

@@ -14,9 +14,9 @@ largest |npattn - MLX|. The whole module skips where mlx is not installed.
 
 import numpy as np
 import pytest
-from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible
 
 import npattn
+from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible
 from npattn import _interop, reference
 
 mx = pytest.importorskip("mlx.core")
@@ -257,8 +257,6 @@ def test_mlx_arrays_are_read_without_a_copy(rng, dtype_name):
     if dtype_name != "bfloat16":  # bfloat16's view(uint16) of a strided array may copy
         t = _interop.asarray(x.transpose(0, 2, 1, 3))
         assert not t.flags.c_contiguous and np.shares_memory(t, a)
-
-
 
 
 @pytest.mark.parametrize(

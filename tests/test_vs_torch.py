@@ -16,15 +16,15 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible
 
 import npattn
+from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible
 from npattn import _interop
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
+SDPBackend, sdpa_kernel = torch.nn.attention.SDPBackend, torch.nn.attention.sdpa_kernel
+causal_lower_right = pytest.importorskip("torch.nn.attention.bias").causal_lower_right
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -172,7 +172,9 @@ def test_row_that_sees_no_key_is_zero_in_both(rng, path, dtype_name):
         q, k, v = q[0], k[0], v[0]
     bool_mask, add_mask = empty_row_masks(3, 5, np.float32)
     # the other rows: a peer's bound for the dtype (npattn.testing.tolerance)
-    atol = npattn.testing.tolerance(q, k, v, mask=None, dtype=np.dtype(dtype_name if dtype_name != "bfloat16" else "float32"))
+    atol = npattn.testing.tolerance(
+        q, k, v, mask=None, dtype=np.dtype(dtype_name if dtype_name != "bfloat16" else "float32")
+    )
     atol = max(atol, 2 * torch.finfo(dtype).eps * float(np.abs(f64(v)).max()))
     for mask, torch_mask in [
         (bool_mask, torch.from_numpy(bool_mask)),
@@ -258,8 +260,6 @@ def test_tensor_layouts_and_grad(rng):
     assert not any(x.is_contiguous() for x in strided)
     np.testing.assert_allclose(npattn.sdpa(*strided, threads=1), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(npattn.sdpa(q.requires_grad_(True), k, v, threads=1), want)
-
-
 
 
 @pytest.mark.parametrize(

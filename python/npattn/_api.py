@@ -7,9 +7,8 @@ that names the argument, converts what needs converting, and the core is
 called again with the prepared arguments.
 """
 
-from __future__ import annotations
-
-from typing import Any, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,26 +16,26 @@ from . import _args, _core
 
 __all__ = ["sdpa", "attention_weights", "merge"]
 
-MaskLike = Union[str, None, np.ndarray, Any]
-Window = Optional[Tuple[Optional[int], Optional[int]]]
+MaskLike = str | None | np.ndarray | Any
+Window = tuple[int | None, int | None] | None
 
 
 def sdpa(
     q: Any,
     k: Any,
     v: Any,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     mask: MaskLike = "causal",
     *,
     sinks: Any = None,
     window: Window = None,
-    softcap: Optional[float] = None,
-    q_offset: Optional[int] = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
     k_offset: int = 0,
     return_lse: bool = False,
-    out: Optional[np.ndarray] = None,
-    threads: Optional[int] = None,
-) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
+    out: np.ndarray | None = None,
+    threads: int | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Scaled dot-product attention with grouped-query attention.
 
     Computes, per query head and per query row::
@@ -181,23 +180,35 @@ def _sdpa_prepared(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_off
     else:
         out = _args.check_out(fn, out, shape, p.dtype, p.inputs)
     return _core.sdpa(
-        p.q, p.k, p.v, p.scale, p.mask, p.sinks, p.window, p.softcap, p.q_offset, p.k_offset,
-        return_lse, out, p.threads, True,
-    )  # fmt: skip
+        p.q,
+        p.k,
+        p.v,
+        p.scale,
+        p.mask,
+        p.sinks,
+        p.window,
+        p.softcap,
+        p.q_offset,
+        p.k_offset,
+        return_lse,
+        out,
+        p.threads,
+        True,
+    )
 
 
 def attention_weights(
     q: Any,
     k: Any,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     mask: MaskLike = "causal",
     *,
     sinks: Any = None,
     window: Window = None,
-    softcap: Optional[float] = None,
-    q_offset: Optional[int] = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
     k_offset: int = 0,
-    threads: Optional[int] = None,
+    threads: int | None = None,
 ) -> np.ndarray:
     """The attention probabilities ``softmax(s + mask)``, for plotting and teaching.
 
@@ -233,7 +244,7 @@ def attention_weights(
     )
 
 
-def merge(outs: Sequence[Any], lses: Sequence[Any]) -> Tuple[np.ndarray, np.ndarray]:
+def merge(outs: Sequence[Any], lses: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     """Combines partial results of the same queries over disjoint key sets, exactly.
 
     ``lse = logaddexp`` of the parts, ``out = sum(exp(lse_i - lse) * out_i)``:

@@ -16,7 +16,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -100,15 +100,15 @@ class Problem:
 
     q: np.ndarray
     k: np.ndarray
-    v: Optional[np.ndarray]
-    scale: Optional[float]
+    v: np.ndarray | None
+    scale: float | None
     mask: Any
-    sinks: Optional[np.ndarray]
-    window: Optional[tuple]
-    softcap: Optional[float]
-    q_offset: Optional[int]
+    sinks: np.ndarray | None
+    window: tuple | None
+    softcap: float | None
+    q_offset: int | None
     k_offset: int
-    threads: Optional[int]
+    threads: int | None
     dtype: np.dtype  # the result's
     shape: tuple  # the result's, without the last axis
     batch: tuple
@@ -165,9 +165,7 @@ def check_mask(fn: str, mask: Any, full: tuple) -> Any:
     m = asarray(fn, mask, "mask")
     if m.dtype.kind != "b" and not is_float(m.dtype):
         raise TypeError(f"{fn}: mask must be a bool or float array, got dtype {m.dtype}")
-    grows = m.ndim > len(full) or any(
-        n not in (1, f) for n, f in zip(m.shape[::-1], full[::-1])
-    )
+    grows = m.ndim > len(full) or any(n not in (1, f) for n, f in zip(m.shape[::-1], full[::-1]))
     if grows:
         raise ValueError(f"{fn}: mask must broadcast to (*B, H_q, L, S) = {full}, got shape {shape_str(m)}")
     if m.dtype.kind == "f" and m.dtype.itemsize > 8:  # longdouble: the widest the core reads is float64
@@ -180,7 +178,7 @@ def check_mask(fn: str, mask: Any, full: tuple) -> Any:
     return readable(m)
 
 
-def check_sinks(fn: str, sinks: Any, H_q: int) -> Optional[np.ndarray]:
+def check_sinks(fn: str, sinks: Any, H_q: int) -> np.ndarray | None:
     if sinks is None:
         return None
     s = asarray(fn, sinks, "sinks")
@@ -200,7 +198,7 @@ def check_int(fn: str, x: Any, name: str, low: int = -INT64_MAX) -> int:
     return x
 
 
-def check_window(fn: str, window: Any) -> Optional[tuple]:
+def check_window(fn: str, window: Any) -> tuple | None:
     if window is None:
         return None
     if not isinstance(window, (tuple, list)) or len(window) != 2:
@@ -208,7 +206,7 @@ def check_window(fn: str, window: Any) -> Optional[tuple]:
     return tuple(None if w is None else check_int(fn, w, f"window[{i}]", low=0) for i, w in enumerate(window))
 
 
-def check_softcap(fn: str, softcap: Any) -> Optional[float]:
+def check_softcap(fn: str, softcap: Any) -> float | None:
     if softcap is None:
         return None
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (numbers.Real, np.floating, np.integer)):
@@ -297,9 +295,7 @@ def prepare(
     softcap = check_softcap(fn, softcap)
     q_offset, k_offset = check_offsets(fn, q_offset, k_offset, mask)
     threads = check_threads(fn, threads)
-    inputs = tuple(
-        a for a in (*given, q, k, v, mask, sinks, sinks_array) if isinstance(a, np.ndarray)
-    )
+    inputs = tuple(a for a in (*given, q, k, v, mask, sinks, sinks_array) if isinstance(a, np.ndarray))
     return Problem(
         q=readable(q),
         k=readable(k),

@@ -190,9 +190,21 @@ def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset
 
 
 def sdpa(
-    q, k, v, scale=None, mask="causal", *, sinks=None, window=None, softcap=None,
-    q_offset=None, k_offset=0, return_lse=False, out=None, threads=None,
-):  # fmt: skip
+    q,
+    k,
+    v,
+    scale=None,
+    mask="causal",
+    *,
+    sinks=None,
+    window=None,
+    softcap=None,
+    q_offset=None,
+    k_offset=0,
+    return_lse=False,
+    out=None,
+    threads=None,
+):
     """Scaled dot-product attention with grouped-query attention, in float64.
 
     Same signature and semantics as ``npattn.sdpa``; ``threads`` is accepted
@@ -234,9 +246,18 @@ def sdpa(
 
 
 def attention_weights(
-    q, k, scale=None, mask="causal", *, sinks=None, window=None, softcap=None,
-    q_offset=None, k_offset=0, threads=None,
-):  # fmt: skip
+    q,
+    k,
+    scale=None,
+    mask="causal",
+    *,
+    sinks=None,
+    window=None,
+    softcap=None,
+    q_offset=None,
+    k_offset=0,
+    threads=None,
+):
     """The probabilities ``softmax(...)``, shape ``(*B, H_q, L, S)``, in float64
     and then ``np.result_type(q, k)``; same semantics as ``npattn.attention_weights``."""
     q, k = np.asarray(q), np.asarray(k)

@@ -27,7 +27,7 @@ rounds its scores and weights to the half dtype, as MLX's does.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +46,7 @@ OWN_ULPS = {"float64": 64, "float32": 4}
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
-def _f64(x: Any) -> Optional[np.ndarray]:
+def _f64(x: Any) -> np.ndarray | None:
     """A float64 NumPy copy of an array of any library; None, strings and bool masks as they are."""
     if x is None or isinstance(x, str):
         return x
@@ -80,7 +80,9 @@ def max_logit(q: Any, k: Any, scale=None, mask=None, sinks=None, softcap=None) -
     return bound + _largest(_f64(mask)) + _largest(_f64(sinks)) + (float(softcap) if softcap else 0.0)
 
 
-def tolerance(q: Any, k: Any, v: Any, scale=None, mask=None, *, sinks=None, softcap=None, dtype=None, ulps=None) -> float:
+def tolerance(
+    q: Any, k: Any, v: Any, scale=None, mask=None, *, sinks=None, softcap=None, dtype=None, ulps=None
+) -> float:
     """The absolute tolerance for an attention output of ``dtype`` on these inputs.
 
     ``atol = ulps * eps * (1 + max|logit| + sqrt(S)) * max|v|`` (see the
@@ -114,17 +116,17 @@ def assert_attention_close(
     q: Any,
     k: Any,
     v: Any,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     mask: Any = "causal",
     *,
     sinks: Any = None,
     window=None,
-    softcap: Optional[float] = None,
-    q_offset: Optional[int] = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
     k_offset: int = 0,
-    peer: Optional[str] = None,
-    rtol: Optional[float] = None,
-    atol: Optional[float] = None,
+    peer: str | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> None:
     """Asserts that ``actual`` is attention over q, k, v, within tolerance.
 
@@ -168,9 +170,18 @@ def assert_attention_close(
     mask64, sinks64 = _f64(mask), _f64(sinks)
     with np.errstate(all="ignore"):
         want, lse = reference.sdpa(
-            q64, k64, v64, scale, mask64, sinks=sinks64, window=window, softcap=softcap,
-            q_offset=q_offset, k_offset=k_offset, return_lse=True,
-        )  # fmt: skip
+            q64,
+            k64,
+            v64,
+            scale,
+            mask64,
+            sinks=sinks64,
+            window=window,
+            softcap=softcap,
+            q_offset=q_offset,
+            k_offset=k_offset,
+            return_lse=True,
+        )
     if got.shape != want.shape:
         raise AssertionError(f"actual has shape {got.shape}, but attention over these inputs has shape {want.shape}")
     name = got.dtype.name
