@@ -1,11 +1,13 @@
 /* core.c: what the forward and backward drivers share: checked allocation,
  * statuses, and the rules of attention.h, checked once for every caller. */
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "band.h"
 #include "blas.h"
 #include "internal.h"
 
@@ -45,6 +47,27 @@ void npattn_blas_init(void) { pthread_once(&blas_once, blas_single_threaded); }
 
 size_t npattn_dtype_size(enum npattn_dtype dtype) {
     return dtype == NPATTN_DTYPE_F64 ? 8 : dtype == NPATTN_DTYPE_F32 ? 4 : 2;
+}
+
+static int float_normal(double x) { return x == 0 || (fabs(x) >= FLT_MIN && fabs(x) <= FLT_MAX); }
+
+int npattn_computes_f64(const struct npattn_problem *p, enum npattn_dtype result) {
+    return result == NPATTN_DTYPE_F64 || !float_normal(p->scale) ||
+           (p->softcap > 0 && (!float_normal(p->softcap) || !float_normal(1.0 / p->softcap)));
+}
+
+int npattn_blas_direct(const struct npattn_tensor *t, enum npattn_dtype dtype, int64_t rows, int64_t width,
+                       int64_t *ld) {
+    if (t->dtype != dtype || (width > 1 && t->col_stride != 1)) return 0;
+    *ld = rows > 1 ? t->row_stride : (width > 1 ? width : 1);
+    return *ld >= width && *ld >= 1 && *ld <= INT_MAX;
+}
+
+int npattn_band_clip(const struct npattn_band *b, int64_t i0, int64_t nq, int64_t M, int64_t j0, int64_t nk, int32_t *lo,
+                     int32_t *hi) {
+    if (npattn_band_covers(b, i0, i0 + nq, j0, j0 + nk)) return 0;
+    for (int64_t r = 0; r < M; r++) npattn_band_tile(b, i0 + r % nq, j0, nk, lo + r, hi + r);
+    return 1;
 }
 
 int64_t npattn_n_batch(const struct npattn_problem *p) {

@@ -90,24 +90,15 @@ static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     u->off_weights = p->weights.data ? npattn_batch_offset(p, &p->weights, b) : 0;
 }
 
-/* The element [b, h, i, 0] of t, b given by its offset, elements of `size` bytes. */
-static inline char *elem_ptr(const struct npattn_tensor *t, int64_t size, int64_t off, int64_t h, int64_t i) {
-    return (char *)t->data + (off + h * t->head_stride + i * t->row_stride) * size;
-}
-
-static inline int64_t mask_elem_size(const struct npattn_problem *p) {
-    return p->mask_kind == NPATTN_MASK_BOOL ? 1 : (int64_t)npattn_dtype_size(p->mask.dtype);
-}
-
 /* The weight of stacked row r of u for key j. */
 static inline char *weight_ptr(const struct npattn_problem *p, const struct unit *u, int64_t r, int64_t j) {
     int64_t size = (int64_t)npattn_dtype_size(p->weights.dtype);
-    return elem_ptr(&p->weights, size, u->off_weights, u->h0 + r / u->nq, u->i0 + r % u->nq) +
+    return npattn_elem(&p->weights, size, u->off_weights, u->h0 + r / u->nq, u->i0 + r % u->nq) +
            j * p->weights.col_stride * size;
 }
 
 static inline void store_lse(const struct npattn_problem *p, int64_t off, int64_t h, int64_t i, double lse) {
-    char *at = elem_ptr(&p->lse, (int64_t)npattn_dtype_size(p->lse.dtype), off, h, i);
+    char *at = npattn_elem(&p->lse, (int64_t)npattn_dtype_size(p->lse.dtype), off, h, i);
     if (p->lse.dtype == NPATTN_DTYPE_F64) *(double *)at = lse;
     else *(float *)at = (float)lse;
 }
@@ -117,30 +108,32 @@ static inline void store_lse(const struct npattn_problem *p, int64_t off, int64_
 #define IS_F64 0
 #define GEMM npattn_cblas_sgemm
 #define SCORE_TILE struct npattn_score_tile
+#include "tile.h"
 #include "tile_fwd.h"
 #undef REAL
 #undef SFX
 #undef IS_F64
 #undef GEMM
 #undef SCORE_TILE
+#undef LOAD
+#undef STORE
 
 #define REAL double
 #define SFX f64
 #define IS_F64 1
 #define GEMM npattn_cblas_dgemm
 #define SCORE_TILE struct npattn_score_tile_f64
+#include "tile.h"
 #include "tile_fwd.h"
 #undef REAL
 #undef SFX
 #undef IS_F64
 #undef GEMM
 #undef SCORE_TILE
-
-static size_t take(size_t *at, size_t bytes) {
-    size_t off = *at;
-    *at += (bytes + 63) / 64 * 64;
-    return off;
-}
+#undef LOAD
+#undef STORE
+#undef CAT
+#undef CAT_
 
 /* The regions of one slot's scratch, elements of `real` bytes. */
 static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_direct, int v_direct) {
@@ -148,19 +141,19 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     const size_t D = (size_t)p->n_embd_k, Dv = (size_t)p->n_embd_v, M = (size_t)pl->max_m, bk = (size_t)pl->bk;
     struct layout s;
     size_t at = 0;
-    s.qt = take(&at, M * D * real);   /* Q^T (D, M) for the gemm, Q's rows when streaming */
-    s.qrows = take(&at, pl->stream ? 0 : M * D * real); /* Q's rows, before the transpose */
-    s.st = take(&at, bk * M * real);  /* scores^T (bk, M) */
-    s.ot = take(&at, M * Dv * real);  /* O's rows (M, D_v) */
-    s.m = take(&at, M * real);        /* running max */
-    s.l = take(&at, M * real);        /* running sum */
-    s.alpha = take(&at, M * real);    /* rescale factors */
-    s.row = take(&at, (size_t)max64(max64(p->n_embd_k, p->n_embd_v), pl->bk) * real); /* one row, converted */
-    s.kt = take(&at, k_direct ? 0 : bk * D * real);  /* a K tile, converted */
-    s.vt = take(&at, v_direct ? 0 : bk * Dv * real); /* a V tile, converted */
-    s.bias = take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0); /* the mask's tile */
-    s.lo = take(&at, M * sizeof(int32_t)); /* the band's cut, per row */
-    s.hi = take(&at, M * sizeof(int32_t));
+    s.qt = npattn_take(&at, M * D * real);   /* Q^T (D, M) for the gemm, Q's rows when streaming */
+    s.qrows = npattn_take(&at, pl->stream ? 0 : M * D * real); /* Q's rows, before the transpose */
+    s.st = npattn_take(&at, bk * M * real);  /* scores^T (bk, M) */
+    s.ot = npattn_take(&at, M * Dv * real);  /* O's rows (M, D_v) */
+    s.m = npattn_take(&at, M * real);        /* running max */
+    s.l = npattn_take(&at, M * real);        /* running sum */
+    s.alpha = npattn_take(&at, M * real);    /* rescale factors */
+    s.row = npattn_take(&at, (size_t)max64(max64(p->n_embd_k, p->n_embd_v), pl->bk) * real); /* one row, converted */
+    s.kt = npattn_take(&at, k_direct ? 0 : bk * D * real);  /* a K tile, converted */
+    s.vt = npattn_take(&at, v_direct ? 0 : bk * Dv * real); /* a V tile, converted */
+    s.bias = npattn_take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0); /* the mask's tile */
+    s.lo = npattn_take(&at, M * sizeof(int32_t)); /* the band's cut, per row */
+    s.hi = npattn_take(&at, M * sizeof(int32_t));
     s.size = at;
     return s;
 }
@@ -214,22 +207,10 @@ static void merge_task(void *arg, int64_t unit, int32_t slot) {
             for (int64_t e = 0; e < Dv; e++) orow[e] += w * part[pl->max_m + r * Dv + e];
         }
         const int64_t h = u.h0 + r / u.nq, i = u.i0 + r % u.nq;
-        if (Dv > 0) npattn_store_f64(p->out.dtype, orow, Dv, elem_ptr(&p->out, pl->out_size, u.off_out, h, i), p->out.col_stride);
+        if (Dv > 0) npattn_store_f64(p->out.dtype, orow, Dv, npattn_elem(&p->out, pl->out_size, u.off_out, h, i), p->out.col_stride);
         if (p->lse.data) store_lse(p, u.off_lse, h, i, lse);
     }
 }
-
-/* Whether BLAS can read t's rows in place, computing in `dtype`; sets *ld. */
-static int blas_direct(const struct npattn_tensor *t, enum npattn_dtype dtype, int64_t rows, int64_t width,
-                       int64_t *ld) {
-    if (t->dtype != dtype || (width > 1 && t->col_stride != 1)) return 0;
-    *ld = rows > 1 ? t->row_stride : max64(width, 1);
-    return *ld >= width && *ld >= 1 && *ld <= INT_MAX;
-}
-
-/* Whether float holds x as a normal number (or 0), so that computing with
- * (float)x loses nothing but rounding. */
-static int float_normal(double x) { return x == 0 || (fabs(x) >= FLT_MIN && fabs(x) <= FLT_MAX); }
 
 enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     enum npattn_status status = npattn_check(p);
@@ -243,9 +224,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     pl.p = p;
     pl.band = npattn_band_of(p);
     enum npattn_dtype result = Dv > 0 ? p->out.dtype : p->weights.data ? p->weights.dtype : p->lse.dtype;
-    /* double for float64 results, and for a scale or cap that float cannot hold */
-    pl.f64 = result == NPATTN_DTYPE_F64 || !float_normal(p->scale) ||
-             (p->softcap > 0 && (!float_normal(p->softcap) || !float_normal(1.0 / p->softcap)));
+    pl.f64 = npattn_computes_f64(p, result);
     pl.out_size = Dv > 0 ? (int64_t)npattn_dtype_size(p->out.dtype) : 0;
     pl.group = p->n_head_q / p->n_head_kv;
 
@@ -271,8 +250,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     pl.stream = !pl.f64 && pl.max_m <= STREAM_ROWS;
     if (pl.stream) pl.bk = STREAM_KEYS;
     enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
-    pl.k_direct = blas_direct(&p->k, computed, S, D, &pl.ldk);
-    pl.v_direct = Dv > 0 && blas_direct(&p->v, computed, S, Dv, &pl.ldv);
+    pl.k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl.ldk);
+    pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, computed, S, Dv, &pl.ldv);
     pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
 
     /* The work, and the threads it repays: each beyond the caller must get

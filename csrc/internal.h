@@ -29,6 +29,41 @@ size_t npattn_dtype_size(enum npattn_dtype dtype);
 /* Makes OpenBLAS single-threaded, once: the pool does the threading. */
 void npattn_blas_init(void);
 
+/* ---- core.c: what the forward and backward tiles share ---- */
+
+/* Element [b, h, i, 0] of t, b given by its offset, elements of `size` bytes. */
+static inline char *npattn_elem(const struct npattn_tensor *t, int64_t size, int64_t off, int64_t h, int64_t i) {
+    return (char *)t->data + (off + h * t->head_stride + i * t->row_stride) * size;
+}
+
+/* Bytes per element of the mask (a bool mask's are uint8). */
+static inline int64_t npattn_mask_size(const struct npattn_problem *p) {
+    return p->mask_kind == NPATTN_MASK_BOOL ? 1 : (int64_t)npattn_dtype_size(p->mask.dtype);
+}
+
+/* Hands out `bytes` (rounded up to 64) of a scratch layout at *at. */
+static inline size_t npattn_take(size_t *at, size_t bytes) {
+    size_t off = *at;
+    *at += (bytes + 63) / 64 * 64;
+    return off;
+}
+
+/* Whether the problem computes in double: float64 results, and a scale or cap
+ * that float cannot hold as a normal number. */
+int npattn_computes_f64(const struct npattn_problem *p, enum npattn_dtype result);
+
+/* Whether BLAS can read t's rows (rows of `width`) in place, computing in
+ * `dtype`; sets *ld, their leading dimension. */
+int npattn_blas_direct(const struct npattn_tensor *t, enum npattn_dtype dtype, int64_t rows, int64_t width,
+                       int64_t *ld);
+
+struct npattn_band;
+/* For stacked rows r = 0 .. M-1 (query i0 + r % nq) against the key tile
+ * [j0, j0 + nk): 0 if the band lets every row see every key, else 1 with
+ * each row's visible tile keys in lo[r] .. hi[r]. */
+int npattn_band_clip(const struct npattn_band *b, int64_t i0, int64_t nq, int64_t M, int64_t j0, int64_t nk, int32_t *lo,
+                     int32_t *hi);
+
 /* ---- pool.c: the calling thread and helper threads run the tasks of a job ---- */
 
 /* The most threads one job runs on; asking for more runs on this many. */

@@ -13,13 +13,6 @@
  * keys may be split into n_split tasks (split-K), each leaving a partial
  * (lse, normalised O) that merge() combines.
  */
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-
-/* Loads n elements of dtype (at stride) as REAL. */
-#define LOAD CAT(npattn_load_, SFX)
-#define STORE CAT(npattn_store_, SFX)
-
 /* Returns 1 when a float task must be recomputed in double. */
 static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, char *scratch) {
     const struct npattn_problem *p = pl->p;
@@ -41,16 +34,9 @@ static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, 
 
     /* Q's rows (M, D) for the streaming kernels; Q^T (D, M) for the gemm,
      * which then reads K in place as a plain NoTrans product (a form
-     * OpenBLAS's small-matrix kernels take), transposed in blocks */
-    const int64_t qsz = (int64_t)npattn_dtype_size(p->q.dtype);
-    REAL *qrows = stream ? qt : (REAL *)(scratch + lay->qrows);
-    for (int64_t r = 0; r < M; r++)
-        LOAD(p->q.dtype, elem_ptr(&p->q, qsz, u.off_q, h0 + r / nq, i0 + r % nq), p->q.col_stride, D, qrows + r * D);
-    if (!stream)
-        for (int64_t r0 = 0; r0 < M; r0 += 16)
-            for (int64_t d0 = 0; d0 < D; d0 += 16)
-                for (int64_t r = r0; r < r0 + 16 && r < M; r++)
-                    for (int64_t d = d0; d < d0 + 16 && d < D; d++) qt[d * M + r] = qrows[r * D + d];
+     * OpenBLAS's small-matrix kernels take) */
+    CAT(stacked_rows_, SFX)(&p->q, u.off_q, h0, i0, nq, M, D, stream ? qt : (REAL *)(scratch + lay->qrows),
+                            stream ? NULL : qt);
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */
     for (int64_t r = 0; r < M; r++) {
@@ -64,8 +50,8 @@ static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, 
     const int64_t n_ktile = (u.j1 - u.j0 + pl->bk - 1) / pl->bk;
     const int64_t t_begin = n_ktile * split / pl->n_split, t_end = n_ktile * (split + 1) / pl->n_split;
     const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
-    const char *kbase = n_ktile > 0 ? elem_ptr(&p->k, ks, u.off_k, u.g, 0) : NULL;
-    const char *vbase = n_ktile > 0 && Dv > 0 ? elem_ptr(&p->v, vs, u.off_v, u.g, 0) : NULL;
+    const char *kbase = n_ktile > 0 ? npattn_elem(&p->k, ks, u.off_k, u.g, 0) : NULL;
+    const char *vbase = n_ktile > 0 && Dv > 0 ? npattn_elem(&p->v, vs, u.off_v, u.g, 0) : NULL;
 
     /* scores (j, r) sit at st[j * sj + r * sr]: transposed (keys, M) for the
      * gemms, by rows (M, bk) for the streaming kernels; the bias likewise */
@@ -88,25 +74,9 @@ static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, 
             const int64_t j0 = u.j0 + t * pl->bk, nk = u.j1 - j0 < pl->bk ? u.j1 - j0 : pl->bk;
 
             /* K and V tiles: in place where BLAS can read them, else converted here */
-            const REAL *ktile = kt, *vtile = vt;
-            int64_t ldk = D, ldv = Dv > 0 ? Dv : 1;
-            if (k_direct) {
-                ktile = (const REAL *)(kbase + j0 * p->k.row_stride * ks);
-                ldk = pl->ldk;
-            } else {
-                for (int64_t j = 0; j < nk; j++)
-                    LOAD(p->k.dtype, kbase + (j0 + j) * p->k.row_stride * ks, p->k.col_stride, D, kt + j * D);
-            }
-            if (pass == 0 && Dv > 0) {
-                if (v_direct) {
-                    vtile = (const REAL *)(vbase + j0 * p->v.row_stride * vs);
-                    ldv = pl->ldv;
-                } else {
-                    for (int64_t j = 0; j < nk; j++)
-                        LOAD(p->v.dtype, vbase + (j0 + j) * p->v.row_stride * vs, p->v.col_stride, Dv,
-                             vt + j * Dv);
-                }
-            }
+            int64_t ldk, ldv = 1;
+            const REAL *ktile = CAT(kv_rows_, SFX)(&p->k, kbase, j0, nk, D, k_direct, pl->ldk, kt, &ldk), *vtile = vt;
+            if (pass == 0 && Dv > 0) vtile = CAT(kv_rows_, SFX)(&p->v, vbase, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv);
 
             /* scores^T (nk, M) = K_tile (nk, D) @ Q^T (D, M) */
             if (stream)
@@ -119,24 +89,12 @@ static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, 
             tile.nk = nk;
             tile.bias = NULL;
             if (p->mask_kind != NPATTN_MASK_NONE) {
-                const int64_t ms = mask_elem_size(p), mcs = p->mask.col_stride;
-                for (int64_t r = 0; r < M; r++) {
-                    const char *mrow = elem_ptr(&p->mask, ms, u.off_mask, h0 + r / nq, i0 + r % nq) + j0 * mcs * ms;
-                    if (p->mask_kind == NPATTN_MASK_BOOL) {
-                        for (int64_t j = 0; j < nk; j++)
-                            bias[j * sj + r * sr] = ((const uint8_t *)mrow)[j * mcs] ? (REAL)0 : (REAL)-INFINITY;
-                    } else {
-                        LOAD(p->mask.dtype, mrow, mcs, nk, row);
-                        for (int64_t j = 0; j < nk; j++) bias[j * sj + r * sr] = row[j];
-                    }
-                }
+                CAT(mask_tile_, SFX)(p, u.off_mask, h0, i0, nq, M, j0, nk, bias, sj, sr, row);
                 tile.bias = bias;
             }
-            tile.lo = tile.hi = NULL;
-            if (!npattn_band_covers(&pl->band, i0, i0 + nq, j0, j0 + nk)) {
-                for (int64_t r = 0; r < M; r++) npattn_band_tile(&pl->band, i0 + r % nq, j0, nk, lo + r, hi + r);
-                tile.lo = lo, tile.hi = hi;
-            }
+            int clipped = npattn_band_clip(&pl->band, i0, nq, M, j0, nk, lo, hi);
+            tile.lo = clipped ? lo : NULL;
+            tile.hi = clipped ? hi : NULL;
 
             /* online softmax down each column: probabilities in place, max and sum updated */
 #if IS_F64
@@ -175,7 +133,7 @@ static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, 
                 REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r]; /* a row that saw no key: zeros, not NaN */
                 for (int64_t e = 0; e < Dv; e++) row[e] = ot[r * Dv + e] * inv;
                 const int64_t h = h0 + r / nq, i = i0 + r % nq;
-                if (Dv > 0) STORE(p->out.dtype, row, Dv, elem_ptr(&p->out, pl->out_size, u.off_out, h, i), p->out.col_stride);
+                if (Dv > 0) STORE(p->out.dtype, row, Dv, npattn_elem(&p->out, pl->out_size, u.off_out, h, i), p->out.col_stride);
                 if (p->lse.data) store_lse(p, u.off_lse, h, i, lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]));
             }
         } else {
@@ -191,7 +149,3 @@ static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, 
     return 0;
 }
 
-#undef LOAD
-#undef STORE
-#undef CAT
-#undef CAT_

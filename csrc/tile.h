@@ -1,0 +1,52 @@
+/* tile.h: what the forward and backward tiles share, written once for both
+ * computed types: included with REAL (float or double) and SFX (f32 or f64)
+ * defined, before tile_fwd.h or tile_bwd.h. */
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define LOAD CAT(npattn_load_, SFX)
+#define STORE CAT(npattn_store_, SFX)
+
+/* Rows j0 .. j0+nk of an operand (k or v of one head, at base) as REAL: the
+ * rows in place when BLAS reads them (direct, leading dimension ld_direct),
+ * else converted or gathered into buf (leading dimension width). */
+static const REAL *CAT(kv_rows_, SFX)(const struct npattn_tensor *t, const char *base, int64_t j0, int64_t nk,
+                                      int64_t width, int direct, int64_t ld_direct, REAL *buf, int64_t *ld) {
+    const int64_t es = (int64_t)npattn_dtype_size(t->dtype);
+    if (direct) {
+        *ld = ld_direct;
+        return (const REAL *)(base + j0 * t->row_stride * es);
+    }
+    for (int64_t j = 0; j < nk; j++) LOAD(t->dtype, base + (j0 + j) * t->row_stride * es, t->col_stride, width, buf + j * width);
+    *ld = width > 0 ? width : 1;
+    return buf;
+}
+
+/* Stacked rows r = 0 .. M-1 (head h0 + r / nq, query i0 + r % nq) of an
+ * operand of width w at batch offset off, as REAL: rows (M, w), and with
+ * trans also transposed (w, M) into rowsT, in blocks. */
+static void CAT(stacked_rows_, SFX)(const struct npattn_tensor *t, int64_t off, int64_t h0, int64_t i0, int64_t nq,
+                                    int64_t M, int64_t w, REAL *rows, REAL *rowsT) {
+    const int64_t es = (int64_t)npattn_dtype_size(t->dtype);
+    for (int64_t r = 0; r < M; r++) LOAD(t->dtype, npattn_elem(t, es, off, h0 + r / nq, i0 + r % nq), t->col_stride, w, rows + r * w);
+    if (rowsT)
+        for (int64_t r0 = 0; r0 < M; r0 += 16)
+            for (int64_t d0 = 0; d0 < w; d0 += 16)
+                for (int64_t r = r0; r < r0 + 16 && r < M; r++)
+                    for (int64_t d = d0; d < d0 + 16 && d < w; d++) rowsT[d * M + r] = rows[r * w + d];
+}
+
+/* The mask's tile for the stacked rows and keys j0 .. j0+nk as a bias: 0 or
+ * -inf for a bool mask, the values for an additive one, at bias[j * sj + r * sr]. */
+static void CAT(mask_tile_, SFX)(const struct npattn_problem *p, int64_t off, int64_t h0, int64_t i0, int64_t nq,
+                                 int64_t M, int64_t j0, int64_t nk, REAL *bias, int64_t sj, int64_t sr, REAL *row) {
+    const int64_t ms = npattn_mask_size(p), mcs = p->mask.col_stride;
+    for (int64_t r = 0; r < M; r++) {
+        const char *mrow = npattn_elem(&p->mask, ms, off, h0 + r / nq, i0 + r % nq) + j0 * mcs * ms;
+        if (p->mask_kind == NPATTN_MASK_BOOL) {
+            for (int64_t j = 0; j < nk; j++) bias[j * sj + r * sr] = ((const uint8_t *)mrow)[j * mcs] ? (REAL)0 : (REAL)-INFINITY;
+        } else {
+            LOAD(p->mask.dtype, mrow, mcs, nk, row);
+            for (int64_t j = 0; j < nk; j++) bias[j * sj + r * sr] = row[j];
+        }
+    }
+}
