@@ -159,7 +159,47 @@ static int overlaps_itself(const struct npattn_problem *p, const struct npattn_t
 
 static int dtype_ok(enum npattn_dtype t) { return t >= NPATTN_DTYPE_F32 && t <= NPATTN_DTYPE_BF16; }
 
-enum npattn_status npattn_check(const struct npattn_problem *p) {
+/* One operand of a problem, as the checks see it. */
+struct operand {
+    const struct npattn_tensor *t; /* NULL: the sinks (a plain array of n_head_q doubles) */
+    const void *data;
+    int given;                     /* read or written in this problem */
+    int output;
+    int64_t dims[3];               /* heads, rows, cols */
+    int64_t size;                  /* bytes per element */
+    struct extent e;
+};
+
+/* The rules every operand table keeps: batch strides, extents that fit int64,
+ * data where something is read or written, and outputs that overlap neither
+ * themselves, another output, nor an input. */
+static enum npattn_status check_operands(const struct npattn_problem *p, struct operand *ops, int n, int empty) {
+    for (int i = 0; i < n; i++) {
+        struct operand *o = &ops[i];
+        if (!o->given) continue;
+        if (!o->t) {
+            o->e.lo = 0, o->e.hi = o->size * o->dims[0] - 1, o->e.empty = o->dims[0] == 0;
+            continue;
+        }
+        if (p->n_batch_dim > 0 && !o->t->batch_stride) return NPATTN_STATUS_INVALID;
+        if (!extent_of(p, o->t, o->dims, o->size, &o->e)) return NPATTN_STATUS_INVALID;
+    }
+    if (empty) return NPATTN_STATUS_OK; /* nothing is read or written */
+    for (int i = 0; i < n; i++)
+        if (ops[i].given && !ops[i].e.empty && !ops[i].data) return NPATTN_STATUS_INVALID;
+    if (p->n_embd_k > INT_MAX || p->n_embd_v > INT_MAX) return NPATTN_STATUS_TOO_LARGE;
+    for (int i = 0; i < n; i++) {
+        const struct operand *o = &ops[i];
+        if (!o->given || !o->output) continue;
+        if (o->t && overlaps_itself(p, o->t, o->dims)) return NPATTN_STATUS_INVALID;
+        for (int j = 0; j < n; j++)
+            if (j != i && ops[j].given && meet(o->data, &o->e, ops[j].data, &ops[j].e)) return NPATTN_STATUS_INVALID;
+    }
+    return NPATTN_STATUS_OK;
+}
+
+/* The scalar rules of a problem, and its operand table (8 entries). */
+static enum npattn_status problem_operands(const struct npattn_problem *p, struct operand *ops, int *empty) {
     if (!p || p->n_batch_dim < 0 || (p->n_batch_dim > 0 && !p->batch_shape)) return NPATTN_STATUS_INVALID;
     int64_t n_batch = 1;
     for (int32_t d = 0; d < p->n_batch_dim; d++) {
@@ -172,60 +212,65 @@ enum npattn_status npattn_check(const struct npattn_problem *p) {
     if (p->window_left < NPATTN_UNBOUNDED || p->window_right < NPATTN_UNBOUNDED) return NPATTN_STATUS_INVALID;
     if (p->mask_kind < NPATTN_MASK_NONE || p->mask_kind > NPATTN_MASK_ADD || p->n_threads < 0)
         return NPATTN_STATUS_INVALID;
-    int has_mask = p->mask_kind != NPATTN_MASK_NONE;
-    int has_out = p->n_embd_v > 0, has_lse = p->lse.data != NULL, has_w = p->weights.data != NULL;
+    const int has_mask = p->mask_kind != NPATTN_MASK_NONE, has_out = p->n_embd_v > 0;
+    const int has_lse = p->lse.data != NULL, has_w = p->weights.data != NULL;
     if (!dtype_ok(p->q.dtype) || !dtype_ok(p->k.dtype) || (has_out && (!dtype_ok(p->v.dtype) || !dtype_ok(p->out.dtype))) ||
-        (has_mask && p->mask_kind == NPATTN_MASK_ADD && !dtype_ok(p->mask.dtype)) || (has_w && !dtype_ok(p->weights.dtype)))
+        (p->mask_kind == NPATTN_MASK_ADD && !dtype_ok(p->mask.dtype)) || (has_w && !dtype_ok(p->weights.dtype)))
         return NPATTN_STATUS_INVALID;
     if (has_lse && p->lse.dtype != NPATTN_DTYPE_F32 && p->lse.dtype != NPATTN_DTYPE_F64) return NPATTN_STATUS_INVALID;
-
-    if (p->n_batch_dim > 0 &&
-        (!p->q.batch_stride || !p->k.batch_stride || (has_out && (!p->v.batch_stride || !p->out.batch_stride)) ||
-         (has_lse && !p->lse.batch_stride) || (has_w && !p->weights.batch_stride) ||
-         (has_mask && !p->mask.batch_stride)))
-        return NPATTN_STATUS_INVALID;
-
-    const int64_t H_q = p->n_head_q, H_kv = p->n_head_kv, L = p->n_query, S = p->n_key;
-    const int64_t dq[3] = {H_q, L, p->n_embd_k}, dk[3] = {H_kv, S, p->n_embd_k}, dv[3] = {H_kv, S, p->n_embd_v},
-                  dout[3] = {H_q, L, p->n_embd_v}, dl[3] = {H_q, L, 1}, dm[3] = {H_q, L, S};
-    struct extent eq, ek, ev, eo, el, ew, em, es;
+    const int64_t H_q = p->n_head_q, H_kv = p->n_head_kv, L = p->n_query, S = p->n_key, D = p->n_embd_k,
+                  Dv = p->n_embd_v;
 #define SIZE(t) ((int64_t)npattn_dtype_size((t).dtype))
-    int64_t mask_size = p->mask_kind == NPATTN_MASK_BOOL ? 1 : SIZE(p->mask);
-    if (!extent_of(p, &p->q, dq, SIZE(p->q), &eq) || !extent_of(p, &p->k, dk, SIZE(p->k), &ek) ||
-        (has_out && !extent_of(p, &p->v, dv, SIZE(p->v), &ev)) ||
-        (has_out && !extent_of(p, &p->out, dout, SIZE(p->out), &eo)) ||
-        (has_lse && !extent_of(p, &p->lse, dl, SIZE(p->lse), &el)) ||
-        (has_w && !extent_of(p, &p->weights, dm, SIZE(p->weights), &ew)) ||
-        (has_mask && !extent_of(p, &p->mask, dm, mask_size, &em)))
-        return NPATTN_STATUS_INVALID;
+    struct operand table[8] = {
+        {&p->q, p->q.data, 1, 0, {H_q, L, D}, SIZE(p->q), {0, 0, 0}},
+        {&p->k, p->k.data, 1, 0, {H_kv, S, D}, SIZE(p->k), {0, 0, 0}},
+        {&p->v, p->v.data, has_out, 0, {H_kv, S, Dv}, SIZE(p->v), {0, 0, 0}},
+        {&p->mask, p->mask.data, has_mask, 0, {H_q, L, S}, npattn_mask_size(p), {0, 0, 0}},
+        {NULL, p->sinks, p->sinks != NULL, 0, {H_q, 1, 1}, (int64_t)sizeof(double), {0, 0, 0}},
+        {&p->out, p->out.data, has_out, 1, {H_q, L, Dv}, SIZE(p->out), {0, 0, 0}},
+        {&p->lse, p->lse.data, has_lse, 1, {H_q, L, 1}, SIZE(p->lse), {0, 0, 0}},
+        {&p->weights, p->weights.data, has_w, 1, {H_q, L, S}, SIZE(p->weights), {0, 0, 0}},
+    };
 #undef SIZE
-    if (n_batch == 0 || H_q == 0 || L == 0) return NPATTN_STATUS_OK; /* nothing is read or written */
-
-    if (!p->q.data || (S > 0 && !p->k.data) || (has_mask && !p->mask.data)) return NPATTN_STATUS_INVALID;
-    if (has_out && ((S > 0 && !p->v.data) || !p->out.data)) return NPATTN_STATUS_INVALID;
-    if (p->n_embd_k > INT_MAX || p->n_embd_v > INT_MAX) return NPATTN_STATUS_TOO_LARGE;
-
-    /* outputs: never overlapping themselves or an input */
-    es.lo = 0, es.hi = (int64_t)sizeof(double) * H_q - 1, es.empty = !p->sinks;
-    const void *in[5] = {p->q.data, p->k.data, p->v.data, p->mask.data, p->sinks};
-    const struct extent *ein[5] = {&eq, &ek, has_out ? &ev : &es, has_mask ? &em : &es, &es};
-    int n_in = 5;
-    if (!has_out) in[2] = NULL;
-    if (!has_mask) in[3] = NULL;
-    struct {
-        int given;
-        const struct npattn_tensor *t;
-        const int64_t *dims;
-        const struct extent *e;
-    } outs[3] = {{has_out, &p->out, dout, &eo}, {has_lse, &p->lse, dl, &el}, {has_w, &p->weights, dm, &ew}};
-    for (int o = 0; o < 3; o++) {
-        if (!outs[o].given) continue;
-        if (overlaps_itself(p, outs[o].t, outs[o].dims)) return NPATTN_STATUS_INVALID;
-        for (int i = 0; i < n_in; i++)
-            if (in[i] && meet(outs[o].t->data, outs[o].e, in[i], ein[i])) return NPATTN_STATUS_INVALID;
-        for (int o2 = 0; o2 < o; o2++)
-            if (outs[o2].given && meet(outs[o].t->data, outs[o].e, outs[o2].t->data, outs[o2].e))
-                return NPATTN_STATUS_INVALID;
-    }
+    memcpy(ops, table, sizeof table);
+    *empty = n_batch == 0 || H_q == 0 || L == 0;
     return NPATTN_STATUS_OK;
+}
+
+enum npattn_status npattn_check(const struct npattn_problem *p) {
+    struct operand ops[8];
+    int empty;
+    enum npattn_status status = problem_operands(p, ops, &empty);
+    return status != NPATTN_STATUS_OK ? status : check_operands(p, ops, 8, empty);
+}
+
+enum npattn_status npattn_check_backward(const struct npattn_backward_problem *bp) {
+    const struct npattn_problem *p = &bp->fwd;
+    struct operand ops[13];
+    int empty;
+    enum npattn_status status = problem_operands(p, ops, &empty);
+    if (status != NPATTN_STATUS_OK) return status;
+    /* forward's results are inputs here, the weights are unused */
+    ops[5].output = ops[6].output = 0;
+    ops[7].given = 0;
+    ops[5].given = ops[6].given = 1;
+    if (!p->lse.data || (p->lse.dtype != NPATTN_DTYPE_F32 && p->lse.dtype != NPATTN_DTYPE_F64) ||
+        !dtype_ok(p->out.dtype) || !dtype_ok(p->v.dtype) || !dtype_ok(bp->dout.dtype))
+        return NPATTN_STATUS_INVALID;
+    const enum npattn_dtype gd[3] = {bp->dq.dtype, bp->dk.dtype, bp->dv.dtype};
+    for (int i = 0; i < 3; i++)
+        if (gd[i] != NPATTN_DTYPE_F32 && gd[i] != NPATTN_DTYPE_F64) return NPATTN_STATUS_INVALID;
+    const int64_t H_q = p->n_head_q, H_kv = p->n_head_kv, L = p->n_query, S = p->n_key, D = p->n_embd_k,
+                  Dv = p->n_embd_v;
+    int64_t n_batch = npattn_n_batch(p);
+    const struct operand more[5] = {
+        {&bp->dout, bp->dout.data, 1, 0, {H_q, L, Dv}, (int64_t)npattn_dtype_size(bp->dout.dtype), {0, 0, 0}},
+        {&bp->dq, bp->dq.data, 1, 1, {H_q, L, D}, (int64_t)npattn_dtype_size(bp->dq.dtype), {0, 0, 0}},
+        {&bp->dk, bp->dk.data, 1, 1, {H_kv, S, D}, (int64_t)npattn_dtype_size(bp->dk.dtype), {0, 0, 0}},
+        {&bp->dv, bp->dv.data, 1, 1, {H_kv, S, Dv}, (int64_t)npattn_dtype_size(bp->dv.dtype), {0, 0, 0}},
+        {NULL, bp->dsinks, p->sinks != NULL, 1, {n_batch * H_q, 1, 1}, (int64_t)sizeof(double), {0, 0, 0}},
+    };
+    memcpy(ops + 8, more, sizeof more);
+    /* an empty batch or no query head: nothing is read or written */
+    return check_operands(p, ops, 13, n_batch == 0 || H_q == 0);
 }

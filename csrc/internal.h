@@ -13,9 +13,9 @@
 void *npattn_alloc(size_t n_bytes); /* 64-byte aligned, NULL on failure */
 void npattn_free(void *p);
 
-/* NPATTN_STATUS_OK if p keeps every rule of attention.h (the backward
- * problem's own fields are checked by its driver). */
+/* NPATTN_STATUS_OK if the problem keeps every rule of attention.h. */
 enum npattn_status npattn_check(const struct npattn_problem *p);
+enum npattn_status npattn_check_backward(const struct npattn_backward_problem *bp);
 
 /* Product of the batch shape (checked by npattn_check not to overflow). */
 int64_t npattn_n_batch(const struct npattn_problem *p);

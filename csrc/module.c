@@ -314,15 +314,15 @@ static int result_shape(const struct call *c, npy_intp last, int with_last, npy_
     return nd;
 }
 
-/* Runs the core without the GIL and maps its status: 1 done, 0 NotImplemented
- * (a broken rule, unprepared), -1 an exception. */
-static int run(struct call *c, int prepared, enum npattn_status (*fn)(const void *), const void *problem) {
-    struct wait_state w;
-    c->p.cancel = check_signals;
-    c->p.cancel_arg = &w;
-    w.saved = PyEval_SaveThread();
-    enum npattn_status status = fn(problem);
-    PyEval_RestoreThread(w.saved);
+static npy_intp batch_size(const struct call *c) {
+    npy_intp n = 1;
+    for (int d = 0; d < c->nb; d++) n *= (npy_intp)c->batch[d];
+    return n;
+}
+
+/* Maps a core status: 1 done, 0 NotImplemented (a broken rule, unprepared),
+ * -1 an exception. */
+static int map_status(enum npattn_status status, int prepared) {
     switch (status) {
     case NPATTN_STATUS_OK: return 1;
     case NPATTN_STATUS_CANCELLED:
@@ -338,7 +338,16 @@ static int run(struct call *c, int prepared, enum npattn_status (*fn)(const void
     }
 }
 
-static enum npattn_status run_forward(const void *p) { return npattn_sdpa(p); }
+/* Runs the forward core without the GIL, Ctrl-C relayed; maps its status. */
+static int run(struct call *c, int prepared) {
+    struct wait_state w;
+    c->p.cancel = check_signals;
+    c->p.cancel_arg = &w;
+    w.saved = PyEval_SaveThread();
+    enum npattn_status status = npattn_sdpa(&c->p);
+    PyEval_RestoreThread(w.saved);
+    return map_status(status, prepared);
+}
 
 static PyObject *not_ready(int prepared, const char *what) {
     if (prepared) return PyErr_Format(PyExc_RuntimeError, "sdpa: internal error: %s not prepared", what);
@@ -376,7 +385,7 @@ static PyObject *core_sdpa(PyObject *self, PyObject *const *args, Py_ssize_t nar
     describe(&c, &c.out, &c.p.out, c.result, 3);
     if (c.lse.a) describe(&c, &c.lse, &c.p.lse, c.result == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32, 2);
 
-    int done = run(&c, prepared, run_forward, &c.p);
+    int done = run(&c, prepared);
     if (done <= 0) {
         Py_DECREF(c.out.a);
         Py_XDECREF(c.lse.a);
@@ -407,9 +416,81 @@ static PyObject *core_attention_weights(PyObject *self, PyObject *const *args, P
     c.weights.a = c.out.a;
     c.out.a = NULL;
     describe(&c, &c.weights, &c.p.weights, c.result, 3);
-    if (run(&c, 1, run_forward, &c.p) <= 0) return NULL;
+    if (run(&c, 1) <= 0) return NULL;
     Py_INCREF(c.weights.a);
     return (PyObject *)c.weights.a;
+}
+
+/* An operand the backward pass reads or writes, of the result's batch shape and
+ * logical shape (heads, rows, width) or (rows, width) at rank 2; NOT_READY unless
+ * it is exactly so. */
+static int read_full(struct call *c, PyObject *o, struct operand *op, struct npattn_tensor *t, npy_intp heads,
+                     npy_intp rows, npy_intp width, int tail, int core_type) {
+    if (!readable(o, 0)) return NOT_READY;
+    PyArrayObject *a = (PyArrayObject *)o;
+    npy_intp shape[NPY_MAXDIMS + 3];
+    int nd = 0;
+    if (!c->rank2) {
+        for (int d = 0; d < c->nb; d++) shape[nd++] = (npy_intp)c->batch[d];
+        shape[nd++] = heads;
+    }
+    shape[nd++] = rows;
+    if (tail == 3) shape[nd++] = width;
+    if (PyArray_NDIM(a) != nd || (core_type >= 0 && core_dtype(a) != core_type)) return NOT_READY;
+    for (int d = 0; d < nd; d++)
+        if (PyArray_DIM(a, d) != shape[d]) return NOT_READY;
+    op->a = a;
+    describe(c, op, t, core_dtype(a), tail);
+    return READY;
+}
+
+/* sdpa_backward(dout, q, k, v, out, lse, scale, mask, sinks, window, softcap,
+ *               q_offset, k_offset, dq, dk, dv, dsinks, threads): arguments
+ * prepared by Python; dq, dk, dv of the result's batch shape in the computed
+ * dtype, dsinks None or float64 (n_batch, H_q). */
+static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 18) return PyErr_Format(PyExc_TypeError, "_core.sdpa_backward takes 18 arguments, got %zd", nargs);
+    struct call c;
+    struct npattn_backward_problem bp;
+    memset(&c, 0, sizeof c);
+    memset(&bp, 0, sizeof bp);
+    if (!read_qkv(&c, args[1], args[2], args[3], 1)) return not_ready(1, "q, k or v");
+    if (!read_options(&c, args[6], args[7], args[8], args[9], args[10], args[11], args[12]))
+        return not_ready(1, "an option");
+    if (!read_threads(&c, args[17])) return not_ready(1, "threads");
+    const struct npattn_problem *p = &c.p;
+    const npy_intp H_q = (npy_intp)p->n_head_q, H_kv = (npy_intp)p->n_head_kv, L = (npy_intp)p->n_query;
+    const npy_intp S = (npy_intp)p->n_key, D = (npy_intp)p->n_embd_k, Dv = (npy_intp)p->n_embd_v;
+    const int wide = c.result == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    struct operand dout, dq, dk, dv;
+    if (!read_full(&c, args[0], &dout, &bp.dout, H_q, L, Dv, 3, -1) ||
+        !read_full(&c, args[4], &c.out, &c.p.out, H_q, L, Dv, 3, -1) ||
+        !read_full(&c, args[5], &c.lse, &c.p.lse, H_q, L, 1, 2, -1) ||
+        !read_full(&c, args[13], &dq, &bp.dq, H_q, L, D, 3, wide))
+        return not_ready(1, "dout, out, lse or dq");
+    /* dk and dv: the kv heads at the result's batch shape */
+    if (!read_full(&c, args[14], &dk, &bp.dk, H_kv, S, D, 3, wide) ||
+        !read_full(&c, args[15], &dv, &bp.dv, H_kv, S, Dv, 3, wide))
+        return not_ready(1, "dk or dv");
+    if (args[16] != Py_None) {
+        PyArrayObject *ds = (PyArrayObject *)args[16];
+        if (!PyArray_Check(args[16]) || PyArray_TYPE(ds) != NPY_FLOAT64 || !PyArray_IS_C_CONTIGUOUS(ds) ||
+            PyArray_SIZE(ds) != batch_size(&c) * H_q || !p->sinks)
+            return not_ready(1, "dsinks");
+        bp.dsinks = PyArray_DATA(ds);
+    } else if (p->sinks) {
+        return not_ready(1, "dsinks");
+    }
+    bp.fwd = c.p;
+    struct wait_state w;
+    bp.fwd.cancel = check_signals;
+    bp.fwd.cancel_arg = &w;
+    w.saved = PyEval_SaveThread();
+    enum npattn_status status = npattn_sdpa_backward(&bp);
+    PyEval_RestoreThread(w.saved);
+    if (map_status(status, 1) <= 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *core_set_bfloat16(PyObject *self, PyObject *arg) {
@@ -485,6 +566,9 @@ static PyMethodDef core_methods[] = {
     {"attention_weights", (PyCFunction)(void (*)(void))core_attention_weights, METH_FASTCALL,
      "attention_weights(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, weights, threads)\n--\n\n"
      "Private: fills the prepared array weights with npattn.attention_weights's result."},
+    {"sdpa_backward", (PyCFunction)(void (*)(void))core_sdpa_backward, METH_FASTCALL,
+     "sdpa_backward(dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, dq, dk, dv, "
+     "dsinks, threads)\n--\n\nPrivate: fills the prepared dq, dk, dv (and dsinks) for npattn.sdpa_backward."},
     {"set_bfloat16", core_set_bfloat16, METH_O, "set_bfloat16(dtype)\n--\n\nTell the core ml_dtypes.bfloat16's dtype."},
     {"blas_info", core_blas_info, METH_NOARGS, "blas_info()\n--\n\nWhich OpenBLAS npattn runs on."},
     {"simd", core_simd, METH_NOARGS, "simd()\n--\n\nThe kernel table in use: avx512, avx2, neon or portable."},

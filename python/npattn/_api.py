@@ -8,13 +8,13 @@ called again with the prepared arguments.
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import _args, _core
 
-__all__ = ["sdpa", "attention_weights", "merge"]
+__all__ = ["sdpa", "attention_weights", "merge", "sdpa_backward", "Grads"]
 
 MaskLike = str | None | np.ndarray | Any
 Window = tuple[int | None, int | None] | None
@@ -314,3 +314,101 @@ def merge(outs: Sequence[Any], lses: Sequence[Any]) -> tuple[np.ndarray, np.ndar
         share = weights / np.where(total > 0, total, 1.0)
         out = sum(share[i][..., None] * np.asarray(o, np.float64) for i, o in enumerate(outs))
     return out.astype(dtype), lse.astype(wide)
+
+
+class Grads(NamedTuple):
+    """The gradients :func:`sdpa_backward` returns, each of its operand's shape and dtype."""
+
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray
+    dsinks: np.ndarray | None  # (H_q,), float32 (float64 for float64 inputs); None without sinks
+
+
+def sdpa_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    scale: float | None = None,
+    mask: MaskLike = "causal",
+    *,
+    sinks: Any = None,
+    window: Window = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
+    k_offset: int = 0,
+    threads: int | None = None,
+) -> Grads:
+    """The gradients of ``sum(dout * sdpa(q, k, v, ...))``: the backward pass.
+
+    FlashAttention-2's backward (arXiv:2307.08691): each tile recomputes its
+    probabilities from the saved ``lse``, so memory stays O(tile), never
+    ``L * S``. Call :func:`sdpa` with ``return_lse=True`` first, with the same
+    arguments.
+
+    Parameters
+    ----------
+    dout : array_like, shape (*B, H_q, L, D_v)
+        The gradient of the loss with respect to the output.
+    q, k, v : array_like
+        As given to :func:`sdpa`.
+    out, lse : array_like
+        What ``sdpa(q, k, v, ..., return_lse=True)`` returned.
+    scale, mask, sinks, window, softcap, q_offset, k_offset, threads
+        As given to :func:`sdpa`. The mask gets no gradient.
+
+    Returns
+    -------
+    Grads
+        ``(dq, dk, dv, dsinks)``: ``dq``, ``dk``, ``dv`` of the shapes and
+        dtypes of ``q``, ``k``, ``v`` (a key/value head sums its group's
+        gradients, and batch dims an operand was broadcast along are summed
+        back, as autograd does); ``dsinks`` of shape ``(H_q,)``, float32
+        (float64 for float64 inputs), or None without sinks.
+
+    Notes
+    -----
+    float32, float64 (in double) and float16/bfloat16 (in float32 tiles) as
+    the forward pass. The same ``threads`` gives bitwise-identical gradients:
+    each task owns the key/value head it writes.
+
+    Examples
+    --------
+    >>> import numpy as np, npattn
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((1, 2, 4, 8)) for _ in range(3))
+    >>> out, lse = npattn.sdpa(q, k, v, return_lse=True)
+    >>> grads = npattn.sdpa_backward(np.ones_like(out), q, k, v, out, lse)
+    >>> grads.dq.shape, grads.dsinks
+    ((1, 2, 4, 8), None)
+    """
+    fn = "sdpa_backward"
+    given = {"q": q, "k": k, "v": v}
+    p = _args.prepare(fn, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, threads)
+    D, D_v, H_kv = p.q.shape[-1], p.v.shape[-1], p.k.shape[-3] if p.k.ndim > 2 else 1
+    shape = (*p.shape, D_v)
+    dout = _args.fitting(fn, dout, "dout", shape, "the result's shape")
+    out = _args.fitting(fn, out, "out", shape, "the result's shape")
+    lse = _args.fitting(fn, lse, "lse", p.shape, "the result's shape without its last axis")
+    wide = np.dtype(np.float64 if p.dtype == np.float64 else np.float32)
+    rank2 = len(p.shape) == 1
+    kv_lead = () if rank2 else (*p.batch, H_kv)
+    dq = _args.zeros(fn, (*p.shape, D), wide, "dq")
+    dk = _args.zeros(fn, (*kv_lead, p.S, D), wide, "dk")
+    dv = _args.zeros(fn, (*kv_lead, p.S, D_v), wide, "dv")
+    n_batch = int(np.prod(p.batch, dtype=np.int64))
+    dsinks = None if p.sinks is None else np.zeros((n_batch, p.sinks.shape[0]))
+    _core.sdpa_backward(
+        dout, p.q, p.k, p.v, out, lse, p.scale, p.mask, p.sinks, p.window, p.softcap, p.q_offset, p.k_offset,
+        dq, dk, dv, dsinks, p.threads,
+    )  # fmt: skip
+    grads = []
+    for name, full in (("q", dq), ("k", dk), ("v", dv)):
+        own = _args.operand(fn, given[name], name)
+        grads.append(_args.unbroadcast(full, own.shape).astype(own.dtype))
+    if dsinks is not None:
+        dsinks = dsinks.sum(axis=0).astype(wide)
+    return Grads(*grads, dsinks)

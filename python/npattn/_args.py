@@ -369,3 +369,32 @@ def check_out(fn: str, out: Any, shape: tuple, dtype: np.dtype, inputs: tuple) -
         if mine and theirs and mine[0] <= theirs[1] and theirs[0] <= mine[1]:
             raise ValueError(f"{fn}: out must not share memory with an input (q, k, v, mask or sinks)")
     return out
+
+
+def fitting(fn: str, x: Any, name: str, shape: tuple, what: str) -> np.ndarray:
+    """A float operand that must have exactly `shape`, read as the core reads it."""
+    a = asarray(fn, x, name)
+    if not is_float(a.dtype) or a.dtype.itemsize > 8:
+        raise TypeError(f"{fn}: {name} must be an array of floats, got dtype {a.dtype}")
+    if a.shape != tuple(shape):
+        raise ValueError(f"{fn}: {name} must have {what} {tuple(shape)}, got {shape_str(a)}")
+    return readable(a)
+
+
+def zeros(fn: str, shape: tuple, dtype: np.dtype, what: str) -> np.ndarray:
+    try:
+        return np.zeros(shape, dtype)
+    except MemoryError:
+        raise MemoryError(f"{fn}: cannot allocate {what}, shape {shape} of {dtype}") from None
+
+
+def unbroadcast(full: np.ndarray, shape: tuple) -> np.ndarray:
+    """The gradient of a broadcast operand: `full` summed over the dims that
+    broadcasting added or stretched, back to the operand's own `shape` (a
+    rank-2 operand's head dim included)."""
+    extra = full.ndim - len(shape)
+    g = full.sum(axis=tuple(range(extra))) if extra > 0 else full
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if stretched:
+        g = g.sum(axis=stretched, keepdims=True)
+    return g.reshape(shape)

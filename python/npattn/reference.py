@@ -40,7 +40,7 @@ import numpy as np
 
 from ._args import result_dtype
 
-__all__ = ["causal_mask", "sdpa", "attention_weights", "formula"]
+__all__ = ["causal_mask", "sdpa", "sdpa_backward", "attention_weights", "formula"]
 
 MASK_STRINGS = ("causal", "causal_top_left")
 
@@ -133,11 +133,12 @@ def _sink_logits(sinks, H_q):
     return sinks.astype(np.float64)
 
 
-def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=()):
+def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=(), parts=None):
     """The probabilities and log-sum-exp, grouped: (*B, H_kv, n_repeats, L, S) and (..., L),
     B being the batch dims of q, k (and v_batch) broadcast.
 
-    Also returns the shapes needed to ungroup them.
+    Also returns the shapes needed to ungroup them; into `parts` (a dict) it puts
+    the scaled scores before the cap, the sink logits, and the factor.
     """
     q, k = np.asarray(q), np.asarray(k)
     if min(q.ndim, k.ndim) < 2:
@@ -163,6 +164,8 @@ def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset
     B = np.broadcast_shapes(scores.shape[:-4], tuple(v_batch))
     scores = np.broadcast_to(scores, (*B, *scores.shape[-4:]))
 
+    if parts is not None:
+        parts.update(scaled=scores, factor=factor)
     # Step 2b (Gemma 2): cap the scores smoothly at +-softcap.
     if softcap is not None:
         scores = softcap * np.tanh(scores / softcap)
@@ -175,6 +178,8 @@ def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset
 
     # Step 4: softmax over the keys; each head's sink logit joins its rows' max and sum.
     sink = _sink_logits(sinks, H_q).reshape(H_kv, n_repeats, 1, 1)
+    if parts is not None:
+        parts["sink"] = sink
     # Subtract the row max so exp never overflows.
     row_max = np.maximum(scores.max(axis=-1, keepdims=True, initial=-np.inf), sink)
     # A row that sees no key has max -inf: shift by 0 instead, so exp gives zeros, not NaN.
@@ -186,6 +191,8 @@ def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset
     # log of the denominator, in natural units: -inf for a row that sees nothing.
     with np.errstate(divide="ignore"):
         lse = (row_max + np.log(denom))[..., 0]
+    if parts is not None:
+        parts["lse"] = lse
     return weights, lse, (B, H_q, L, S)
 
 
@@ -287,3 +294,81 @@ def formula(q, k, v, scale=None, mask=None):
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     scores /= scores.sum(axis=-1, keepdims=True)
     return (scores @ v[..., None, :, :]).reshape(*batch, h_q, L, v.shape[-1])
+
+
+def sdpa_backward(
+    dout, q, k, v, out, lse, scale=None, mask="causal", *, sinks=None, window=None, softcap=None,
+    q_offset=None, k_offset=0, threads=None,
+):  # fmt: skip
+    """The gradients of ``sum(dout * sdpa(q, k, v, ...))``, in float64: ``(dq, dk, dv, dsinks)``.
+
+    Same signature and semantics as ``npattn.sdpa_backward``; ``out``, ``lse``
+    and ``threads`` are accepted and the probabilities recomputed here. The
+    forward pass, per head and query row i, and its derivative step by step,
+    with g_i = dout_i:
+
+        s_ij = scale q_i . k_j                   scores
+        c_ij = softcap tanh(s_ij / softcap)      (c = s without a cap)
+        x_ij = c_ij + mask_ij                    -inf hides
+        p_ij = exp(x_ij - lse_i)                 lse_i = log(sum_j exp(x_ij) + exp(sink))
+        o_i  = sum_j p_ij v_j
+
+        dv_j  = sum_i p_ij g_i                   o is linear in v
+        dp_ij = g_i . v_j                        o_i's slope along p_ij
+        dx_ij = p_ij (dp_ij - D_i)               through softmax: D_i = sum_l p_il dp_il = g_i . o_i
+        ds_ij = dx_ij (1 - (c_ij / softcap)^2)   through the cap (tanh' = 1 - tanh^2)
+        dq_i  = scale sum_j ds_ij k_j            and the scale
+        dk_j  = scale sum_i ds_ij q_i
+        dsink = -sum_i exp(sink - lse_i) D_i     the sink's logit joins the softmax like a key with no value
+
+    GQA: a key/value head's gradient sums its group's; an operand's broadcast
+    batch dims are summed back to its own shape.
+    """
+    q, k, v, dout = np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(dout)
+    dtypes = q.dtype, k.dtype, v.dtype
+    shapes = q.shape, k.shape, v.shape
+    all_rank_2 = q.ndim == k.ndim == v.ndim == 2
+    q64, k64, v64 = (np.asarray(x[None] if x.ndim == 2 else x, dtype=np.float64) for x in (q, k, v))
+    parts = {}
+    weights, _, (B, H_q, L, S) = _softmax_parts(
+        q64, k64, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=v64.shape[:-3], parts=parts
+    )
+    H_kv = k64.shape[-3]
+    n_rep, D, D_v = H_q // H_kv, q64.shape[-1], v64.shape[-1]
+    # everything grouped as (*B, H_kv, n_rep, rows, width); v and k shared by the group
+    g = np.asarray(dout[None] if all_rank_2 else dout, dtype=np.float64).reshape(*B, H_kv, n_rep, L, D_v)
+    qg = np.broadcast_to(q64, (*B, H_q, L, D)).reshape(*B, H_kv, n_rep, L, D)
+    kg = np.broadcast_to(k64, (*B, H_kv, S, D))[..., None, :, :]
+    vg = np.broadcast_to(v64, (*B, H_kv, S, D_v))[..., None, :, :]
+    o = weights @ vg  # (*B, H_kv, n_rep, L, D_v)
+
+    dv = (weights.swapaxes(-1, -2) @ g).sum(axis=-3)  # dv_j = sum_i p_ij g_i, summed over the group
+    dp = g @ vg.swapaxes(-1, -2)  # dp_ij = g_i . v_j
+    Di = (g * o).sum(axis=-1, keepdims=True)  # D_i = g_i . o_i
+    dx = weights * (dp - Di)  # through softmax (hidden keys have p = 0)
+    if softcap is not None:
+        capped = softcap * np.tanh(parts["scaled"] / softcap)
+        dx = dx * (1 - (capped / softcap) ** 2)  # through the cap
+    factor = parts["factor"]
+    dq = factor * (dx @ kg)  # (*B, H_kv, n_rep, L, D)
+    dk = factor * (dx.swapaxes(-1, -2) @ qg).sum(axis=-3)  # summed over the group
+    dsinks = None
+    if sinks is not None:
+        # the sink's weight p_isink = exp(sink - lse_i), lse_i from the same softmax
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p_sink = np.exp(parts["sink"] - parts["lse"][..., None])  # (*B, H_kv, n_rep, L, 1)
+        p_sink = np.where(np.isfinite(parts["lse"])[..., None], p_sink, 0.0)
+        dsinks = -(p_sink * Di).sum(axis=(-1, -2)).reshape(-1, H_q).sum(axis=0)
+        dsinks = dsinks.astype(np.float64 if result_dtype(*dtypes) == np.float64 else np.float32)
+
+    dq = dq.reshape(*B, H_q, L, D)
+    grads = [_unbroadcast(gr, shape).astype(dt) for gr, shape, dt in zip((dq, dk, dv), shapes, dtypes)]
+    return (*grads, dsinks)
+
+
+def _unbroadcast(full, shape):
+    """A gradient summed back over the dims broadcasting added or stretched."""
+    extra = full.ndim - len(shape)
+    full = full.sum(axis=tuple(range(extra))) if extra > 0 else full
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and full.shape[i] != 1)
+    return (full.sum(axis=stretched, keepdims=True) if stretched else full).reshape(shape)

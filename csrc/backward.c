@@ -1,0 +1,230 @@
+/* backward.c: the backward driver. Checks a backward problem, sizes the
+ * tiles, and runs one task per kv head of each batch entry (tile_bwd.h,
+ * written once for float and double), splitting a head's key blocks across
+ * tasks when there are fewer heads than threads. */
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "attention.h"
+#include "band.h"
+#include "blas.h"
+#include "internal.h"
+#include "kernels/kernels.h"
+
+#define BWD_ROWS 128              /* stacked query rows (heads x positions) per tile */
+#define BWD_FLOPS_BUDGET 1000000  /* keys * rows * width per gemm: OpenBLAS's small-matrix path */
+#define BWD_KEYS_MIN 16
+#define BWD_KEYS_MAX 256
+#define FLOPS_PER_THREAD 4.0e5    /* as forward.c: work that repays waking a helper */
+
+struct bwd_layout {
+    size_t qt, qrows, dot, dorows, orows, st, dpt, dcap, bias, kt, vt, dk, dv, dq, m, l, alpha, dvec, row, lo, hi, size;
+};
+
+struct bwd_plan {
+    const struct npattn_backward_problem *bp;
+    struct npattn_band band;
+    struct npattn_run run;
+    int f64;                   /* computed in double */
+    int64_t group;             /* H_q / H_kv */
+    int64_t bh, n_hblock;      /* heads of a group per tile, and blocks of them */
+    int64_t bq;                /* query rows per tile */
+    int64_t bk, n_kblock;      /* keys per block, and blocks */
+    int64_t n_unit, n_split;   /* (batch, kv head) units, and tasks per unit */
+    int k_direct, v_direct;
+    int64_t ldk, ldv;
+    struct bwd_layout lay, lay64;
+    char *scratch;
+    char **exact;              /* float problems: per slot, double scratch made when first needed */
+    int32_t n_slot;
+    double *dq_parts;          /* split-K: each task's dQ, (group, L, D) */
+};
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+#define REAL float
+#define SFX f32
+#define IS_F64 0
+#define GEMM npattn_cblas_sgemm
+#define SCORE_TILE struct npattn_score_tile
+#include "tile.h"
+#include "tile_bwd.h"
+#undef REAL
+#undef SFX
+#undef IS_F64
+#undef GEMM
+#undef SCORE_TILE
+#undef LOAD
+#undef STORE
+
+#define REAL double
+#define SFX f64
+#define IS_F64 1
+#define GEMM npattn_cblas_dgemm
+#define SCORE_TILE struct npattn_score_tile_f64
+#include "tile.h"
+#include "tile_bwd.h"
+#undef REAL
+#undef SFX
+#undef IS_F64
+#undef GEMM
+#undef SCORE_TILE
+#undef LOAD
+#undef STORE
+#undef CAT
+#undef CAT_
+
+static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k_direct, int v_direct) {
+    const struct npattn_problem *p = &pl->bp->fwd;
+    const size_t D = (size_t)p->n_embd_k, Dv = (size_t)p->n_embd_v, M = (size_t)(pl->bh * pl->bq);
+    const size_t bk = (size_t)pl->bk;
+    struct bwd_layout s;
+    size_t at = 0;
+    s.qt = npattn_take(&at, D * M * real);        /* Q^T (D, M) */
+    s.qrows = npattn_take(&at, M * D * real);     /* Q (M, D) */
+    s.dot = npattn_take(&at, Dv * M * real);      /* dO^T (Dv, M) */
+    s.dorows = npattn_take(&at, M * Dv * real);   /* dO (M, Dv) */
+    s.orows = npattn_take(&at, M * Dv * real);    /* O (M, Dv) */
+    s.st = npattn_take(&at, bk * M * real);       /* S^T, then P^T (bk, M) */
+    s.dpt = npattn_take(&at, bk * M * real);      /* dP^T, then dS^T (bk, M) */
+    s.dcap = npattn_take(&at, p->softcap > 0 ? bk * M * real : 0); /* the cap's derivative */
+    s.bias = npattn_take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0);
+    s.kt = npattn_take(&at, k_direct ? 0 : bk * D * real);  /* a K block, converted */
+    s.vt = npattn_take(&at, v_direct ? 0 : bk * Dv * real); /* a V block, converted */
+    s.dk = npattn_take(&at, bk * D * real);       /* dK of the block */
+    s.dv = npattn_take(&at, bk * Dv * real);      /* dV of the block */
+    s.dq = npattn_take(&at, M * D * real);        /* dQ of a tile */
+    s.m = npattn_take(&at, M * real);             /* lse, as the running max */
+    s.l = npattn_take(&at, M * real);
+    s.alpha = npattn_take(&at, M * real);
+    s.dvec = npattn_take(&at, M * real);          /* rowsum(dO * O) */
+    s.row = npattn_take(&at, (size_t)max64(max64((int64_t)D, (int64_t)Dv), (int64_t)bk) * real);
+    s.lo = npattn_take(&at, M * sizeof(int32_t));
+    s.hi = npattn_take(&at, M * sizeof(int32_t));
+    s.size = at;
+    return s;
+}
+
+static void run_task(void *arg, int64_t task, int32_t slot) {
+    struct bwd_plan *pl = arg;
+    char *scratch = pl->scratch + (size_t)slot * pl->lay.size;
+    if (pl->f64) {
+        tile_bwd_f64(pl, task, slot, scratch);
+        return;
+    }
+    if (!tile_bwd_f32(pl, task, slot, scratch)) return;
+    /* an extreme: the same task again, from a clean start, in double */
+    if (!pl->exact[slot] && !(pl->exact[slot] = npattn_alloc(pl->lay64.size))) {
+        npattn_run_fail(&pl->run, NPATTN_STATUS_NO_MEMORY);
+        return;
+    }
+    tile_bwd_f64(pl, task, slot, pl->exact[slot]);
+}
+
+/* Split-K: dQ of one unit's rows is the sum of its tasks' partials, in split order. */
+static void reduce_task(void *arg, int64_t unit, int32_t slot) {
+    struct bwd_plan *pl = arg;
+    const struct npattn_backward_problem *bp = pl->bp;
+    const struct npattn_problem *p = &bp->fwd;
+    const int64_t D = p->n_embd_k, L = p->n_query, b = unit / p->n_head_kv, g = unit % p->n_head_kv;
+    const int64_t off = npattn_batch_offset(p, &bp->dq, b), es = (int64_t)npattn_dtype_size(bp->dq.dtype);
+    const size_t stride = (size_t)(pl->group * L * D);
+    double *row = (double *)(pl->scratch + (size_t)slot * pl->lay.size);
+    for (int64_t h = 0; h < pl->group; h++)
+        for (int64_t i = 0; i < L; i++) {
+            memset(row, 0, (size_t)D * sizeof *row);
+            for (int64_t s = 0; s < pl->n_split; s++) {
+                const double *part = pl->dq_parts + (size_t)(unit * pl->n_split + s) * stride + (size_t)((h * L + i) * D);
+                for (int64_t d = 0; d < D; d++) row[d] += part[d];
+            }
+            npattn_store_f64(bp->dq.dtype, row, D, npattn_elem(&bp->dq, es, off, g * pl->group + h, i), bp->dq.col_stride);
+        }
+}
+
+enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp) {
+    if (!bp) return NPATTN_STATUS_INVALID;
+    enum npattn_status status = npattn_check_backward(bp);
+    if (status != NPATTN_STATUS_OK) return status;
+    const struct npattn_problem *p = &bp->fwd;
+    const int64_t n_batch = npattn_n_batch(p), D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, S = p->n_key;
+    if (n_batch == 0 || p->n_head_q == 0) return NPATTN_STATUS_OK;
+
+    struct bwd_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.bp = bp;
+    pl.band = npattn_band_of(p);
+    pl.f64 = npattn_computes_f64(p, bp->dq.dtype);
+    pl.group = p->n_head_q / p->n_head_kv;
+    /* Tile: the group's heads stacked with query rows, as in the forward pass;
+     * key blocks sized for OpenBLAS's small-matrix path. */
+    int64_t width = max64(D, max64(Dv, 1));
+    pl.bh = min64(pl.group, BWD_ROWS);
+    pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
+    pl.bq = max64(1, min64(max64(L, 1), BWD_ROWS / pl.bh));
+    pl.bk = BWD_FLOPS_BUDGET / (pl.bh * pl.bq * width) / 16 * 16;
+    pl.bk = min64(BWD_KEYS_MAX, max64(BWD_KEYS_MIN, pl.bk));
+    pl.n_kblock = (S + pl.bk - 1) / pl.bk;
+    pl.n_unit = n_batch * p->n_head_kv;
+    enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    pl.k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl.ldk);
+    pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, computed, S, Dv, &pl.ldv);
+
+    /* Threads as the forward pass decides them; split a unit's key blocks when
+     * there are fewer units than threads (each split then keeps its dQ apart). */
+    double pairs = 0;
+    for (int64_t kb = 0; kb < pl.n_kblock; kb++) {
+        int64_t j0 = kb * pl.bk, ia, ib;
+        npattn_band_rows(&pl.band, j0, min64(S, j0 + pl.bk), L, &ia, &ib);
+        pairs += (double)(ib - ia) * (double)min64(pl.bk, S - j0);
+    }
+    double flops = 10.0 * pairs * (double)width * (double)pl.group * (double)pl.n_unit;
+    int32_t plan_threads = 1, run_threads = 1;
+    if (flops >= 2 * FLOPS_PER_THREAD || npattn_pool_mode() == 2) {
+        int32_t avail = npattn_pool_threads(p->n_threads);
+        plan_threads = flops >= 2 * FLOPS_PER_THREAD ? (int32_t)min64(avail, (int64_t)(flops / FLOPS_PER_THREAD)) : 1;
+        run_threads = npattn_pool_mode() == 2 ? avail : plan_threads;
+    }
+    pl.n_split = 1;
+    if (pl.n_unit < plan_threads && pl.n_kblock > 1)
+        pl.n_split = min64(pl.n_kblock, (2 * (int64_t)plan_threads + pl.n_unit - 1) / pl.n_unit);
+    int64_t n_task = pl.n_unit * pl.n_split;
+    pl.n_slot = (int32_t)min64(run_threads, n_task);
+
+    pl.lay = layout_of(&pl, pl.f64 ? sizeof(double) : sizeof(float), pl.k_direct, pl.v_direct);
+    pl.lay64 = pl.f64 ? pl.lay : layout_of(&pl, sizeof(double), 0, 0);
+    pl.lay.size = (size_t)max64((int64_t)pl.lay.size, (int64_t)((size_t)D * sizeof(double)));
+    pl.lay.size = (pl.lay.size + 63) / 64 * 64;
+    status = NPATTN_STATUS_NO_MEMORY;
+    if ((size_t)pl.n_slot > SIZE_MAX / pl.lay.size) return status;
+    pl.scratch = npattn_alloc(pl.lay.size * (size_t)pl.n_slot);
+    if (!pl.scratch) goto done;
+    if (!pl.f64) {
+        pl.exact = npattn_alloc((size_t)pl.n_slot * sizeof *pl.exact);
+        if (!pl.exact) goto done;
+        memset(pl.exact, 0, (size_t)pl.n_slot * sizeof *pl.exact);
+    }
+    if (pl.n_split > 1) {
+        /* n_task < 2 threads + n_unit: a few copies of one head group's dQ */
+        size_t each = (size_t)(pl.group * L * D);
+        if (each > SIZE_MAX / sizeof(double) / (size_t)n_task) goto done;
+        pl.dq_parts = npattn_alloc(each * (size_t)n_task * sizeof(double));
+        if (!pl.dq_parts) goto done;
+    }
+
+    npattn_blas_init();
+    npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
+    status = npattn_pool_run(run_task, &pl, n_task, pl.n_slot, &pl.run);
+    if (status == NPATTN_STATUS_OK && pl.n_split > 1)
+        status = npattn_pool_run(reduce_task, &pl, pl.n_unit, (int32_t)min64(pl.n_slot, pl.n_unit), &pl.run);
+
+done:
+    if (pl.exact)
+        for (int32_t s = 0; s < pl.n_slot; s++) npattn_free(pl.exact[s]);
+    npattn_free(pl.exact);
+    npattn_free(pl.dq_parts);
+    npattn_free(pl.scratch);
+    return status;
+}

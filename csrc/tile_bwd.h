@@ -1,0 +1,196 @@
+/* tile_bwd.h: one task of the backward pass, written once for both computed
+ * types; backward.c includes it twice (after tile.h), REAL = float and
+ * REAL = double, the double copy also being the exact path of a float task
+ * that met an extreme.
+ *
+ * FlashAttention-2's backward (arXiv:2307.08691, Algorithm 2): a task owns
+ * one kv head g of one batch entry (or, split-K, a share of its key blocks).
+ * For each key block j it keeps dK_j and dV_j in scratch and visits the query
+ * rows the band lets see it, the group's heads stacked as in the forward pass:
+ *
+ *     S^T  = K_j Q_i^T                       the scores again
+ *     P^T  = exp(S^T - lse_i)                from the forward pass's lse
+ *     dV_j += P^T dO_i
+ *     dP^T = V_j dO_i^T
+ *     dS^T = P^T * (dP^T - D_i) * cap' * scale,  D_i = rowsum(dO_i * O_i)
+ *     dK_j += dS^T Q_i
+ *     dQ_i += dS K_j
+ *
+ * cap' = 1 - tanh(s / softcap)^2 with a softcap, 1 without. dQ rows are
+ * owned by the task too (a query head reads only its group's kv head), so
+ * nothing is added by two threads: the same `threads` gives bitwise-identical
+ * gradients. A split-K task adds its dQ into a private partial, summed in
+ * split order afterwards.
+ */
+
+/* Adds the tile (M, w) into the stacked rows of t (or of a partial laid out
+ * (group, L, w) when part is given), converting when t's dtype is not REAL's. */
+static void CAT(add_rows_, SFX)(const struct npattn_tensor *t, int64_t off, int64_t h0, int64_t hg0, int64_t i0,
+                                int64_t nq, int64_t M, int64_t w, int64_t L, const REAL *tile, double *part,
+                                REAL *row) {
+    const int f64 = sizeof(REAL) == sizeof(double);
+    const int64_t es = (int64_t)npattn_dtype_size(t->dtype);
+    for (int64_t r = 0; r < M; r++) {
+        const REAL *src = tile + r * w;
+        if (part) {
+            double *dst = part + ((h0 - hg0 + r / nq) * L + i0 + r % nq) * w;
+            for (int64_t e = 0; e < w; e++) dst[e] += (double)src[e];
+            continue;
+        }
+        char *at = npattn_elem(t, es, off, h0 + r / nq, i0 + r % nq);
+        if (t->dtype == (f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32)) {
+            REAL *dst = (REAL *)at;
+            for (int64_t e = 0; e < w; e++) dst[e * t->col_stride] += src[e];
+        } else {
+            LOAD(t->dtype, at, t->col_stride, w, row);
+            for (int64_t e = 0; e < w; e++) row[e] += src[e];
+            STORE(t->dtype, row, w, at, t->col_stride);
+        }
+    }
+}
+
+/* Returns 1 when a float task must be redone in double. */
+static int CAT(tile_bwd_, SFX)(struct bwd_plan *pl, int64_t task, int32_t slot, char *scratch) {
+    const struct npattn_backward_problem *bp = pl->bp;
+    const struct npattn_problem *p = &bp->fwd;
+    const int f64 = sizeof(REAL) == sizeof(double);
+    const struct bwd_layout *lay = f64 ? &pl->lay64 : &pl->lay;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, S = p->n_key;
+    const int64_t unit = task / pl->n_split, split = task % pl->n_split;
+    const int64_t b = unit / p->n_head_kv, g = unit % p->n_head_kv, hg0 = g * pl->group;
+    const int k_direct = f64 == pl->f64 && pl->k_direct, v_direct = f64 == pl->f64 && pl->v_direct;
+    const REAL scale = (REAL)p->scale, cap = (REAL)p->softcap;
+#define AT(region) ((REAL *)(scratch + lay->region))
+    REAL *qt = AT(qt), *qrows = AT(qrows), *dot = AT(dot), *dorows = AT(dorows), *orows = AT(orows);
+    REAL *st = AT(st), *dpt = AT(dpt), *dcap = AT(dcap), *bias = AT(bias), *kt = AT(kt), *vt = AT(vt);
+    REAL *dk = AT(dk), *dv = AT(dv), *dq = AT(dq), *mt = AT(m), *lt = AT(l), *at = AT(alpha), *dvec = AT(dvec);
+    REAL *row = AT(row);
+    int32_t *lo = (int32_t *)(scratch + lay->lo), *hi = (int32_t *)(scratch + lay->hi);
+#undef AT
+    const int64_t off_q = npattn_batch_offset(p, &p->q, b), off_k = npattn_batch_offset(p, &p->k, b);
+    const int64_t off_v = npattn_batch_offset(p, &p->v, b), off_o = npattn_batch_offset(p, &p->out, b);
+    const int64_t off_do = npattn_batch_offset(p, &bp->dout, b), off_dq = npattn_batch_offset(p, &bp->dq, b);
+    const int64_t off_dk = npattn_batch_offset(p, &bp->dk, b), off_dv = npattn_batch_offset(p, &bp->dv, b);
+    const int64_t off_lse = npattn_batch_offset(p, &p->lse, b);
+    const int64_t off_mask = p->mask_kind != NPATTN_MASK_NONE ? npattn_batch_offset(p, &p->mask, b) : 0;
+    double *part = pl->dq_parts ? pl->dq_parts + (size_t)task * (size_t)(pl->group * L * D) : NULL;
+
+    /* start clean: this task's dQ rows (or partial), written by += below */
+    if (part) {
+        memset(part, 0, (size_t)(pl->group * L * D) * sizeof *part);
+    } else {
+        REAL zero[1] = {0};
+        const int64_t es = (int64_t)npattn_dtype_size(bp->dq.dtype);
+        for (int64_t h = hg0; h < hg0 + pl->group; h++)
+            for (int64_t i = 0; i < L; i++)
+                for (int64_t d = 0; d < D; d++)
+                    STORE(bp->dq.dtype, zero, 1, npattn_elem(&bp->dq, es, off_dq, h, i) + d * bp->dq.col_stride * es, 1);
+    }
+
+    const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
+    const char *kbase = S > 0 ? npattn_elem(&p->k, ks, off_k, g, 0) : NULL;
+    const char *vbase = S > 0 && Dv > 0 ? npattn_elem(&p->v, vs, off_v, g, 0) : NULL;
+    const int64_t kb_begin = pl->n_kblock * split / pl->n_split, kb_end = pl->n_kblock * (split + 1) / pl->n_split;
+    SCORE_TILE tile = {.scale = scale, .softcap = cap};
+    for (int64_t kb = kb_begin; kb < kb_end; kb++) {
+        const int64_t j0 = kb * pl->bk, nk = S - j0 < pl->bk ? S - j0 : pl->bk;
+        int64_t ldk, ldv = 1;
+        const REAL *ktile = CAT(kv_rows_, SFX)(&p->k, kbase, j0, nk, D, k_direct, pl->ldk, kt, &ldk);
+        const REAL *vtile = Dv > 0 ? CAT(kv_rows_, SFX)(&p->v, vbase, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv) : vt;
+        memset(dk, 0, (size_t)(nk * D) * sizeof(REAL));
+        memset(dv, 0, (size_t)(nk * Dv) * sizeof(REAL));
+        int64_t ia, ib; /* the query rows that may see a key of this block */
+        npattn_band_rows(&pl->band, j0, j0 + nk, L, &ia, &ib);
+        for (int64_t hb = 0; hb < pl->n_hblock && ia < ib; hb++) {
+            const int64_t h0 = hg0 + hb * pl->bh, nh = pl->group - hb * pl->bh < pl->bh ? pl->group - hb * pl->bh : pl->bh;
+            for (int64_t i0 = ia / pl->bq * pl->bq; i0 < ib; i0 += pl->bq) {
+                if (npattn_run_stopped(&pl->run, slot)) return 0;
+                const int64_t nq = L - i0 < pl->bq ? L - i0 : pl->bq, M = nh * nq;
+                CAT(stacked_rows_, SFX)(&p->q, off_q, h0, i0, nq, M, D, qrows, qt);
+                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h0, i0, nq, M, Dv, dorows, dot);
+                CAT(stacked_rows_, SFX)(&p->out, off_o, h0, i0, nq, M, Dv, orows, NULL);
+                for (int64_t r = 0; r < M; r++) { /* D_i = rowsum(dO_i * O_i); the running max starts at lse */
+                    REAL sum = 0;
+                    for (int64_t e = 0; e < Dv; e++) sum += dorows[r * Dv + e] * orows[r * Dv + e];
+                    dvec[r] = sum;
+                    LOAD(p->lse.dtype, npattn_elem(&p->lse, (int64_t)npattn_dtype_size(p->lse.dtype), off_lse,
+                                                   h0 + r / nq, i0 + r % nq), 1, 1, mt + r);
+                    lt[r] = 0;
+                }
+                /* S^T (nk, M) = K_j (nk, D) @ Q^T (D, M) */
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile, (int)ldk, qt,
+                     (int)M, (REAL)0, st, (int)M);
+                if (cap > 0) /* cap' = 1 - tanh(s / cap)^2, from the raw scores */
+                    for (int64_t x = 0; x < nk * M; x++) {
+                        REAL t = (REAL)tanh((double)(st[x] * scale / cap));
+                        dcap[x] = 1 - t * t;
+                    }
+                tile.nk = nk, tile.M = M, tile.ld = M, tile.bias = NULL;
+                if (p->mask_kind != NPATTN_MASK_NONE) {
+                    CAT(mask_tile_, SFX)(p, off_mask, h0, i0, nq, M, j0, nk, bias, M, 1, row);
+                    tile.bias = bias;
+                }
+                int clipped = npattn_band_clip(&pl->band, i0, nq, M, j0, nk, lo, hi);
+                tile.lo = clipped ? lo : NULL, tile.hi = clipped ? hi : NULL;
+                /* P^T = exp(S^T - lse): the forward step with the max preset to lse */
+#if IS_F64
+                npattn_softmax_f64(st, &tile, mt, lt, at);
+#else
+                if (npattn_kernels()->softmax_f32(st, &tile, mt, lt, at)) return 1;
+#endif
+                /* dV_j (nk, Dv) += P^T (nk, M) @ dO (M, Dv) */
+                if (Dv > 0) {
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)Dv, (int)M, (REAL)1, st, (int)M,
+                         dorows, (int)Dv, (REAL)1, dv, (int)Dv);
+                    /* dP^T (nk, M) = V_j (nk, Dv) @ dO^T (Dv, M) */
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)Dv, (REAL)1, vtile,
+                         (int)ldv, dot, (int)M, (REAL)0, dpt, (int)M);
+                } else {
+                    memset(dpt, 0, (size_t)(nk * M) * sizeof(REAL));
+                }
+                /* dS^T = P^T * (dP^T - D) * cap' * scale, in place of dP^T */
+                for (int64_t j = 0; j < nk; j++) {
+                    REAL *ds = dpt + j * M;
+                    const REAL *pj = st + j * M, *cj = dcap + j * M;
+                    for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * (cap > 0 ? cj[r] : (REAL)1) * scale;
+                }
+                /* dK_j (nk, D) += dS^T (nk, M) @ Q (M, D) */
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, (REAL)1, dpt, (int)M, qrows,
+                     (int)D, (REAL)1, dk, (int)D);
+                /* dQ (M, D) = dS (M, nk) @ K_j (nk, D), added to this task's dQ rows */
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, (REAL)1, dpt, (int)M, ktile,
+                     (int)ldk, (REAL)0, dq, (int)D);
+#if !IS_F64
+                if (!npattn_all_finite_f32(dq, M * D)) return 1;
+#endif
+                CAT(add_rows_, SFX)(&bp->dq, off_dq, h0, hg0, i0, nq, M, D, L, dq, part, row);
+            }
+        }
+#if !IS_F64
+        if (!npattn_all_finite_f32(dk, nk * D) || !npattn_all_finite_f32(dv, nk * Dv)) return 1;
+#endif
+        /* this key block's dK and dV are complete: no other task has its keys */
+        const int64_t dks = (int64_t)npattn_dtype_size(bp->dk.dtype), dvs = (int64_t)npattn_dtype_size(bp->dv.dtype);
+        for (int64_t j = 0; j < nk; j++) {
+            STORE(bp->dk.dtype, dk + j * D, D, npattn_elem(&bp->dk, dks, off_dk, g, j0 + j), bp->dk.col_stride);
+            if (Dv > 0) STORE(bp->dv.dtype, dv + j * Dv, Dv, npattn_elem(&bp->dv, dvs, off_dv, g, j0 + j), bp->dv.col_stride);
+        }
+    }
+    /* the sinks' gradient: d sum(dO * O) / d sink_h = -sum_i exp(sink_h - lse_i) D_i */
+    if (p->sinks && split == 0)
+        for (int64_t h = hg0; h < hg0 + pl->group; h++) {
+            double sum = 0;
+            for (int64_t i = 0; i < L; i++) {
+                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h, i, 1, 1, Dv, dorows, NULL);
+                CAT(stacked_rows_, SFX)(&p->out, off_o, h, i, 1, 1, Dv, orows, NULL);
+                double di = 0, lse;
+                for (int64_t e = 0; e < Dv; e++) di += (double)dorows[e] * (double)orows[e];
+                REAL l1;
+                LOAD(p->lse.dtype, npattn_elem(&p->lse, (int64_t)npattn_dtype_size(p->lse.dtype), off_lse, h, i), 1, 1, &l1);
+                lse = (double)l1;
+                if (di != 0) sum += exp(p->sinks[h] - lse) * di;
+            }
+            bp->dsinks[b * p->n_head_q + h] = -sum;
+        }
+    return 0;
+}
