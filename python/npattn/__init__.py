@@ -13,4 +13,14 @@ from . import reference, testing
 from ._api import Grads, attention_weights, merge, sdpa, sdpa_backward
 from .reference import causal_mask
 
-__all__ = ["sdpa", "sdpa_backward", "Grads", "attention_weights", "merge", "causal_mask", "reference", "testing", "__version__"]
+__all__ = [
+    "sdpa",
+    "sdpa_backward",
+    "Grads",
+    "attention_weights",
+    "merge",
+    "causal_mask",
+    "reference",
+    "testing",
+    "__version__",
+]
