@@ -170,6 +170,13 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *p)
 /* A sentence that says what a status means. Never NULL. */
 const char *npattn_status_string(enum npattn_status status);
 
+/* Stops every call in flight (they return NPATTN_STATUS_CANCELLED, as every
+ * later call does) and waits, at most 5 s, until none computes: for a
+ * program's exit, so that no tile runs while libraries are torn down. The
+ * core registers it with atexit(); an embedding runtime may call it earlier
+ * (Python does, before it stops its threads). */
+void npattn_shutdown(void);
+
 /* The default thread count (n_threads = 0): the CPUs this process may run on,
  * at most n if npattn_set_num_threads(n) was called with n >= 1 (n < 1 lifts
  * the cap). For threadpoolctl and alike. */

@@ -17,6 +17,7 @@
 #include <Python.h>
 
 #include <numpy/arrayobject.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,7 @@
 #include "kernels/kernels.h"
 
 static int bfloat16_type = -1; /* ml_dtypes.bfloat16's type number, once Python has seen it */
+static atomic_int shutting_down; /* _core.shutdown() ran: the interpreter is exiting */
 
 /* ---- Ctrl-C: the computing caller takes the GIL back to check for signals ---- */
 
@@ -34,6 +36,9 @@ struct wait_state {
 
 static int check_signals(void *arg) {
     struct wait_state *w = arg;
+    /* exiting: never take the GIL inside the core, where a daemon thread could
+     * be stopped for good */
+    if (atomic_load(&shutting_down)) return 1;
     PyEval_RestoreThread(w->saved);
     int interrupted = PyErr_CheckSignals() != 0;
     w->saved = PyEval_SaveThread();
@@ -326,7 +331,11 @@ static int map_status(enum npattn_status status, int prepared) {
     switch (status) {
     case NPATTN_STATUS_OK: return 1;
     case NPATTN_STATUS_CANCELLED:
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyboardInterrupt, "sdpa: cancelled");
+        /* a daemon thread's call stopped by the interpreter's exit ends the thread quietly */
+        if (!PyErr_Occurred() && atomic_load(&shutting_down))
+            PyErr_SetString(PyExc_SystemExit, "sdpa: the interpreter is exiting");
+        else if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_KeyboardInterrupt, "sdpa: cancelled");
         return -1;
     case NPATTN_STATUS_NO_MEMORY:
         PyErr_Format(PyExc_MemoryError, "sdpa: %s", npattn_status_string(status));
@@ -506,6 +515,15 @@ static PyObject *core_set_bfloat16(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *core_shutdown(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    atomic_store(&shutting_down, 1);
+    Py_BEGIN_ALLOW_THREADS /* threads waiting for the GIL inside a call get it, and leave */
+    npattn_shutdown();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_blas_info(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     const char *config = npattn_blas_get_config();
@@ -571,6 +589,8 @@ static PyMethodDef core_methods[] = {
      "dsinks, threads)\n--\n\nPrivate: fills the prepared dq, dk, dv (and dsinks) for npattn.sdpa_backward."},
     {"set_bfloat16", core_set_bfloat16, METH_O, "set_bfloat16(dtype)\n--\n\nTell the core ml_dtypes.bfloat16's dtype."},
     {"blas_info", core_blas_info, METH_NOARGS, "blas_info()\n--\n\nWhich OpenBLAS npattn runs on."},
+    {"shutdown", core_shutdown, METH_NOARGS,
+     "shutdown()\n--\n\nAt exit (atexit): stop every call in flight; later calls raise SystemExit."},
     {"simd", core_simd, METH_NOARGS, "simd()\n--\n\nThe kernel table in use: avx512, avx2, neon or portable."},
     {"get_num_threads", core_get_num_threads, METH_NOARGS,
      "get_num_threads()\n--\n\nThe default thread count: the CPUs available, capped by set_num_threads."},

@@ -88,7 +88,9 @@ struct job {
     int32_t n_joined;          /* helpers so far (slot numbers given) */
     int32_t n_active;          /* helpers still running tasks */
     int orphaned;              /* in a forked child: the helpers that had joined are gone */
+    pthread_t caller;          /* the thread that runs the call */
     struct job *next;          /* the pool's list of jobs that take helpers */
+    struct job *next_call;     /* the list of every call in flight */
 };
 
 static struct {
@@ -96,14 +98,13 @@ static struct {
     pthread_cond_t work;    /* a job was posted */
     pthread_cond_t done;    /* a job's last helper left */
     struct job *jobs;       /* jobs that may take more helpers */
+    struct job *calls;      /* every call in flight, helpers or not */
     int32_t n_workers;      /* helper threads started */
     int32_t n_sleeping;     /* helpers waiting on `work` */
     atomic_int posted;      /* counts posted jobs: what a spinning helper watches */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0};
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
-static _Thread_local struct job *current_job; /* the job this thread is the caller of */
-static _Thread_local int inside;              /* this thread is counted in n_inside */
 static atomic_int pool_mode;                  /* the test hook */
 static atomic_int max_default_threads;        /* npattn_set_num_threads; 0: no cap */
 
@@ -141,13 +142,24 @@ static int enter(void) {
         atomic_fetch_sub(&n_inside, 1);
         return 0;
     }
-    inside = 1;
     return 1;
 }
 
-static void leave(void) {
-    inside = 0;
-    atomic_fetch_sub(&n_inside, 1);
+static void leave(void) { atomic_fetch_sub(&n_inside, 1); }
+
+/* The call in flight whose caller is this thread, or NULL; the lock held. */
+static struct job *own_call(void) {
+    for (struct job *j = pool.calls; j; j = j->next_call)
+        if (pthread_equal(j->caller, pthread_self())) return j;
+    return NULL;
+}
+
+static void unlink_call(struct job *j) {
+    for (struct job **pp = &pool.calls; *pp; pp = &(*pp)->next_call)
+        if (*pp == j) {
+            *pp = j->next_call;
+            return;
+        }
 }
 
 static void run_tasks(struct job *j, int32_t slot) {
@@ -222,11 +234,15 @@ static void *worker_main(void *unused) {
     return NULL;
 }
 
-/* The exit hook: stop every tile, and wait (boundedly) until none runs. */
-static void at_exit(void) {
+/* Stops every call and waits (boundedly) until no tile runs but, should it be
+ * called from inside a call, this thread's own. Also the exit hook. */
+void npattn_shutdown(void) {
     atomic_store(&exiting, 1);
+    pthread_mutex_lock(&pool.lock);
+    int mine = own_call() != NULL;
+    pthread_mutex_unlock(&pool.lock);
     int64_t until = now_ns() + EXIT_WAIT_NS;
-    while (atomic_load(&n_inside) > (inside ? 1 : 0) && now_ns() < until) {
+    while (atomic_load(&n_inside) > mine && now_ns() < until) {
         struct timespec ms = {0, 1000000};
         nanosleep(&ms, NULL);
     }
@@ -237,22 +253,25 @@ static void at_exit(void) {
 static void atfork_prepare(void) { pthread_mutex_lock(&pool.lock); }
 static void atfork_parent(void) { pthread_mutex_unlock(&pool.lock); }
 static void atfork_child(void) {
+    struct job *mine = own_call(); /* the lock is ours: atfork_prepare took it */
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.work, NULL);
     pthread_cond_init(&pool.done, NULL);
     pool.jobs = NULL;
+    pool.calls = mine;
     pool.n_workers = 0;
     pool.n_sleeping = 0;
-    atomic_store(&n_inside, inside ? 1 : 0);
-    if (current_job) {
-        current_job->orphaned = 1;
-        current_job->n_active = 0;
+    atomic_store(&n_inside, mine ? 1 : 0);
+    if (mine) {
+        mine->next_call = NULL;
+        mine->orphaned = 1;
+        mine->n_active = 0;
     }
 }
 
 static void pool_init(void) {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
-    atexit(at_exit);
+    atexit(npattn_shutdown);
 }
 
 /* Starts helpers until there are `want`; called with the lock held. */
@@ -291,13 +310,16 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
         npattn_run_fail(run, NPATTN_STATUS_CANCELLED);
         return NPATTN_STATUS_CANCELLED;
     }
-    struct job j = {.fn = fn, .arg = arg, .n_task = n_task, .run = run};
+    struct job j = {.fn = fn, .arg = arg, .n_task = n_task, .run = run, .caller = pthread_self()};
     atomic_init(&j.next_task, 0);
     int32_t helpers = n_threads > NPATTN_POOL_MAX_THREADS ? NPATTN_POOL_MAX_THREADS - 1 : n_threads - 1;
     if (helpers > n_task - 1) helpers = (int32_t)(n_task - 1);
-    struct job *outer = current_job;
-    current_job = &j;
 
+    /* every call is listed, so that a fork from inside it finds it (a few ns) */
+    pthread_mutex_lock(&pool.lock);
+    j.next_call = pool.calls;
+    pool.calls = &j;
+    pthread_mutex_unlock(&pool.lock);
     if (helpers > 0) {
         pthread_mutex_lock(&pool.lock);
         grow(helpers);
@@ -333,7 +355,9 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
     if (j.orphaned) /* a forked child: the tasks the parent's helpers had are ours now */
         for (int64_t t = 0; t < n_task && !atomic_load(&run->stop); t++) fn(arg, t, 0);
 
-    current_job = outer;
+    pthread_mutex_lock(&pool.lock);
+    unlink_call(&j);
+    pthread_mutex_unlock(&pool.lock);
     leave();
     return (enum npattn_status)atomic_load(&run->status);
 }
