@@ -50,9 +50,7 @@ def system_blas_flags():
         cflags = subprocess.run(
             ["pkg-config", "--cflags", "openblas"], check=True, capture_output=True, text=True
         ).stdout
-        libs = subprocess.run(
-            ["pkg-config", "--libs", "openblas"], check=True, capture_output=True, text=True
-        ).stdout
+        libs = subprocess.run(["pkg-config", "--libs", "openblas"], check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         print("npattn: pkg-config found no openblas; linking plain -lopenblas")
         return [], [], ["openblas"], []
@@ -60,7 +58,7 @@ def system_blas_flags():
     for flag in shlex.split(cflags) + shlex.split(libs):
         for prefix, bucket in (("-I", include_dirs), ("-L", library_dirs), ("-l", libraries)):
             if flag.startswith(prefix):
-                bucket.append(flag[len(prefix):])
+                bucket.append(flag[len(prefix) :])
                 break
         else:
             other.append(flag)

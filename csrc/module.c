@@ -327,39 +327,39 @@ static npy_intp batch_size(const struct call *c) {
 
 /* Maps a core status: 1 done, 0 NotImplemented (a broken rule, unprepared),
  * -1 an exception. */
-static int map_status(enum npattn_status status, int prepared) {
+static int map_status(enum npattn_status status, int prepared, const char *fn) {
     switch (status) {
     case NPATTN_STATUS_OK: return 1;
     case NPATTN_STATUS_CANCELLED:
         /* a daemon thread's call stopped by the interpreter's exit ends the thread quietly */
         if (!PyErr_Occurred() && atomic_load(&shutting_down))
-            PyErr_SetString(PyExc_SystemExit, "sdpa: the interpreter is exiting");
+            PyErr_Format(PyExc_SystemExit, "%s: the interpreter is exiting", fn);
         else if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_KeyboardInterrupt, "sdpa: cancelled");
+            PyErr_Format(PyExc_KeyboardInterrupt, "%s: cancelled", fn);
         return -1;
     case NPATTN_STATUS_NO_MEMORY:
-        PyErr_Format(PyExc_MemoryError, "sdpa: %s", npattn_status_string(status));
+        PyErr_Format(PyExc_MemoryError, "%s: %s", fn, npattn_status_string(status));
         return -1;
     default:
         if (!prepared) return 0;
-        PyErr_Format(PyExc_RuntimeError, "sdpa: internal error: %s", npattn_status_string(status));
+        PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s", fn, npattn_status_string(status));
         return -1;
     }
 }
 
-/* Runs the forward core without the GIL, Ctrl-C relayed; maps its status. */
-static int run(struct call *c, int prepared) {
+/* Runs the forward core without the GIL, Ctrl-C relayed; maps its status, named fn. */
+static int run(struct call *c, int prepared, const char *fn) {
     struct wait_state w;
     c->p.cancel = check_signals;
     c->p.cancel_arg = &w;
     w.saved = PyEval_SaveThread();
     enum npattn_status status = npattn_sdpa(&c->p);
     PyEval_RestoreThread(w.saved);
-    return map_status(status, prepared);
+    return map_status(status, prepared, fn);
 }
 
-static PyObject *not_ready(int prepared, const char *what) {
-    if (prepared) return PyErr_Format(PyExc_RuntimeError, "sdpa: internal error: %s not prepared", what);
+static PyObject *not_ready(int prepared, const char *fn, const char *what) {
+    if (prepared) return PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s not prepared", fn, what);
     Py_RETURN_NOTIMPLEMENTED;
 }
 
@@ -372,29 +372,29 @@ static PyObject *core_sdpa(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (prepared < 0) return NULL;
     struct call c;
     memset(&c, 0, sizeof c);
-    if (!read_qkv(&c, args[0], args[1], args[2], 1)) return not_ready(prepared, "q, k or v");
+    if (!read_qkv(&c, args[0], args[1], args[2], 1)) return not_ready(prepared, "sdpa", "q, k or v");
     if (!read_options(&c, args[3], args[4], args[5], args[6], args[7], args[8], args[9]))
-        return not_ready(prepared, "an option");
-    if (!read_threads(&c, args[12])) return not_ready(prepared, "threads");
+        return not_ready(prepared, "sdpa", "an option");
+    if (!read_threads(&c, args[12])) return not_ready(prepared, "sdpa", "threads");
     int return_lse = args[10] == Py_True;
-    if (!return_lse && args[10] != Py_False) return not_ready(prepared, "return_lse");
+    if (!return_lse && args[10] != Py_False) return not_ready(prepared, "sdpa", "return_lse");
 
     npy_intp shape[NPY_MAXDIMS + 2];
     int nd = result_shape(&c, (npy_intp)c.p.n_embd_v, 1, shape);
     if (args[11] != Py_None) {
-        if (!read_out(&c, args[11], shape, nd)) return not_ready(prepared, "out");
+        if (!read_out(&c, args[11], shape, nd)) return not_ready(prepared, "sdpa", "out");
         Py_INCREF(c.out.a);
     } else if (!(c.out.a = new_array(shape, nd, npy_type_of(c.result)))) {
-        return not_ready(prepared, "the result");
+        return not_ready(prepared, "sdpa", "the result");
     }
     if (return_lse && !(c.lse.a = new_array(shape, nd - 1, c.result == NPATTN_DTYPE_F64 ? NPY_FLOAT64 : NPY_FLOAT32))) {
         Py_DECREF(c.out.a);
-        return not_ready(prepared, "lse");
+        return not_ready(prepared, "sdpa", "lse");
     }
     describe(&c, &c.out, &c.p.out, c.result, 3);
     if (c.lse.a) describe(&c, &c.lse, &c.p.lse, c.result == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32, 2);
 
-    int done = run(&c, prepared);
+    int done = run(&c, prepared, "sdpa");
     if (done <= 0) {
         Py_DECREF(c.out.a);
         Py_XDECREF(c.lse.a);
@@ -415,17 +415,17 @@ static PyObject *core_attention_weights(PyObject *self, PyObject *const *args, P
     if (nargs != 11) return PyErr_Format(PyExc_TypeError, "_core.attention_weights takes 11 arguments, got %zd", nargs);
     struct call c;
     memset(&c, 0, sizeof c);
-    if (!read_qkv(&c, args[0], args[1], NULL, 0)) return not_ready(1, "q or k");
+    if (!read_qkv(&c, args[0], args[1], NULL, 0)) return not_ready(1, "attention_weights", "q or k");
     if (!read_options(&c, args[2], args[3], args[4], args[5], args[6], args[7], args[8]))
-        return not_ready(1, "an option");
-    if (!read_threads(&c, args[10])) return not_ready(1, "threads");
+        return not_ready(1, "attention_weights", "an option");
+    if (!read_threads(&c, args[10])) return not_ready(1, "attention_weights", "threads");
     npy_intp shape[NPY_MAXDIMS + 2];
     int nd = result_shape(&c, (npy_intp)c.p.n_key, 1, shape);
-    if (!read_out(&c, args[9], shape, nd)) return not_ready(1, "weights");
+    if (!read_out(&c, args[9], shape, nd)) return not_ready(1, "attention_weights", "weights");
     c.weights.a = c.out.a;
     c.out.a = NULL;
     describe(&c, &c.weights, &c.p.weights, c.result, 3);
-    if (run(&c, 1) <= 0) return NULL;
+    if (run(&c, 1, "attention_weights") <= 0) return NULL;
     Py_INCREF(c.weights.a);
     return (PyObject *)c.weights.a;
 }
@@ -464,10 +464,10 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
     struct npattn_backward_problem bp;
     memset(&c, 0, sizeof c);
     memset(&bp, 0, sizeof bp);
-    if (!read_qkv(&c, args[1], args[2], args[3], 1)) return not_ready(1, "q, k or v");
+    if (!read_qkv(&c, args[1], args[2], args[3], 1)) return not_ready(1, "sdpa_backward", "q, k or v");
     if (!read_options(&c, args[6], args[7], args[8], args[9], args[10], args[11], args[12]))
-        return not_ready(1, "an option");
-    if (!read_threads(&c, args[17])) return not_ready(1, "threads");
+        return not_ready(1, "sdpa_backward", "an option");
+    if (!read_threads(&c, args[17])) return not_ready(1, "sdpa_backward", "threads");
     const struct npattn_problem *p = &c.p;
     const npy_intp H_q = (npy_intp)p->n_head_q, H_kv = (npy_intp)p->n_head_kv, L = (npy_intp)p->n_query;
     const npy_intp S = (npy_intp)p->n_key, D = (npy_intp)p->n_embd_k, Dv = (npy_intp)p->n_embd_v;
@@ -477,19 +477,19 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
         !read_full(&c, args[4], &c.out, &c.p.out, H_q, L, Dv, 3, -1) ||
         !read_full(&c, args[5], &c.lse, &c.p.lse, H_q, L, 1, 2, -1) ||
         !read_full(&c, args[13], &dq, &bp.dq, H_q, L, D, 3, wide))
-        return not_ready(1, "dout, out, lse or dq");
+        return not_ready(1, "sdpa_backward", "dout, out, lse or dq");
     /* dk and dv: the kv heads at the result's batch shape */
     if (!read_full(&c, args[14], &dk, &bp.dk, H_kv, S, D, 3, wide) ||
         !read_full(&c, args[15], &dv, &bp.dv, H_kv, S, Dv, 3, wide))
-        return not_ready(1, "dk or dv");
+        return not_ready(1, "sdpa_backward", "dk or dv");
     if (args[16] != Py_None) {
         PyArrayObject *ds = (PyArrayObject *)args[16];
         if (!PyArray_Check(args[16]) || PyArray_TYPE(ds) != NPY_FLOAT64 || !PyArray_IS_C_CONTIGUOUS(ds) ||
             PyArray_SIZE(ds) != batch_size(&c) * H_q || !p->sinks)
-            return not_ready(1, "dsinks");
+            return not_ready(1, "sdpa_backward", "dsinks");
         bp.dsinks = PyArray_DATA(ds);
     } else if (p->sinks) {
-        return not_ready(1, "dsinks");
+        return not_ready(1, "sdpa_backward", "dsinks");
     }
     bp.fwd = c.p;
     struct wait_state w;
@@ -498,7 +498,7 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
     w.saved = PyEval_SaveThread();
     enum npattn_status status = npattn_sdpa_backward(&bp);
     PyEval_RestoreThread(w.saved);
-    if (map_status(status, 1) <= 0) return NULL;
+    if (map_status(status, 1, "sdpa_backward") <= 0) return NULL;
     Py_RETURN_NONE;
 }
 

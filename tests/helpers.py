@@ -213,6 +213,119 @@ def snapshot(*arrays):
     return [(a.shape, a.strides, a.tobytes()) for a in arrays]
 
 
+# ---- the backward pass against the reference ----
+
+
+def _backward_magnitudes(q, k, v, dout, **kwargs):
+    """What each gradient's rounding errors scale with, in float64: every product of
+    the backward pass taken in absolute values, with the reference's weights W
+    (npattn.reference.sdpa_backward's steps; e_ij a bound on |ds_ij|):
+
+        e_ij  = W_ij (|g_i|.|v_j| + |g_i|.(W|v|)_i)    |dp_ij| + |D_i|
+        dq_i ~ |scale| sum_j e_ij |k_j|    dk_j ~ |scale| sum_i e_ij |q_i|
+        dv_j ~ sum_i W_ij |g_i|            dsink ~ sum_i p_sink,i |g_i|.(W|v|)_i
+
+    dk and dv summed over the group and broadcast batch dims, as the gradients are."""
+    keys = ("scale", "mask", "sinks", "window", "softcap", "q_offset", "k_offset")
+    options = {key: f64(val) if key in ("mask", "sinks") else val for key, val in kwargs.items() if key in keys}
+    with np.errstate(all="ignore"):
+        W = reference.attention_weights(f64(q), f64(k), **options)
+    q, k, v, g = (np.abs(f64(x)) for x in (q, k, v, dout))
+    shapes = q.shape, k.shape, v.shape
+    q, k, v, g, W = (x[None] if x.ndim == 2 else x for x in (q, k, v, g, W))
+    H_q, H_kv = q.shape[-3], k.shape[-3]
+    n_rep = H_q // max(H_kv, 1)
+    k_all, v_all = (np.repeat(x, n_rep, axis=-3) for x in (k, v))
+    g_dot_o = (g * (W @ v_all)).sum(axis=-1, keepdims=True)
+    e = W * (g @ v_all.swapaxes(-1, -2) + g_dot_o)
+    f = abs(q.shape[-1] ** -0.5 if kwargs.get("scale") is None else float(kwargs["scale"]))
+
+    def grouped(full):  # (*B, H_q, S, w) -> (*B, H_kv, S, w), the group summed
+        return full.reshape(*full.shape[:-3], H_kv, n_rep, *full.shape[-2:]).sum(axis=-3)
+
+    dk = grouped(f * (e.swapaxes(-1, -2) @ q))
+    dv = grouped(W.swapaxes(-1, -2) @ g)
+    p_sink = 1 - W.sum(axis=-1, keepdims=True)
+    dsinks = (p_sink * g_dot_o)[..., 0].sum(axis=-1).reshape(-1, H_q).sum(axis=0) if H_q else np.zeros(0)
+    return {
+        "dq": reference._unbroadcast(f * (e @ k_all), shapes[0]),
+        "dk": reference._unbroadcast(dk, shapes[1]),
+        "dv": reference._unbroadcast(dv, shapes[2]),
+        "dsinks": dsinks,
+    }
+
+
+def backward_tolerance(q, k, v, dout, dtype, **kwargs):
+    """{gradient: (rtol, atol)} for npattn.sdpa_backward against the float64 reference,
+    atol an array of the gradient's shape; `dtype` the result's.
+
+    A weight recomputed from the saved lse is off by u = ulps eps (1 + m + log(S+1) +
+    sqrt(n)) relative, m the logit bound of npattn.testing.max_logit (log(S+1) bounds
+    how far lse exceeds it), n the longest sum (rows, keys, widths); every product of
+    the pass then adds ulps of its terms, so each gradient is off by u times its
+    magnitude (_backward_magnitudes); the cap's slope is at most 1. A float16 or
+    bfloat16 result adds half its ulp to the terms through D_i = dout_i . o_i (the saved
+    output is rounded to it). A gradient in a narrower dtype than the one computed in
+    is correctly rounded to it: rtol eps/2, and half its smallest subnormal."""
+    computed = "float64" if dtype == np.float64 else "float32"
+    q64, k64, v64 = (f64(x) for x in (q, k, v))
+    L, S, D, D_v = q64.shape[-2], k64.shape[-2], q64.shape[-1], v64.shape[-1]
+    bound = {key: kwargs.get(key) for key in ("scale", "mask", "sinks", "softcap")}
+    m = testing.max_logit(q64, k64, **bound)
+    n = max(L * (q64.size // max(L * D, 1)), S, D, D_v)
+    u = OWN_ULPS[computed] * testing.EPS[computed] * (1 + m + np.log1p(S) + np.sqrt(n))
+    via_d = u + (testing.EPS[dtype.name] / 2 if dtype.name != computed else 0.0)
+    subnormal = {"float64": 0.0, "float32": 2.0**-149, "float16": 2.0**-24, "bfloat16": 2.0**-133}
+    tolerances = {}
+    mags = _backward_magnitudes(q, k, v, dout, **kwargs)
+    for name, operand in (("dq", q), ("dk", k), ("dv", v), ("dsinks", None)):
+        own = computed if operand is None else np.asarray(operand).dtype.name
+        rtol = testing.EPS[own] / 2 if own != computed else 0.0
+        tiny = subnormal[own] / 2 if own != computed else 0.0
+        tolerances[name] = (rtol, (u if name == "dv" else via_d) * mags[name] + tiny)
+    return tolerances
+
+
+def check_backward(q, k, v, dout, **kwargs):
+    """npattn.sdpa_backward after npattn.sdpa(..., return_lse=True) == the float64
+    reference's gradients within backward_tolerance: shapes and dtypes of the operands,
+    dsinks float32 (float64 for float64 results) or None. Returns npattn's Grads."""
+    bwd = {key: val for key, val in kwargs.items() if key not in ("return_lse", "out")}
+    out, lse = npattn.sdpa(q, k, v, return_lse=True, **bwd)
+    grads = npattn.sdpa_backward(dout, q, k, v, out, lse, **bwd)
+    ref = {key: f64(val) if key in ("mask", "sinks") else val for key, val in bwd.items()}
+    ref.pop("threads", None)
+    with np.errstate(all="ignore"):
+        want = reference.sdpa_backward(f64(dout), f64(q), f64(k), f64(v), None, None, **ref)
+    tolerances = backward_tolerance(q, k, v, dout, out.dtype, **kwargs)
+    for name, got, operand, expected in zip(grads._fields, grads, (q, k, v), want):
+        assert type(got) is np.ndarray, name
+        assert got.shape == np.shape(operand) and got.dtype == np.asarray(operand).dtype, (name, got.shape, got.dtype)
+        assert_within(got, expected, *tolerances[name], name)
+    if kwargs.get("sinks") is None:
+        assert grads.dsinks is None
+    else:
+        assert grads.dsinks.dtype == (np.float64 if out.dtype == np.float64 else np.float32)
+        assert_within(grads.dsinks, want[3], *tolerances["dsinks"], "dsinks")
+    return grads
+
+
+def assert_within(got, want, rtol, atol, name):
+    """|got - want| <= atol + rtol |want| everywhere, atol a float or an array that
+    broadcasts; the message names the worst element."""
+    got, want = np.broadcast_arrays(f64(got), f64(want))
+    with np.errstate(invalid="ignore"):
+        excess = np.abs(got - want) - (atol + rtol * np.abs(want))
+    bad = ~(excess <= 0)
+    if bad.any():
+        worst = np.unravel_index(np.argmax(np.where(np.isnan(excess), np.inf, excess)), got.shape)
+        limit = np.broadcast_to(atol + rtol * np.abs(want), got.shape)[worst]
+        raise AssertionError(
+            f"{name}: {int(bad.sum())} of {got.size} elements beyond tolerance; worst at {worst}: "
+            f"{got[worst]!r} vs {want[worst]!r}, allowed {limit:.3g}"
+        )
+
+
 # ---- the core's hooks ----
 
 

@@ -11,16 +11,14 @@ __version__ = "0.2.0.dev0"
 
 import atexit as _atexit
 
-from . import _core
+from . import _core, reference, testing
+from ._api import Grads, attention_weights, merge, sdpa, sdpa_backward
+from .reference import causal_mask
 
 # Before the interpreter stops its threads, stop every call in flight (a daemon
 # thread's call then ends it with SystemExit), so that none is left computing
 # while the process tears its libraries down.
 _atexit.register(_core.shutdown)
-
-from . import reference, testing
-from ._api import Grads, attention_weights, merge, sdpa, sdpa_backward
-from .reference import causal_mask
 
 __all__ = [
     "sdpa",

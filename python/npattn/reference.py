@@ -358,7 +358,7 @@ def sdpa_backward(
         with np.errstate(divide="ignore", invalid="ignore"):
             p_sink = np.exp(parts["sink"] - parts["lse"][..., None])  # (*B, H_kv, n_rep, L, 1)
         p_sink = np.where(np.isfinite(parts["lse"])[..., None], p_sink, 0.0)
-        dsinks = -(p_sink * Di).sum(axis=(-1, -2)).reshape(-1, H_q).sum(axis=0)
+        dsinks = -(p_sink * Di).sum(axis=(-1, -2)).reshape(*B, H_q).sum(axis=tuple(range(len(B))))
         dsinks = dsinks.astype(np.float64 if result_dtype(*dtypes) == np.float64 else np.float32)
 
     dq = dq.reshape(*B, H_q, L, D)
