@@ -1,0 +1,179 @@
+/* test_common.h: what the core's test programs share: the pass/fail count,
+ * a seeded generator, the naive forward loop in long double, contiguous
+ * tensors and problems, conversions to and from double. */
+#ifndef NPATTN_TEST_COMMON_H
+#define NPATTN_TEST_COMMON_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "kernels/kernels.h"
+
+static int n_pass, n_fail;
+
+static inline void expect(int ok, const char *what) {
+    if (ok) {
+        n_pass++;
+    } else {
+        n_fail++;
+        printf("FAIL: %s\n", what);
+    }
+}
+
+static uint64_t rng = 88172645463325252ull;
+static inline double uniform(void) { /* xorshift64, in [-1, 1) */
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+enum mask { MASK_NONE, MASK_BOOL, MASK_ADD };
+
+struct case_ {
+    int64_t B, Hq, Hkv, L, S, D, Dv;
+    int causal;
+    int64_t wl, wr;      /* window, NPATTN_UNBOUNDED for none */
+    int64_t q_offset;    /* INT64_MIN: bottom-right (S - L) */
+    int64_t k_offset;
+    enum mask mask;
+    double softcap;
+    int sinks;
+    int threads;
+};
+
+/* The formula, one row at a time, in long double; contiguous (B, H, N, W) arrays;
+ * also lse (B, H, L) and the weights (B, H, L, S). */
+static inline void naive(const struct case_ *c, const double *q, const double *k, const double *v, const uint8_t *bmask,
+                  const double *amask, const double *sinks, double *out, double *lse, double *weights) {
+    const int64_t L = c->L, S = c->S, D = c->D, Dv = c->Dv;
+    const int64_t qo = c->q_offset == INT64_MIN ? S - L : c->q_offset;
+    long double *w = malloc(sizeof *w * (size_t)(S > 0 ? S : 1));
+    int *vis = malloc(sizeof *vis * (size_t)(S > 0 ? S : 1));
+    const long double scale = 1.0L / sqrtl((long double)D);
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->Hq; h++)
+            for (int64_t i = 0; i < L; i++) {
+                int64_t g = h / (c->Hq / c->Hkv);
+                const double *qi = q + ((b * c->Hq + h) * L + i) * D;
+                long double mx = sinks ? sinks[h] : -INFINITY;
+                for (int64_t j = 0; j < S; j++) {
+                    long double qp = (long double)qo + i, kp = (long double)c->k_offset + j;
+                    vis[j] = 1;
+                    if (c->causal) vis[j] &= kp <= qp;
+                    if (c->wl != NPATTN_UNBOUNDED) vis[j] &= kp >= qp - c->wl;
+                    if (c->wr != NPATTN_UNBOUNDED) vis[j] &= kp <= qp + c->wr;
+                    if (c->mask == MASK_BOOL) vis[j] &= bmask[(h * L + i) * S + j] != 0;
+                    if (c->mask == MASK_ADD) vis[j] &= amask[(h * L + i) * S + j] != -INFINITY;
+                    long double s = 0;
+                    for (int64_t d = 0; d < D; d++) s += (long double)qi[d] * k[((b * c->Hkv + g) * S + j) * D + d];
+                    s *= scale;
+                    if (c->softcap > 0) s = c->softcap * tanhl(s / c->softcap);
+                    if (c->mask == MASK_ADD && vis[j]) s += amask[(h * L + i) * S + j];
+                    w[j] = vis[j] ? s : -INFINITY;
+                    if (w[j] > mx) mx = w[j];
+                }
+                long double den = sinks ? expl(sinks[h] - mx) : 0;
+                for (int64_t j = 0; j < S; j++) {
+                    w[j] = vis[j] ? expl(w[j] - mx) : 0;
+                    den += w[j];
+                }
+                int64_t row = (b * c->Hq + h) * L + i;
+                lse[row] = den > 0 ? (double)(mx + logl(den)) : -INFINITY;
+                for (int64_t j = 0; j < S; j++) weights[row * S + j] = den > 0 ? (double)(w[j] / den) : 0.0;
+                for (int64_t e = 0; e < Dv; e++) {
+                    long double acc = 0;
+                    for (int64_t j = 0; j < S; j++) acc += w[j] * v[((b * c->Hkv + g) * S + j) * Dv + e];
+                    out[row * Dv + e] = den > 0 ? (double)(acc / den) : 0.0;
+                }
+            }
+    free(w);
+    free(vis);
+}
+
+/* A contiguous (B, H, N, W) tensor of dtype; batch stride points at bstr. */
+static inline struct npattn_tensor tensor(void *data, enum npattn_dtype dt, int64_t *bstr, int64_t B, int64_t H, int64_t N,
+                                   int64_t W) {
+    struct npattn_tensor t = {data, dt, bstr, N * W, W, 1};
+    bstr[0] = B > 1 ? H * N * W : 0;
+    return t;
+}
+
+struct buffers {
+    int64_t bs[7];
+    void *q, *k, *v, *out, *lse, *weights, *mask;
+};
+
+static inline void fill_problem(struct npattn_problem *p, const struct case_ *c, enum npattn_dtype dt, struct buffers *x,
+                         const double *sinks, int64_t *bshape) {
+    memset(p, 0, sizeof *p);
+    bshape[0] = c->B;
+    p->n_batch_dim = 1;
+    p->batch_shape = bshape;
+    p->n_head_q = c->Hq;
+    p->n_head_kv = c->Hkv;
+    p->n_query = c->L;
+    p->n_key = c->S;
+    p->n_embd_k = c->D;
+    p->n_embd_v = c->Dv;
+    p->q = tensor(x->q, dt, &x->bs[0], c->B, c->Hq, c->L, c->D);
+    p->k = tensor(x->k, dt, &x->bs[1], c->B, c->Hkv, c->S, c->D);
+    p->v = tensor(x->v, dt, &x->bs[2], c->B, c->Hkv, c->S, c->Dv);
+    p->out = tensor(x->out, dt, &x->bs[3], c->B, c->Hq, c->L, c->Dv);
+    enum npattn_dtype wide = dt == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    p->lse = tensor(x->lse, wide, &x->bs[4], c->B, c->Hq, c->L, 1);
+    p->weights = tensor(x->weights, dt, &x->bs[5], c->B, c->Hq, c->L, c->S);
+    p->scale = 1.0 / sqrt((double)c->D);
+    p->softcap = c->softcap;
+    p->causal = c->causal;
+    p->q_offset = c->q_offset == INT64_MIN ? c->S - c->L : c->q_offset;
+    p->k_offset = c->k_offset;
+    p->window_left = c->wl;
+    p->window_right = c->wr;
+    p->mask_kind = c->mask == MASK_BOOL ? NPATTN_MASK_BOOL : c->mask == MASK_ADD ? NPATTN_MASK_ADD : NPATTN_MASK_NONE;
+    p->mask = tensor(x->mask, NPATTN_DTYPE_F64, &x->bs[6], c->B, c->Hq, c->L, c->S);
+    x->bs[6] = 0; /* the mask is shared by the batch */
+    p->sinks = sinks;
+    p->n_threads = c->threads;
+}
+
+static inline double max_err(const double *want, const double *got, int64_t n, int lse) {
+    double err = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (lse && isinf(want[i])) {
+            if (want[i] != got[i]) err = INFINITY;
+            continue;
+        }
+        double e = fabs(got[i] - want[i]);
+        err = e > err || e != e ? e : err;
+    }
+    return err;
+}
+
+/* dst[i] = src[i] of dtype dt as double. */
+static inline void to_double(enum npattn_dtype dt, const void *src, int64_t n, double *dst) {
+    float *tmp = malloc(sizeof *tmp * (size_t)(n + 1));
+    if (dt == NPATTN_DTYPE_F64) memcpy(dst, src, sizeof *dst * (size_t)n);
+    else npattn_load_f32(dt, src, 1, n, tmp);
+    if (dt != NPATTN_DTYPE_F64)
+        for (int64_t i = 0; i < n; i++) dst[i] = tmp[i];
+    free(tmp);
+}
+
+/* src of doubles stored as dtype dt, and rounded back: the values the core sees. */
+static inline void from_double(enum npattn_dtype dt, double *src, int64_t n, void *dst) {
+    if (dt == NPATTN_DTYPE_F64) {
+        memcpy(dst, src, sizeof *src * (size_t)n);
+        return;
+    }
+    float *tmp = calloc((size_t)(n + 1), sizeof *tmp);
+    for (int64_t i = 0; i < n; i++) tmp[i] = (float)src[i];
+    npattn_store_f32(dt, tmp, n, dst, 1);
+    free(tmp);
+    to_double(dt, dst, n, src);
+}
+
+#endif
