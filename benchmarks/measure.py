@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import glob
 import math
 import os
 import statistics
@@ -80,14 +79,11 @@ class OpenBLAS:
         from npattn import _core
 
         info = _core.blas_info()
-        if info.startswith("scipy"):  # the bundled scipy-openblas32: prefixed names
-            paths = sorted(glob.glob(os.path.join(npattn_dir(), "libscipy_openblas*")))
-            prefix = "scipy_"
-        else:  # a system OpenBLAS build: find the library in this process's mappings
-            with open("/proc/self/maps") as f:
-                mapped = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
-            paths = sorted(p for p in mapped if os.path.basename(p).startswith("libopenblas"))
-            prefix = ""
+        # the bundled scipy-openblas32 has prefixed names; a system build does not
+        name, prefix = ("libscipy_openblas", "scipy_") if info.startswith("scipy") else ("libopenblas", "")
+        with open("/proc/self/maps") as f:  # the library as this process mapped it
+            mapped = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+        paths = sorted(p for p in mapped if os.path.basename(p).startswith(name))
         if not paths:
             raise RuntimeError(f"cannot find the OpenBLAS library npattn uses ({info})")
         self.path = paths[0]

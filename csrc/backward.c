@@ -17,10 +17,11 @@
 #define BWD_FLOPS_BUDGET 1000000  /* keys * rows * width per gemm: OpenBLAS's small-matrix path */
 #define BWD_KEYS_MIN 16
 #define BWD_KEYS_MAX 256
+#define BWD_CHUNK_BYTES (2 << 20) /* a chunk's K, V (converted) and dK, dV */
 #define FLOPS_PER_THREAD 4.0e5    /* as forward.c: work that repays waking a helper */
 
 struct bwd_layout {
-    size_t qt, qrows, dot, dorows, orows, st, dpt, dcap, bias, kt, vt, dk, dv, dq, m, l, alpha, dvec, row, lo, hi, size;
+    size_t qrows, dorows, orows, st, dpt, dcap, bias, kt, vt, dk, dv, dq, lse, m, l, alpha, dvec, row, lo, hi, size;
 };
 
 struct bwd_plan {
@@ -32,6 +33,7 @@ struct bwd_plan {
     int64_t bh, n_hblock;      /* heads of a group per tile, and blocks of them */
     int64_t bq;                /* query rows per tile */
     int64_t bk, n_kblock;      /* keys per block, and blocks */
+    int64_t chunk;             /* key blocks whose dK, dV a task keeps in scratch at once */
     int64_t n_unit, n_split;   /* (batch, kv head) units, and tasks per unit */
     int k_direct, v_direct;
     int64_t ldk, ldv;
@@ -80,23 +82,22 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k_direct, int v_direct) {
     const struct npattn_problem *p = &pl->bp->fwd;
     const size_t D = (size_t)p->n_embd_k, Dv = (size_t)p->n_embd_v, M = (size_t)(pl->bh * pl->bq);
-    const size_t bk = (size_t)pl->bk;
+    const size_t bk = (size_t)pl->bk, nc = (size_t)(pl->chunk * pl->bk);
     struct bwd_layout s;
     size_t at = 0;
-    s.qt = npattn_take(&at, D * M * real);        /* Q^T (D, M) */
     s.qrows = npattn_take(&at, M * D * real);     /* Q (M, D) */
-    s.dot = npattn_take(&at, Dv * M * real);      /* dO^T (Dv, M) */
     s.dorows = npattn_take(&at, M * Dv * real);   /* dO (M, Dv) */
     s.orows = npattn_take(&at, M * Dv * real);    /* O (M, Dv) */
     s.st = npattn_take(&at, bk * M * real);       /* S^T, then P^T (bk, M) */
     s.dpt = npattn_take(&at, bk * M * real);      /* dP^T, then dS^T (bk, M) */
     s.dcap = npattn_take(&at, p->softcap > 0 ? bk * M * real : 0); /* the cap's derivative */
     s.bias = npattn_take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0);
-    s.kt = npattn_take(&at, k_direct ? 0 : bk * D * real);  /* a K block, converted */
-    s.vt = npattn_take(&at, v_direct ? 0 : bk * Dv * real); /* a V block, converted */
-    s.dk = npattn_take(&at, bk * D * real);       /* dK of the block */
-    s.dv = npattn_take(&at, bk * Dv * real);      /* dV of the block */
+    s.kt = npattn_take(&at, k_direct ? 0 : nc * D * real);  /* a chunk of K, converted */
+    s.vt = npattn_take(&at, v_direct ? 0 : nc * Dv * real); /* a chunk of V, converted */
+    s.dk = npattn_take(&at, nc * D * real);       /* dK of the chunk */
+    s.dv = npattn_take(&at, nc * Dv * real);      /* dV of the chunk */
     s.dq = npattn_take(&at, M * D * real);        /* dQ of a tile */
+    s.lse = npattn_take(&at, M * real);
     s.m = npattn_take(&at, M * real);             /* lse, as the running max */
     s.l = npattn_take(&at, M * real);
     s.alpha = npattn_take(&at, M * real);
@@ -150,7 +151,22 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     if (status != NPATTN_STATUS_OK) return status;
     const struct npattn_problem *p = &bp->fwd;
     const int64_t n_batch = npattn_n_batch(p), D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, S = p->n_key;
-    if (n_batch == 0 || p->n_head_q == 0) return NPATTN_STATUS_OK;
+    if (n_batch == 0) return NPATTN_STATUS_OK;
+    if (p->n_head_q == 0) { /* no query sees a key: dK and dV are zeros */
+        const double zero[1] = {0};
+        const struct npattn_tensor *grads[2] = {&bp->dk, &bp->dv};
+        for (int t = 0; t < 2; t++) {
+            const int64_t es = (int64_t)npattn_dtype_size(grads[t]->dtype), w = t ? Dv : D;
+            for (int64_t b = 0; b < n_batch; b++)
+                for (int64_t h = 0; h < p->n_head_kv; h++)
+                    for (int64_t j = 0; j < S; j++)
+                        for (int64_t e = 0; e < w; e++)
+                            npattn_store_f64(grads[t]->dtype, zero, 1,
+                                             npattn_elem(grads[t], es, npattn_batch_offset(p, grads[t], b), h, j) +
+                                                 e * grads[t]->col_stride * es, 1);
+        }
+        return NPATTN_STATUS_OK;
+    }
 
     struct bwd_plan pl;
     memset(&pl, 0, sizeof pl);
@@ -167,6 +183,7 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     pl.bk = BWD_FLOPS_BUDGET / (pl.bh * pl.bq * width) / 16 * 16;
     pl.bk = min64(BWD_KEYS_MAX, max64(BWD_KEYS_MIN, pl.bk));
     pl.n_kblock = (S + pl.bk - 1) / pl.bk;
+    pl.chunk = max64(1, BWD_CHUNK_BYTES / (pl.bk * 2 * width * (pl.f64 ? 8 : 4)));
     pl.n_unit = n_batch * p->n_head_kv;
     enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
     pl.k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl.ldk);

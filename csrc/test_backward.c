@@ -309,6 +309,7 @@ int main(void) {
         {2, 4, 4, 20, 50, 8, 8, 1, U, U, 40, 35, MASK_NONE, 0.5, 0, 2},  /* offsets, a tight cap */
         {1, 2, 1, 4, 0, 4, 4, 0, U, U, BR, 0, MASK_NONE, 0, 1, 1},       /* S = 0 with sinks */
         {0, 2, 1, 4, 5, 4, 4, 0, U, U, BR, 0, MASK_NONE, 0, 0, 1},       /* B = 0 */
+        {2, 0, 1, 4, 5, 4, 3, 0, U, U, BR, 0, MASK_NONE, 0, 0, 1},       /* H_q = 0: dK, dV zeros */
         {1, 2, 1, 3, 6, 4, 0, 1, U, U, BR, 0, MASK_NONE, 0, 1, 1},       /* D_v = 0 */
         {1, 300, 2, 2, 40, 4, 4, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},    /* groups beyond a tile's rows */
         /* one unit, many key blocks: split across threads, dQ summed from parts */

@@ -5,8 +5,10 @@
  *
  * FlashAttention-2's backward (arXiv:2307.08691, Algorithm 2): a task owns
  * one kv head g of one batch entry (or, split-K, a share of its key blocks).
- * For each key block j it keeps dK_j and dV_j in scratch and visits the query
- * rows the band lets see it, the group's heads stacked as in the forward pass:
+ * It takes its keys a chunk at a time, keeping the chunk's dK and dV in
+ * scratch, and visits the query rows the band lets see the chunk, the
+ * group's heads stacked as in the forward pass; each query tile is read once
+ * per chunk, and for each key block j of the chunk:
  *
  *     S^T  = K_j Q_i^T                       the scores again
  *     P^T  = exp(S^T - lse_i)                from the forward pass's lse
@@ -61,17 +63,16 @@ static int CAT(tile_bwd_, SFX)(struct bwd_plan *pl, int64_t task, int32_t slot, 
     const int k_direct = f64 == pl->f64 && pl->k_direct, v_direct = f64 == pl->f64 && pl->v_direct;
     const REAL scale = (REAL)p->scale, cap = (REAL)p->softcap;
 #define AT(region) ((REAL *)(scratch + lay->region))
-    REAL *qt = AT(qt), *qrows = AT(qrows), *dot = AT(dot), *dorows = AT(dorows), *orows = AT(orows);
-    REAL *st = AT(st), *dpt = AT(dpt), *dcap = AT(dcap), *bias = AT(bias), *kt = AT(kt), *vt = AT(vt);
-    REAL *dk = AT(dk), *dv = AT(dv), *dq = AT(dq), *mt = AT(m), *lt = AT(l), *at = AT(alpha), *dvec = AT(dvec);
-    REAL *row = AT(row);
+    REAL *qrows = AT(qrows), *dorows = AT(dorows), *orows = AT(orows), *st = AT(st), *dpt = AT(dpt);
+    REAL *dcap = AT(dcap), *bias = AT(bias), *kt = AT(kt), *vt = AT(vt), *dk = AT(dk), *dv = AT(dv), *dq = AT(dq);
+    REAL *lse = AT(lse), *mt = AT(m), *lt = AT(l), *at = AT(alpha), *dvec = AT(dvec), *row = AT(row);
     int32_t *lo = (int32_t *)(scratch + lay->lo), *hi = (int32_t *)(scratch + lay->hi);
 #undef AT
     const int64_t off_q = npattn_batch_offset(p, &p->q, b), off_k = npattn_batch_offset(p, &p->k, b);
     const int64_t off_v = npattn_batch_offset(p, &p->v, b), off_o = npattn_batch_offset(p, &p->out, b);
     const int64_t off_do = npattn_batch_offset(p, &bp->dout, b), off_dq = npattn_batch_offset(p, &bp->dq, b);
     const int64_t off_dk = npattn_batch_offset(p, &bp->dk, b), off_dv = npattn_batch_offset(p, &bp->dv, b);
-    const int64_t off_lse = npattn_batch_offset(p, &p->lse, b);
+    const int64_t off_lse = npattn_batch_offset(p, &p->lse, b), ls = (int64_t)npattn_dtype_size(p->lse.dtype);
     const int64_t off_mask = p->mask_kind != NPATTN_MASK_NONE ? npattn_batch_offset(p, &p->mask, b) : 0;
     double *part = pl->dq_parts ? pl->dq_parts + (size_t)task * (size_t)(pl->group * L * D) : NULL;
 
@@ -79,12 +80,10 @@ static int CAT(tile_bwd_, SFX)(struct bwd_plan *pl, int64_t task, int32_t slot, 
     if (part) {
         memset(part, 0, (size_t)(pl->group * L * D) * sizeof *part);
     } else {
-        REAL zero[1] = {0};
+        memset(row, 0, (size_t)D * sizeof *row);
         const int64_t es = (int64_t)npattn_dtype_size(bp->dq.dtype);
         for (int64_t h = hg0; h < hg0 + pl->group; h++)
-            for (int64_t i = 0; i < L; i++)
-                for (int64_t d = 0; d < D; d++)
-                    STORE(bp->dq.dtype, zero, 1, npattn_elem(&bp->dq, es, off_dq, h, i) + d * bp->dq.col_stride * es, 1);
+            for (int64_t i = 0; i < L; i++) STORE(bp->dq.dtype, row, D, npattn_elem(&bp->dq, es, off_dq, h, i), bp->dq.col_stride);
     }
 
     const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
@@ -92,74 +91,89 @@ static int CAT(tile_bwd_, SFX)(struct bwd_plan *pl, int64_t task, int32_t slot, 
     const char *vbase = S > 0 && Dv > 0 ? npattn_elem(&p->v, vs, off_v, g, 0) : NULL;
     const int64_t kb_begin = pl->n_kblock * split / pl->n_split, kb_end = pl->n_kblock * (split + 1) / pl->n_split;
     SCORE_TILE tile = {.scale = scale, .softcap = cap};
-    for (int64_t kb = kb_begin; kb < kb_end; kb++) {
-        const int64_t j0 = kb * pl->bk, nk = S - j0 < pl->bk ? S - j0 : pl->bk;
+    for (int64_t kc = kb_begin; kc < kb_end; kc += pl->chunk) {
+        /* a chunk of key blocks: keys c0 .. c1, read (converted if need be) once */
+        const int64_t kc_end = kc + pl->chunk < kb_end ? kc + pl->chunk : kb_end;
+        const int64_t c0 = kc * pl->bk, c1 = kc_end * pl->bk < S ? kc_end * pl->bk : S, nc = c1 - c0;
         int64_t ldk, ldv = 1;
-        const REAL *ktile = CAT(kv_rows_, SFX)(&p->k, kbase, j0, nk, D, k_direct, pl->ldk, kt, &ldk);
-        const REAL *vtile = Dv > 0 ? CAT(kv_rows_, SFX)(&p->v, vbase, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv) : vt;
-        memset(dk, 0, (size_t)(nk * D) * sizeof(REAL));
-        memset(dv, 0, (size_t)(nk * Dv) * sizeof(REAL));
-        int64_t ia, ib; /* the query rows that may see a key of this block */
-        npattn_band_rows(&pl->band, j0, j0 + nk, L, &ia, &ib);
+        const REAL *kchunk = CAT(kv_rows_, SFX)(&p->k, kbase, c0, nc, D, k_direct, pl->ldk, kt, &ldk);
+        const REAL *vchunk = Dv > 0 ? CAT(kv_rows_, SFX)(&p->v, vbase, c0, nc, Dv, v_direct, pl->ldv, vt, &ldv) : vt;
+        memset(dk, 0, (size_t)(nc * D) * sizeof(REAL));
+        memset(dv, 0, (size_t)(nc * Dv) * sizeof(REAL));
+        int64_t ia, ib; /* the query rows that may see a key of this chunk */
+        npattn_band_rows(&pl->band, c0, c1, L, &ia, &ib);
         for (int64_t hb = 0; hb < pl->n_hblock && ia < ib; hb++) {
             const int64_t h0 = hg0 + hb * pl->bh, nh = pl->group - hb * pl->bh < pl->bh ? pl->group - hb * pl->bh : pl->bh;
             for (int64_t i0 = ia / pl->bq * pl->bq; i0 < ib; i0 += pl->bq) {
                 if (npattn_run_stopped(&pl->run, slot)) return 0;
                 const int64_t nq = L - i0 < pl->bq ? L - i0 : pl->bq, M = nh * nq;
-                CAT(stacked_rows_, SFX)(&p->q, off_q, h0, i0, nq, M, D, qrows, qt);
-                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h0, i0, nq, M, Dv, dorows, dot);
+                CAT(stacked_rows_, SFX)(&p->q, off_q, h0, i0, nq, M, D, qrows, NULL);
+                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h0, i0, nq, M, Dv, dorows, NULL);
                 CAT(stacked_rows_, SFX)(&p->out, off_o, h0, i0, nq, M, Dv, orows, NULL);
                 for (int64_t r = 0; r < M; r++) { /* D_i = rowsum(dO_i * O_i); the running max starts at lse */
                     REAL sum = 0;
                     for (int64_t e = 0; e < Dv; e++) sum += dorows[r * Dv + e] * orows[r * Dv + e];
                     dvec[r] = sum;
-                    LOAD(p->lse.dtype, npattn_elem(&p->lse, (int64_t)npattn_dtype_size(p->lse.dtype), off_lse,
-                                                   h0 + r / nq, i0 + r % nq), 1, 1, mt + r);
-                    lt[r] = 0;
+                    LOAD(p->lse.dtype, npattn_elem(&p->lse, ls, off_lse, h0 + r / nq, i0 + r % nq), 1, 1, lse + r);
                 }
-                /* S^T (nk, M) = K_j (nk, D) @ Q^T (D, M) */
-                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile, (int)ldk, qt,
-                     (int)M, (REAL)0, st, (int)M);
-                if (cap > 0) /* cap' = 1 - tanh(s / cap)^2, from the raw scores */
-                    for (int64_t x = 0; x < nk * M; x++) {
-                        REAL t = (REAL)tanh((double)(st[x] * scale / cap));
-                        dcap[x] = 1 - t * t;
+                int first = 1;
+                for (int64_t kb = kc; kb < kc_end; kb++) {
+                    const int64_t j0 = kb * pl->bk, nk = S - j0 < pl->bk ? S - j0 : pl->bk;
+                    int64_t ja, jb; /* skip a block no row of the tile sees */
+                    npattn_band_rows(&pl->band, j0, j0 + nk, L, &ja, &jb);
+                    if (jb <= i0 || ja >= i0 + nq) continue;
+                    const REAL *ktile = kchunk + (j0 - c0) * ldk, *vtile = vchunk + (j0 - c0) * ldv;
+                    REAL *dkj = dk + (j0 - c0) * D, *dvj = dv + (j0 - c0) * Dv;
+                    /* S^T (nk, M) = K_j (nk, D) @ Q^T (D, M) */
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile, (int)ldk,
+                         qrows, (int)D, (REAL)0, st, (int)M);
+                    if (cap > 0) /* cap' = 1 - tanh(s / cap)^2, from the raw scores */
+                        for (int64_t x = 0; x < nk * M; x++) {
+                            REAL t = (REAL)tanh((double)(st[x] * scale / cap));
+                            dcap[x] = 1 - t * t;
+                        }
+                    tile.nk = nk, tile.M = M, tile.ld = M, tile.bias = NULL;
+                    if (p->mask_kind != NPATTN_MASK_NONE) {
+                        CAT(mask_tile_, SFX)(p, off_mask, h0, i0, nq, M, j0, nk, bias, M, 1, row);
+                        tile.bias = bias;
                     }
-                tile.nk = nk, tile.M = M, tile.ld = M, tile.bias = NULL;
-                if (p->mask_kind != NPATTN_MASK_NONE) {
-                    CAT(mask_tile_, SFX)(p, off_mask, h0, i0, nq, M, j0, nk, bias, M, 1, row);
-                    tile.bias = bias;
-                }
-                int clipped = npattn_band_clip(&pl->band, i0, nq, M, j0, nk, lo, hi);
-                tile.lo = clipped ? lo : NULL, tile.hi = clipped ? hi : NULL;
-                /* P^T = exp(S^T - lse): the forward step with the max preset to lse */
+                    int clipped = npattn_band_clip(&pl->band, i0, nq, M, j0, nk, lo, hi);
+                    tile.lo = clipped ? lo : NULL, tile.hi = clipped ? hi : NULL;
+                    /* P^T = exp(S^T - lse): the forward step with the max preset to lse */
+                    for (int64_t r = 0; r < M; r++) mt[r] = lse[r], lt[r] = 0;
 #if IS_F64
-                npattn_softmax_f64(st, &tile, mt, lt, at);
+                    npattn_softmax_f64(st, &tile, mt, lt, at);
 #else
-                if (npattn_kernels()->softmax_f32(st, &tile, mt, lt, at)) return 1;
+                    if (npattn_kernels()->softmax_f32(st, &tile, mt, lt, at)) return 1;
 #endif
-                /* dV_j (nk, Dv) += P^T (nk, M) @ dO (M, Dv) */
-                if (Dv > 0) {
-                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)Dv, (int)M, (REAL)1, st, (int)M,
-                         dorows, (int)Dv, (REAL)1, dv, (int)Dv);
-                    /* dP^T (nk, M) = V_j (nk, Dv) @ dO^T (Dv, M) */
-                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)Dv, (REAL)1, vtile,
-                         (int)ldv, dot, (int)M, (REAL)0, dpt, (int)M);
-                } else {
-                    memset(dpt, 0, (size_t)(nk * M) * sizeof(REAL));
+                    if (Dv > 0) {
+                        /* dV_j (nk, Dv) += P^T (nk, M) @ dO (M, Dv) */
+                        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)Dv, (int)M, (REAL)1, st, (int)M,
+                             dorows, (int)Dv, (REAL)1, dvj, (int)Dv);
+                        /* dP^T (nk, M) = V_j (nk, Dv) @ dO^T (Dv, M) */
+                        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)M, (int)Dv, (REAL)1, vtile,
+                             (int)ldv, dorows, (int)Dv, (REAL)0, dpt, (int)M);
+                    } else {
+                        memset(dpt, 0, (size_t)(nk * M) * sizeof(REAL));
+                    }
+                    /* dS^T = P^T * (dP^T - D) * cap' * scale, in place of dP^T */
+                    for (int64_t j = 0; j < nk; j++) {
+                        REAL *ds = dpt + j * M;
+                        const REAL *pj = st + j * M, *cj = dcap + j * M;
+                        if (cap > 0)
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r] * scale;
+                        else
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * scale;
+                    }
+                    /* dK_j (nk, D) += dS^T (nk, M) @ Q (M, D) */
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, (REAL)1, dpt, (int)M,
+                         qrows, (int)D, (REAL)1, dkj, (int)D);
+                    /* dQ (M, D) += dS (M, nk) @ K_j (nk, D), over the chunk's blocks */
+                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, (REAL)1, dpt, (int)M, ktile,
+                         (int)ldk, (REAL)(first ? 0 : 1), dq, (int)D);
+                    first = 0;
                 }
-                /* dS^T = P^T * (dP^T - D) * cap' * scale, in place of dP^T */
-                for (int64_t j = 0; j < nk; j++) {
-                    REAL *ds = dpt + j * M;
-                    const REAL *pj = st + j * M, *cj = dcap + j * M;
-                    for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * (cap > 0 ? cj[r] : (REAL)1) * scale;
-                }
-                /* dK_j (nk, D) += dS^T (nk, M) @ Q (M, D) */
-                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, (REAL)1, dpt, (int)M, qrows,
-                     (int)D, (REAL)1, dk, (int)D);
-                /* dQ (M, D) = dS (M, nk) @ K_j (nk, D), added to this task's dQ rows */
-                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, (REAL)1, dpt, (int)M, ktile,
-                     (int)ldk, (REAL)0, dq, (int)D);
+                if (first) continue; /* no block of the chunk seen by this tile */
 #if !IS_F64
                 if (!npattn_all_finite_f32(dq, M * D)) return 1;
 #endif
@@ -167,13 +181,13 @@ static int CAT(tile_bwd_, SFX)(struct bwd_plan *pl, int64_t task, int32_t slot, 
             }
         }
 #if !IS_F64
-        if (!npattn_all_finite_f32(dk, nk * D) || !npattn_all_finite_f32(dv, nk * Dv)) return 1;
+        if (!npattn_all_finite_f32(dk, nc * D) || !npattn_all_finite_f32(dv, nc * Dv)) return 1;
 #endif
-        /* this key block's dK and dV are complete: no other task has its keys */
+        /* this chunk's dK and dV are complete: no other task has its keys */
         const int64_t dks = (int64_t)npattn_dtype_size(bp->dk.dtype), dvs = (int64_t)npattn_dtype_size(bp->dv.dtype);
-        for (int64_t j = 0; j < nk; j++) {
-            STORE(bp->dk.dtype, dk + j * D, D, npattn_elem(&bp->dk, dks, off_dk, g, j0 + j), bp->dk.col_stride);
-            if (Dv > 0) STORE(bp->dv.dtype, dv + j * Dv, Dv, npattn_elem(&bp->dv, dvs, off_dv, g, j0 + j), bp->dv.col_stride);
+        for (int64_t j = 0; j < nc; j++) {
+            STORE(bp->dk.dtype, dk + j * D, D, npattn_elem(&bp->dk, dks, off_dk, g, c0 + j), bp->dk.col_stride);
+            if (Dv > 0) STORE(bp->dv.dtype, dv + j * Dv, Dv, npattn_elem(&bp->dv, dvs, off_dv, g, c0 + j), bp->dv.col_stride);
         }
     }
     /* the sinks' gradient: d sum(dO * O) / d sink_h = -sum_i exp(sink_h - lse_i) D_i */

@@ -396,11 +396,11 @@ def sdpa_backward(
     wide = np.dtype(np.float64 if p.dtype == np.float64 else np.float32)
     rank2 = len(p.shape) == 1
     kv_lead = () if rank2 else (*p.batch, H_kv)
-    dq = _args.zeros(fn, (*p.shape, D), wide, "dq")
-    dk = _args.zeros(fn, (*kv_lead, p.S, D), wide, "dk")
-    dv = _args.zeros(fn, (*kv_lead, p.S, D_v), wide, "dv")
+    dq = _args.empty(fn, (*p.shape, D), wide, "dq")
+    dk = _args.empty(fn, (*kv_lead, p.S, D), wide, "dk")
+    dv = _args.empty(fn, (*kv_lead, p.S, D_v), wide, "dv")
     n_batch = int(np.prod(p.batch, dtype=np.int64))
-    dsinks = None if p.sinks is None else np.zeros((n_batch, p.sinks.shape[0]))
+    dsinks = None if p.sinks is None else np.empty((n_batch, p.sinks.shape[0]))
     _core.sdpa_backward(
         dout, p.q, p.k, p.v, out, lse, p.scale, p.mask, p.sinks, p.window, p.softcap, p.q_offset, p.k_offset,
         dq, dk, dv, dsinks, p.threads,
@@ -408,7 +408,7 @@ def sdpa_backward(
     grads = []
     for name, full in (("q", dq), ("k", dk), ("v", dv)):
         own = _args.operand(fn, given[name], name)
-        grads.append(_args.unbroadcast(full, own.shape).astype(own.dtype))
+        grads.append(_args.unbroadcast(full, own.shape).astype(own.dtype, copy=False))
     if dsinks is not None:
         dsinks = dsinks.sum(axis=0).astype(wide)
     return Grads(*grads, dsinks)

@@ -381,13 +381,6 @@ def fitting(fn: str, x: Any, name: str, shape: tuple, what: str) -> np.ndarray:
     return readable(a)
 
 
-def zeros(fn: str, shape: tuple, dtype: np.dtype, what: str) -> np.ndarray:
-    try:
-        return np.zeros(shape, dtype)
-    except MemoryError:
-        raise MemoryError(f"{fn}: cannot allocate {what}, shape {shape} of {dtype}") from None
-
-
 def unbroadcast(full: np.ndarray, shape: tuple) -> np.ndarray:
     """The gradient of a broadcast operand: `full` summed over the dims that
     broadcasting added or stretched, back to the operand's own `shape` (a
