@@ -14,9 +14,9 @@
  *     P^T  = exp(S^T - lse_i)                from the forward pass's lse
  *     dV_j += P^T dO_i
  *     dP^T = V_j dO_i^T
- *     dS^T = P^T * (dP^T - D_i) * cap' * scale,  D_i = rowsum(dO_i * O_i)
- *     dK_j += dS^T Q_i
- *     dQ_i += dS K_j
+ *     dS^T = P^T * (dP^T - D_i) * cap',  D_i = rowsum(dO_i * O_i)
+ *     dK_j += scale dS^T Q_i
+ *     dQ_i += scale dS K_j
  *
  * cap' = 1 - tanh(s / softcap)^2 with a softcap, 1 without. dQ rows are
  * owned by the task too (a query head reads only its group's kv head), so
@@ -156,20 +156,21 @@ static int CAT(tile_bwd_, SFX)(struct bwd_plan *pl, int64_t task, int32_t slot, 
                     } else {
                         memset(dpt, 0, (size_t)(nk * M) * sizeof(REAL));
                     }
-                    /* dS^T = P^T * (dP^T - D) * cap' * scale, in place of dP^T */
+                    /* dS^T / scale = P^T * (dP^T - D) * cap', in place of dP^T (the scale is
+                     * applied by the products below, so a tiny one underflows once, at the end) */
                     for (int64_t j = 0; j < nk; j++) {
                         REAL *ds = dpt + j * M;
                         const REAL *pj = st + j * M, *cj = dcap + j * M;
                         if (cap > 0)
-                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r] * scale;
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r];
                         else
-                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * scale;
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]);
                     }
                     /* dK_j (nk, D) += dS^T (nk, M) @ Q (M, D) */
-                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, (REAL)1, dpt, (int)M,
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, scale, dpt, (int)M,
                          qrows, (int)D, (REAL)1, dkj, (int)D);
                     /* dQ (M, D) += dS (M, nk) @ K_j (nk, D), over the chunk's blocks */
-                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, (REAL)1, dpt, (int)M, ktile,
+                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, scale, dpt, (int)M, ktile,
                          (int)ldk, (REAL)(first ? 0 : 1), dq, (int)D);
                     first = 0;
                 }

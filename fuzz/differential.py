@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import npattn
 from helpers import (
     check,
+    check_backward,
     compare_with_nan,
     f64,
     kernels,
@@ -40,7 +41,7 @@ from helpers import (
     snapshot,
 )
 
-CALLS_PER_CASE = 3
+CALLS_PER_CASE = 3  # the forward pass's; a case with the backward pass makes two more
 
 
 def problem(seed: int, case: int):
@@ -50,8 +51,15 @@ def problem(seed: int, case: int):
     return (*random_problem(rng, specials=specials, large=True), specials)
 
 
-def run_case(seed: int, case: int, table: str) -> None:
-    """The four checks of one case; raises AssertionError (or anything) on a finding."""
+def with_backward(kwargs: dict, specials: bool) -> bool:
+    """Whether the case runs the backward pass too: finite inputs, a scale of at most
+    100 (beyond it the gradients overflow float32 while the reference's do not)."""
+    return not specials and abs(kwargs.get("scale") or 1.0) <= 100
+
+
+def run_case(seed: int, case: int, table: str) -> int:
+    """The checks of one case; raises AssertionError (or anything) on a finding.
+    Returns the number of calls made."""
     q, k, v, kwargs, specials = problem(seed, case)
     arrays = [x for x in (q, k, v, *kwargs.values()) if isinstance(x, np.ndarray)]
     before = snapshot(*arrays)
@@ -77,6 +85,14 @@ def run_case(seed: int, case: int, table: str) -> None:
         for a, b in pairs:
             assert np.array_equal(a, b, equal_nan=True), f"{name} differs from the first"
     assert snapshot(*arrays) == before, "an input changed"
+    if not with_backward(kwargs, specials):
+        return CALLS_PER_CASE
+    out = first[0] if kwargs.get("return_lse") else first
+    dout = np.random.default_rng([seed, case, 1]).standard_normal(out.shape).astype(out.dtype)
+    with kernels(table):
+        check_backward(q, k, v, dout, **kwargs)
+    assert snapshot(*arrays) == before, "an input changed in the backward pass"
+    return CALLS_PER_CASE + 2
 
 
 def describe(seed: int, case: int) -> str:
@@ -115,37 +131,42 @@ def main(argv=None) -> int:
                 print(f"{table}: FINDING\n{traceback.format_exc()}")
         return 0
 
-    n_cases = max(1, args.calls // CALLS_PER_CASE)
+    n_cases = max(1, args.calls // (CALLS_PER_CASE + 1))  # about one case in two runs backward
     findings, counts, start = [], {t: 0 for t in tables}, time.monotonic()
+    backward_cases = 0
     for i in range(args.start, args.start + n_cases):
         table = tables[i % len(tables)]
         try:
-            run_case(args.seed, i, table)
+            calls = run_case(args.seed, i, table)
+            counts[table] += calls
+            backward_cases += calls > CALLS_PER_CASE
         except Exception as e:
             findings.append({"case": f"{args.seed}:{i}", "kernels": table, "error": f"{type(e).__name__}: {e}"[:2000]})
             print(f"FINDING {args.seed}:{i} ({table}): {type(e).__name__}: {str(e)[:300]}", flush=True)
+            counts[table] += CALLS_PER_CASE
             if len(findings) >= args.max_findings:
                 break
-        counts[table] += 1
         done = i - args.start + 1
         if done % 5000 == 0:
-            rate = done / (time.monotonic() - start)
-            print(
-                f"{done * CALLS_PER_CASE} calls, {rate * CALLS_PER_CASE:.0f} calls/s, {len(findings)} findings",
-                flush=True,
-            )
+            calls = sum(counts.values())
+            rate = calls / (time.monotonic() - start)
+            print(f"{calls} calls, {rate:.0f} calls/s, {len(findings)} findings", flush=True)
     elapsed = time.monotonic() - start
-    n_calls = sum(counts.values()) * CALLS_PER_CASE
+    n_calls = sum(counts.values())
     summary = {
         "npattn": npattn.__version__,
         "seed": args.seed,
-        "cases": sum(counts.values()),
+        "cases": done,
+        "cases_with_backward": backward_cases,
         "calls": n_calls,
-        "calls_per_kernel_table": {t: c * CALLS_PER_CASE for t, c in counts.items()},
+        "calls_per_kernel_table": counts,
         "seconds": round(elapsed, 1),
         "findings": findings,
     }
-    print(f"{n_calls} calls in {elapsed:.0f} s over {', '.join(tables)}: {len(findings)} findings")
+    print(
+        f"{n_calls} calls ({done} cases, {backward_cases} with the backward pass) in {elapsed:.0f} s "
+        f"over {', '.join(tables)}: {len(findings)} findings"
+    )
     if args.report:
         with open(args.report, "w") as f:
             json.dump(summary, f, indent=1)

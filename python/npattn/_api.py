@@ -408,7 +408,8 @@ def sdpa_backward(
     grads = []
     for name, full in (("q", dq), ("k", dk), ("v", dv)):
         own = _args.operand(fn, given[name], name)
-        grads.append(_args.unbroadcast(full, own.shape).astype(own.dtype, copy=False))
+        with np.errstate(over="ignore"):  # a gradient beyond a half dtype's range is inf, as sdpa's results
+            grads.append(_args.unbroadcast(full, own.shape).astype(own.dtype, copy=False))
     if dsinks is not None:
         dsinks = dsinks.sum(axis=0).astype(wide)
     return Grads(*grads, dsinks)
