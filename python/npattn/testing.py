@@ -211,8 +211,8 @@ def assert_attention_close(
     worst = np.unravel_index(int(np.argmax(excess)), got.shape)
     lines = [
         f"attention output differs from the float64 reference at {n_bad} of {got.size} elements "
-        f"({100 * n_bad / got.size:.2g}%)",
-        f"worst at {_where(worst, got.ndim)}: actual {got64[worst]!r}, reference {want[worst]!r}"
+        f"({100 * n_bad / got.size:.3g}%)",
+        f"worst at {_where(worst, got.ndim)}: actual {float(got64[worst])!r}, reference {float(want[worst])!r}"
         + ("" if np.isnan(got64[worst]) or np.isnan(want[worst]) else f" (|diff| {err[worst]:.3g})"),
         f"tolerance: {how}, rtol {rtol:g}",
     ]
@@ -220,7 +220,8 @@ def assert_attention_close(
     no_key = np.broadcast_to(lse == -np.inf, bad_rows.shape)
     n_rows, n_empty = int(bad_rows.sum()), int((bad_rows & no_key).sum())
     if n_empty == 0:
-        lines.append(f"the {n_rows} failing rows all see at least one key")
+        lines.append("the failing row sees" if n_rows == 1 else f"the {n_rows} failing rows all see")
+        lines[-1] += " at least one key"
     else:
         lines.append(
             f"{n_empty} of the {n_rows} failing rows see no key (every key masked, no sink): "
