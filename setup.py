@@ -5,9 +5,11 @@ NPATTN_BLAS chooses the OpenBLAS:
   (unset) or "scipy"  the scipy-openblas32 wheel, a pinned build requirement.
                       Its symbols carry a `scipy_` prefix (csrc/blas.h maps the
                       names when NPATTN_BLAS_SCIPY is defined). The library is
-                      copied beside the extension and found through an $ORIGIN
-                      RPATH, as auditwheel would vendor it, so nothing imports
-                      scipy_openblas32 at run time.
+                      copied beside the extension, into npattn/.libs, and found
+                      through an RPATH ($ORIGIN/.libs; @loader_path/.libs on
+                      macOS, where its install name is @rpath/...), as
+                      auditwheel or delocate would vendor it, so nothing
+                      imports scipy_openblas32 at run time.
   "system"            the system OpenBLAS (Debian: libopenblas-dev), found with
                       `pkg-config openblas`, else plain -lopenblas.
 
@@ -19,6 +21,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -86,7 +89,8 @@ class BuildExt(build_ext):
             ext.library_dirs.append(lib_dir)
             ext.libraries.append(wheel.get_library())  # "scipy_openblas"
             ext.define_macros.append(("NPATTN_BLAS_SCIPY", "1"))
-            ext.extra_link_args.append(f"-Wl,-rpath,$ORIGIN/{VENDORED_DIR}")
+            origin = "@loader_path" if sys.platform == "darwin" else "$ORIGIN"
+            ext.extra_link_args.append(f"-Wl,-rpath,{origin}/{VENDORED_DIR}")
             vendored = os.path.join(lib_dir, wheel.get_library(fullname=True))
         else:
             include_dirs, library_dirs, libraries, other = system_blas_flags()

@@ -83,6 +83,7 @@ enum npattn_status {
     NPATTN_STATUS_CANCELLED, /* the cancel callback asked to stop, or the process is exiting */
     NPATTN_STATUS_INVALID,   /* the problem breaks a rule of this header */
     NPATTN_STATUS_TOO_LARGE, /* D or D_v beyond what one BLAS call takes (INT_MAX) */
+    NPATTN_STATUS_BLAS_WRONG, /* the BLAS failed its check (npattn_blas_ok): nothing computed */
 };
 
 /* window_left / window_right: no bound on that side. */
@@ -166,6 +167,16 @@ struct npattn_backward_problem {
 };
 
 enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *p);
+
+/* Whether the BLAS library computes right: checked once, on first use, with
+ * small products of every transposition against a plain loop. When it does
+ * not, every call returns NPATTN_STATUS_BLAS_WRONG instead of a wrong
+ * answer. (OpenBLAS 0.3.34's SME kernels, its core "armv9sme", compute some
+ * of them wrong unless the CPU's streaming vector length is 512 bits, as on
+ * Apple M4; OPENBLAS_CORETYPE=NEOVERSEN1 avoids them.) npattn_blas_core()
+ * names the BLAS's kernel core. */
+int npattn_blas_ok(void);
+const char *npattn_blas_core(void);
 
 /* A sentence that says what a status means. Never NULL. */
 const char *npattn_status_string(enum npattn_status status);

@@ -149,6 +149,7 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     if (!bp) return NPATTN_STATUS_INVALID;
     enum npattn_status status = npattn_check_backward(bp);
     if (status != NPATTN_STATUS_OK) return status;
+    if (!npattn_blas_ok()) return NPATTN_STATUS_BLAS_WRONG;
     const struct npattn_problem *p = &bp->fwd;
     const int64_t n_batch = npattn_n_batch(p), D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, S = p->n_key;
     if (n_batch == 0) return NPATTN_STATUS_OK;

@@ -16,11 +16,13 @@
 #define npattn_cblas_dgemm scipy_cblas_dgemm
 #define npattn_blas_set_num_threads scipy_openblas_set_num_threads
 #define npattn_blas_get_config scipy_openblas_get_config
+#define npattn_blas_get_corename scipy_openblas_get_corename
 #else
 #define npattn_cblas_sgemm cblas_sgemm
 #define npattn_cblas_dgemm cblas_dgemm
 #define npattn_blas_set_num_threads openblas_set_num_threads
 #define npattn_blas_get_config openblas_get_config
+#define npattn_blas_get_corename openblas_get_corename
 #endif
 
 #endif /* NPATTN_BLAS_H */

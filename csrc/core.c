@@ -37,13 +37,53 @@ const char *npattn_status_string(enum npattn_status status) {
     case NPATTN_STATUS_CANCELLED: return "the call was cancelled";
     case NPATTN_STATUS_INVALID: return "the problem breaks a rule of attention.h";
     case NPATTN_STATUS_TOO_LARGE: return "D or D_v exceeds what one BLAS call can take (INT_MAX)";
+    case NPATTN_STATUS_BLAS_WRONG: return "the BLAS library computes wrong matrix products on this CPU";
     }
     return "unknown status";
 }
 
-static void blas_single_threaded(void) { npattn_blas_set_num_threads(1); }
+/* ---- the BLAS, single-threaded inside npattn's pool, checked once ---- */
+
+/* C = op(A) op(B), row-major, against a plain loop; the inputs are multiples
+ * of 1/8 at most 1, so every product and sum is exact and the comparison is
+ * equality. */
+static int gemm_right(int ta, int tb, int M, int N, int K, int f64) {
+    float a[16 * 16], b[16 * 300], c[16 * 300];
+    double ad[16 * 16], bd[16 * 300], cd[16 * 300];
+    for (int i = 0; i < M * K; i++) a[i] = (float)(ad[i] = ((i * 37 % 17) - 8) / 8.0);
+    for (int i = 0; i < K * N; i++) b[i] = (float)(bd[i] = ((i * 29 % 13) - 6) / 8.0);
+    const int lda = ta ? M : K, ldb = tb ? K : N;
+    const enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+    if (f64) npattn_cblas_dgemm(CblasRowMajor, TA, TB, M, N, K, 1.0, ad, lda, bd, ldb, 0.0, cd, N);
+    else npattn_cblas_sgemm(CblasRowMajor, TA, TB, M, N, K, 1.0f, a, lda, b, ldb, 0.0f, c, N);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += ad[ta ? k * M + i : i * K + k] * bd[tb ? j * K + k : k * N + j];
+            if ((f64 ? cd[i * N + j] : (double)c[i * N + j]) != s) return 0;
+        }
+    return 1;
+}
+
+static int blas_right;
+
+static void blas_setup(void) {
+    npattn_blas_set_num_threads(1);
+    /* shapes that OpenBLAS 0.3.34's SME kernels (core armv9sme) compute wrong
+     * unless the streaming vector length is 512 bits, as on Apple M4 */
+    blas_right = gemm_right(0, 1, 7, 54, 5, 0) && gemm_right(0, 0, 1, 300, 16, 0) &&
+                 gemm_right(1, 0, 16, 32, 8, 0) && gemm_right(0, 1, 7, 54, 5, 1) && gemm_right(1, 0, 16, 32, 8, 1);
+}
+
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-void npattn_blas_init(void) { pthread_once(&blas_once, blas_single_threaded); }
+void npattn_blas_init(void) { pthread_once(&blas_once, blas_setup); }
+
+int npattn_blas_ok(void) {
+    npattn_blas_init();
+    return blas_right;
+}
+
+const char *npattn_blas_core(void) { return npattn_blas_get_corename(); }
 
 size_t npattn_dtype_size(enum npattn_dtype dtype) {
     return dtype == NPATTN_DTYPE_F64 ? 8 : dtype == NPATTN_DTYPE_F32 ? 4 : 2;

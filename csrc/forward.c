@@ -215,6 +215,7 @@ static void merge_task(void *arg, int64_t unit, int32_t slot) {
 enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     enum npattn_status status = npattn_check(p);
     if (status != NPATTN_STATUS_OK) return status;
+    if (!npattn_blas_ok()) return NPATTN_STATUS_BLAS_WRONG;
     const int64_t n_batch = npattn_n_batch(p), D = p->n_embd_k, Dv = p->n_embd_v, S = p->n_key;
     if (n_batch == 0 || p->n_head_q == 0 || p->n_query == 0) return NPATTN_STATUS_OK;
     if (Dv == 0 && !p->lse.data && !p->weights.data) return NPATTN_STATUS_OK; /* nothing to write */

@@ -611,6 +611,12 @@ static struct PyModuleDef core_module = {
 
 PyMODINIT_FUNC PyInit__core(void) {
     import_array();
+    if (!npattn_blas_ok())
+        return PyErr_Format(PyExc_ImportError,
+                            "npattn: the OpenBLAS it runs on (kernel core %s) computes wrong matrix products on this "
+                            "CPU, so npattn will not run; set OPENBLAS_CORETYPE=NEOVERSEN1 (on ARM) before starting "
+                            "Python to use other kernels",
+                            npattn_blas_core());
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
     if (PyModule_AddIntConstant(m, "BLAS_INT_MAX", 2147483647) || PyModule_AddIntConstant(m, "MAX_THREADS", 4096)) {

@@ -247,8 +247,26 @@ static void test_invalid(void) {
     expect(strlen(npattn_status_string((enum npattn_status)99)) > 0, "status string");
 }
 
+/* A BLAS that fails its check: every call refused, nothing computed. */
+static int refused_everywhere(void) {
+    const int64_t U = NPATTN_UNBOUNDED;
+    struct case_ c = {1, 2, 1, 3, 5, 4, 4, 1, U, U, INT64_MIN, 0, MASK_NONE, 0, 0, 1};
+    struct buffers x;
+    memset(&x, 0, sizeof x);
+    float q[24] = {0}, k[20] = {0}, v[20] = {0}, out[24] = {0};
+    x.q = q, x.k = k, x.v = v, x.out = out;
+    struct npattn_problem p;
+    int64_t bshape[1];
+    fill_problem(&p, &c, NPATTN_DTYPE_F32, &x, NULL, bshape);
+    printf("the BLAS (core %s) fails npattn's check on this CPU\n", npattn_blas_core());
+    expect(npattn_sdpa(&p) == NPATTN_STATUS_BLAS_WRONG, "a BLAS that fails its check: the call is refused");
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail != 0;
+}
+
 int main(void) {
     const int64_t U = NPATTN_UNBOUNDED, BR = INT64_MIN;
+    if (!npattn_blas_ok()) return refused_everywhere();
     static const struct case_ cases[] = {
         /* B Hq Hkv L S D Dv causal wl wr q_offset k_offset mask softcap sinks threads */
         {2, 18, 6, 3, 7, 5, 5, 1, U, U, BR, 0, MASK_NONE, 0, 0, 1},    /* the course, causal */

@@ -1,10 +1,291 @@
-/* kernels/neon.c: the kernels in NEON (aarch64), 4 query rows per vector.
- * Twin of avx2.c and avx512.c. */
+/* kernels/neon.c: the kernels in NEON (aarch64, where it is baseline), 4
+ * query rows per vector; column tails go to the portable code. Twin of
+ * avx2.c and avx512.c. */
 #if defined(__aarch64__)
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+
 #include "kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float32x4_t select(uint32x4_t mask, float32x4_t a, float32x4_t b) { return vbslq_f32(mask, a, b); }
+
+INLINE float32x4_t keep(float32x4_t x, uint32x4_t mask) {
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x), mask));
+}
+
+/* Whether a lane of x is not 0 (NaN included). */
+INLINE int any_nonzero(float32x4_t x) { return vminvq_u32(vceqq_f32(x, vdupq_n_f32(0.0f))) == 0; }
+
+/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
+INLINE float32x4_t exp_nonpos(float32x4_t x) {
+    const float32x4_t vmin = vdupq_n_f32(NPATTN_EXP2_MIN);
+    float32x4_t y = vmulq_f32(x, vdupq_n_f32(NPATTN_LOG2E));
+    uint32x4_t live = vcgeq_f32(y, vmin);
+    y = vmaxq_f32(y, vmin);
+    float32x4_t n = vrndnq_f32(y);
+    float32x4_t f = vsubq_f32(y, n);
+    float32x4_t p = vdupq_n_f32(NPATTN_EXP2_C6);
+    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C5), p, f);
+    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C4), p, f);
+    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C3), p, f);
+    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C2), p, f);
+    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C1), p, f);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, f);
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return keep(vmulq_f32(p, vreinterpretq_f32_s32(e)), live);
+}
+
+/* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
+INLINE float32x4_t tanh_approx(float32x4_t y) {
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    float32x4_t a = vabsq_f32(y);
+    float32x4_t u = vmulq_f32(y, y);
+    float32x4_t p = vdupq_n_f32(NPATTN_TANH_P4);
+    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P3), p, u);
+    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P2), p, u);
+    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P1), p, u);
+    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P0), p, u);
+    float32x4_t near = vfmaq_f32(y, vmulq_f32(y, u), p);
+    float32x4_t e = exp_nonpos(vmulq_f32(a, vdupq_n_f32(-2.0f)));
+    float32x4_t far = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
+    far = vbslq_f32(vdupq_n_u32(0x80000000u), y, far); /* y's sign */
+    return select(vcltq_f32(a, vdupq_n_f32(NPATTN_TANH_SPLIT)), near, far);
+}
+
+static int softmax_neon(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
+    const int64_t nk = t->nk, M = t->M, ld = t->ld;
+    const float32x4_t scale = vdupq_n_f32(t->scale), ninf = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
+    const int capped = t->softcap > 0;
+    const float32x4_t cap = vdupq_n_f32(t->softcap), inv_cap = vdupq_n_f32(capped ? 1.0f / t->softcap : 0.0f);
+    int64_t r = 0;
+    for (; r + 4 <= M; r += 4) {
+        float32x4_t vm = vld1q_f32(m + r), mx = vm;
+        /* nf sums x - x over unhidden scores: it stays 0 unless one is NaN or infinite */
+        float32x4_t nf = keep(vsubq_f32(vm, vm), vmvnq_u32(vceqq_f32(vm, ninf)));
+        int32x4_t vlo = vdupq_n_s32(0), vhi = vlo;
+        if (t->lo) {
+            vlo = vld1q_s32(t->lo + r);
+            vhi = vld1q_s32(t->hi + r);
+        }
+        /* pass 1: final scores written back, the column max */
+        for (int64_t j = 0; j < nk; j++) {
+            float *row = st + j * ld + r;
+            float32x4_t x = vmulq_f32(vld1q_f32(row), scale);
+            float32x4_t check = vsubq_f32(x, x);
+            uint32x4_t vis = vdupq_n_u32(~0u);
+            if (capped) x = vmulq_f32(cap, tanh_approx(vmulq_f32(x, inv_cap)));
+            if (t->lo) {
+                int32x4_t vj = vdupq_n_s32((int32_t)j);
+                vis = vbicq_u32(vis, vorrq_u32(vcgtq_s32(vlo, vj), vcgtq_s32(vj, vhi)));
+            }
+            if (t->bias) {
+                float32x4_t b = vld1q_f32(t->bias + j * ld + r);
+                vis = vandq_u32(vis, vmvnq_u32(vceqq_f32(b, ninf)));
+                x = vaddq_f32(x, b);
+                check = vaddq_f32(check, vsubq_f32(x, x));
+            }
+            nf = vaddq_f32(nf, keep(check, vis));
+            x = select(vis, x, ninf);
+            vst1q_f32(row, x);
+            mx = vmaxq_f32(mx, x);
+        }
+        if (any_nonzero(nf)) return 1;
+        /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
+        float32x4_t shift = select(vceqq_f32(mx, ninf), zero, mx);
+        float32x4_t a = exp_nonpos(vsubq_f32(vm, shift)), sum = zero;
+        for (int64_t j = 0; j < nk; j++) {
+            float *row = st + j * ld + r;
+            float32x4_t p = exp_nonpos(vsubq_f32(vld1q_f32(row), shift));
+            vst1q_f32(row, p);
+            sum = vaddq_f32(sum, p);
+        }
+        vst1q_f32(l + r, vfmaq_f32(sum, vld1q_f32(l + r), a));
+        vst1q_f32(m + r, mx);
+        vst1q_f32(alpha + r, a);
+    }
+    return r < M ? npattn_softmax_f32_columns(st, t, r, M, m, l, alpha) : 0;
+}
+
+/* Lanes j .. j+3 of a row of n: all ones where j + lane < n. */
+INLINE uint32x4_t lanes(int64_t n, int64_t j) {
+    static const int32_t iota[4] = {0, 1, 2, 3};
+    int64_t left = n - j;
+    return vcgtq_s32(vdupq_n_s32((int32_t)(left > 4 ? 4 : left)), vld1q_s32(iota));
+}
+
+/* NEON has no masked load or store: the lanes past n go through a buffer. */
+INLINE float32x4_t load_part(const float *src, int64_t n, int64_t j) {
+    if (n - j >= 4) return vld1q_f32(src + j);
+    float buf[4] = {0, 0, 0, 0};
+    memcpy(buf, src + j, (size_t)(n - j) * sizeof *buf);
+    return vld1q_f32(buf);
+}
+
+INLINE void store_part(float *dst, int64_t n, int64_t j, float32x4_t x) {
+    if (n - j >= 4) {
+        vst1q_f32(dst + j, x);
+        return;
+    }
+    float buf[4];
+    vst1q_f32(buf, x);
+    memcpy(dst + j, buf, (size_t)(n - j) * sizeof *buf);
+}
+
+static int softmax_rows_neon(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
+    const float32x4_t scale = vdupq_n_f32(t->scale), ninf = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
+    const int capped = t->softcap > 0;
+    const float32x4_t cap = vdupq_n_f32(t->softcap), inv_cap = vdupq_n_f32(capped ? 1.0f / t->softcap : 0.0f);
+    static const int32_t iota_s[4] = {0, 1, 2, 3};
+    const int32x4_t iota = vld1q_s32(iota_s);
+    for (int64_t r = 0; r < t->M; r++) {
+        float *row = st + r * t->ld;
+        const float *brow = t->bias ? t->bias + r * t->ld : NULL;
+        if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
+        int32x4_t vlo = vdupq_n_s32(t->lo ? t->lo[r] : 0), vhi = vdupq_n_s32(t->lo ? t->hi[r] : 0);
+        float32x4_t vmx = ninf, nf = zero;
+        /* pass 1: final scores written back, the row's max */
+        for (int64_t j = 0; j < t->nk; j += 4) {
+            const uint32x4_t live = lanes(t->nk, j);
+            float32x4_t x = vmulq_f32(load_part(row, t->nk, j), scale);
+            float32x4_t check = vsubq_f32(x, x);
+            uint32x4_t vis = live;
+            if (capped) x = vmulq_f32(cap, tanh_approx(vmulq_f32(x, inv_cap)));
+            if (t->lo) {
+                int32x4_t vj = vaddq_s32(iota, vdupq_n_s32((int32_t)j));
+                vis = vbicq_u32(vis, vorrq_u32(vcgtq_s32(vlo, vj), vcgtq_s32(vj, vhi)));
+            }
+            if (brow) {
+                float32x4_t b = load_part(brow, t->nk, j);
+                vis = vandq_u32(vis, vmvnq_u32(vceqq_f32(b, ninf)));
+                x = vaddq_f32(x, b);
+                check = vaddq_f32(check, vsubq_f32(x, x));
+            }
+            nf = vaddq_f32(nf, keep(check, vis));
+            x = select(vis, x, ninf);
+            store_part(row, t->nk, j, x);
+            vmx = vmaxq_f32(vmx, x);
+        }
+        if (any_nonzero(nf)) return 1;
+        float mx = vmaxvq_f32(vmx);
+        mx = m[r] > mx ? m[r] : mx;
+        /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
+        const float32x4_t shift = vdupq_n_f32(mx == -INFINITY ? 0.0f : mx);
+        float32x4_t sum = zero;
+        for (int64_t j = 0; j < t->nk; j += 4) {
+            const uint32x4_t live = lanes(t->nk, j);
+            float32x4_t p = keep(exp_nonpos(vsubq_f32(load_part(row, t->nk, j), shift)), live);
+            store_part(row, t->nk, j, p);
+            sum = vaddq_f32(sum, p);
+        }
+        float a = vgetq_lane_f32(exp_nonpos(vsubq_f32(vdupq_n_f32(m[r]), shift)), 0);
+        l[r] = l[r] * a + vaddvq_f32(sum);
+        m[r] = mx;
+        alpha[r] = a;
+    }
+    return 0;
+}
+
+/* Scores of nr <= 2 query rows against nkb <= 4 keys, into st (nr, ldst):
+ * 8 products per loaded pair of vectors, then one reduction per score. */
+INLINE void scores_block(const float *qr, int nr, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
+                         int64_t ldst, int64_t pf) {
+    float32x4_t acc[8]; /* acc[4 * row + key] */
+    for (int i = 0; i < 8; i++) acc[i] = vdupq_n_f32(0.0f);
+    int64_t d = 0;
+    if (pf) /* the rows pf floats ahead, into L2 */
+        for (int a = 0; a < nkb; a++)
+            for (int64_t e = 0; e < D; e += 16) __builtin_prefetch(kr + a * ldk + e + pf, 0, 2);
+    for (; d + 4 <= D; d += 4) {
+        float32x4_t kv[4], qv[2];
+        for (int a = 0; a < nkb; a++) kv[a] = vld1q_f32(kr + a * ldk + d);
+        for (int b = 0; b < nr; b++) qv[b] = vld1q_f32(qr + b * D + d);
+        for (int b = 0; b < nr; b++)
+            for (int a = 0; a < nkb; a++) acc[4 * b + a] = vfmaq_f32(acc[4 * b + a], kv[a], qv[b]);
+    }
+    for (int b = 0; b < nr; b++)
+        for (int a = 0; a < nkb; a++) {
+            float s = vaddvq_f32(acc[4 * b + a]);
+            for (int64_t e = d; e < D; e++) s += qr[b * D + e] * kr[a * ldk + e];
+            st[b * ldst + a] = s;
+        }
+}
+
+static void scores_neon(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk, float *st,
+                        int64_t ldst) {
+    const int64_t pf = npattn_prefetch_rows(ldk * 4) * ldk; /* the first row block prefetches */
+    int64_t j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        int64_t r = 0;
+        for (; r + 2 <= M; r += 2)
+            scores_block(q + r * D, 2, D, k + j * ldk, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
+        if (r < M) scores_block(q + r * D, 1, D, k + j * ldk, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
+    }
+    if (j < nk)
+        for (int64_t r = 0; r < M; r += 2)
+            scores_block(q + r * D, (int)(M - r < 2 ? M - r : 2), D, k + j * ldk, ldk, (int)(nk - j),
+                         st + r * ldst + j, ldst, 0);
+}
+
+/* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers. */
+INLINE void accumulate_block(const float *st, int64_t ldst, int nr, int64_t nk, const float *v, int64_t ldv,
+                             int64_t Dv, int64_t e0, float *o, int64_t pf) {
+    float32x4_t acc[16]; /* acc[4 * row + chunk] */
+    for (int a = 0; a < nr; a++)
+        for (int c = 0; c < 4; c++) acc[4 * a + c] = vld1q_f32(o + a * Dv + e0 + 4 * c);
+    for (int64_t j = 0; j < nk; j++) {
+        const float *vr = v + j * ldv + e0;
+        if (pf) /* whole rows pf floats ahead, into L2 */
+            for (int64_t e = 0; e < Dv; e += 16) __builtin_prefetch(v + j * ldv + e + pf, 0, 2);
+        float32x4_t vv[4];
+        for (int c = 0; c < 4; c++) vv[c] = vld1q_f32(vr + 4 * c);
+        for (int a = 0; a < nr; a++) {
+            float32x4_t pa = vdupq_n_f32(st[a * ldst + j]);
+            for (int c = 0; c < 4; c++) acc[4 * a + c] = vfmaq_f32(acc[4 * a + c], pa, vv[c]);
+        }
+    }
+    for (int a = 0; a < nr; a++)
+        for (int c = 0; c < 4; c++) vst1q_f32(o + a * Dv + e0 + 4 * c, acc[4 * a + c]);
+}
+
+static void accumulate_neon(const float *st, int64_t ldst, int64_t M, int64_t nk, const float *v, int64_t ldv,
+                            int64_t Dv, float *o) {
+    const int64_t pf = npattn_prefetch_rows(ldv * 4) * ldv; /* the first block of the first pass prefetches */
+    int64_t e0 = 0;
+    for (; e0 + 16 <= Dv; e0 += 16) {
+        int64_t r = 0;
+        for (; r + 4 <= M; r += 4)
+            accumulate_block(st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0 ? pf : 0);
+        int64_t pr = r == 0 && e0 == 0 ? pf : 0;
+        switch (M - r) {
+        case 3: accumulate_block(st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 2: accumulate_block(st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 1: accumulate_block(st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        default: break;
+        }
+    }
+    if (e0 < Dv) /* columns left over, fewer than 16 */
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t j = 0; j < nk; j++) {
+                float p = st[r * ldst + j];
+                for (int64_t e = e0; e < Dv; e++) o[r * Dv + e] += p * v[j * ldv + e];
+            }
+}
+
+static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) vst1q_f32(dst + j, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + j))));
+    for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
+}
 
 const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",
-    .softmax_f32 = NULL,
+    .softmax_f32 = softmax_neon,
+    .softmax_rows_f32 = softmax_rows_neon,
+    .scores_f32 = scores_neon,
+    .accumulate_f32 = accumulate_neon,
+    .f16_to_f32 = f16_to_f32_neon,
 };
 #endif

@@ -11,9 +11,13 @@ __version__ = "0.2.0.dev0"
 
 import atexit as _atexit
 
-from . import _core, reference, testing
-from ._api import Grads, attention_weights, merge, sdpa, sdpa_backward
-from .reference import causal_mask
+from . import _loader
+
+_core = _loader.load_core()  # before anything else loads the extension
+
+from . import reference, testing  # noqa: E402
+from ._api import Grads, attention_weights, merge, sdpa, sdpa_backward  # noqa: E402
+from .reference import causal_mask  # noqa: E402
 
 # Before the interpreter stops its threads, stop every call in flight (a daemon
 # thread's call then ends it with SystemExit), so that none is left computing
