@@ -130,8 +130,9 @@ static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, 
 #endif
         if (pl->n_split == 1) {
             for (int64_t r = 0; r < M; r++) {
-                REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r]; /* a row that saw no key: zeros, not NaN */
-                for (int64_t e = 0; e < Dv; e++) row[e] = ot[r * Dv + e] * inv;
+                /* a row that saw no key: zeros, not NaN (even where 0 * a NaN value was added) */
+                const REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r];
+                for (int64_t e = 0; e < Dv; e++) row[e] = inv == (REAL)0 ? (REAL)0 : ot[r * Dv + e] * inv;
                 const int64_t h = h0 + r / nq, i = i0 + r % nq;
                 if (Dv > 0) STORE(p->out.dtype, row, Dv, npattn_elem(&p->out, pl->out_size, u.off_out, h, i), p->out.col_stride);
                 if (p->lse.data) store_lse(p, u.off_lse, h, i, lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]));
@@ -140,9 +141,10 @@ static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, 
             /* split-K: leave (lse, O / l) for the merge, in double */
             double *part = pl->partials + (size_t)task * (size_t)(pl->max_m * (Dv + 1));
             for (int64_t r = 0; r < M; r++) {
-                REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r];
+                const REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r];
                 part[r] = lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]);
-                for (int64_t e = 0; e < Dv; e++) part[pl->max_m + r * Dv + e] = (double)(ot[r * Dv + e] * inv);
+                for (int64_t e = 0; e < Dv; e++)
+                    part[pl->max_m + r * Dv + e] = inv == (REAL)0 ? 0.0 : (double)(ot[r * Dv + e] * inv);
             }
         }
     }

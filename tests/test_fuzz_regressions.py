@@ -41,3 +41,17 @@ def test_scaled_products_overflowing_in_float64():
     k = np.array([[2.0, -2.0], [0.1, -0.1]])
     got = npattn.sdpa(q, k, k[:, :1], mask=None, scale=5e307)
     np.testing.assert_allclose(got, [[1.05]], rtol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_row_whose_scores_are_all_minus_inf_is_zeros_despite_nan_values(dtype):
+    """differential 20261130:36219 and :19679: a -inf in q makes every score of its row
+    -inf, so the row sees no key and is zeros (SPEC: never NaN), although a value row
+    holds NaN; the reference's 0 * NaN had made it NaN there."""
+    q = np.array([[[[-np.inf, 0.5]], [[1.0, 0.5]]]], dtype=dtype)  # head 0 sees no key
+    k = np.array([[[[1.0, 0.25], [2.0, -1.0], [0.5, 0.5]]]], dtype=dtype)
+    v = np.array([[[[1.0, np.nan], [2.0, 3.0], [4.0, 5.0]]]], dtype=dtype)
+    want = reference.sdpa(q, k, v, mask=None)
+    np.testing.assert_array_equal(want[0, 0], 0)
+    assert np.isnan(want[0, 1, 0, 1]) and np.isfinite(want[0, 1, 0, 0])  # head 1 sees the NaN
+    np.testing.assert_array_equal(npattn.sdpa(q, k, v, mask=None), want.astype(dtype))

@@ -238,6 +238,9 @@ def sdpa(
     v = v.reshape(*Bv, H_kv, 1, S, D_v)
     result = (weights @ v).reshape(*B, H_q, L, D_v)
     lse = lse.reshape(*B, H_q, L)
+    # A row that sees no key (lse = -inf) is zeros, even where a value it does not
+    # see holds NaN or infinity (0 * NaN would be NaN in the product above).
+    result = np.where(lse[..., None] == -np.inf, 0.0, result)
     if all_rank_2:
         result, lse = result[0], lse[0]
     result = result.astype(dtype)
