@@ -190,9 +190,15 @@ void npattn_shutdown(void);
 
 /* The default thread count (n_threads = 0): the CPUs this process may run on,
  * at most n if npattn_set_num_threads(n) was called with n >= 1 (n < 1 lifts
- * the cap). For threadpoolctl and alike. */
-int npattn_get_num_threads(void);
-void npattn_set_num_threads(int n);
+ * the cap). For threadpoolctl and alike, which find them by name in a shared
+ * library built with hidden visibility: hence exported. */
+#if defined(__GNUC__) || defined(__clang__)
+#define NPATTN_EXPORTED __attribute__((visibility("default")))
+#else
+#define NPATTN_EXPORTED
+#endif
+NPATTN_EXPORTED int npattn_get_num_threads(void);
+NPATTN_EXPORTED void npattn_set_num_threads(int n);
 
 /* Test hooks, not for production use and not thread-safe with concurrent calls:
  * after n more successful allocations inside the core every allocation fails

@@ -24,6 +24,10 @@ from .reference import causal_mask  # noqa: E402
 # while the process tears its libraries down.
 _atexit.register(_core.shutdown)
 
+from . import _threadpool  # noqa: E402
+
+_threadpool.install()  # threadpoolctl controls npattn's threads too
+
 __all__ = [
     "sdpa",
     "sdpa_backward",
