@@ -1,0 +1,223 @@
+"""Attention over Dask arrays: ``npattn.dask.sdpa`` (``pip install "npattn[dask]"``).
+
+The same call as :func:`npattn.sdpa`, on arrays too large for one machine's
+memory or time. Every block is one :func:`npattn.sdpa` call:
+
+- batch and head chunks map one to one, a chunk of query heads with the
+  key/value heads its GQA groups read (the query heads are rechunked where a
+  boundary would split a group);
+- query chunks get their own ``q_offset``, so the causal rule and windows hold
+  across chunks;
+- each key chunk gives a partial result with ``return_lse=True`` and its
+  ``k_offset``; the partials are combined by :func:`npattn.merge` in a tree
+  (``split_every`` at a time), so no task holds an ``L x S`` block, only
+  ``(query chunk) x (key chunk)`` scores inside one call.
+
+It runs on any Dask scheduler, a ``distributed`` cluster included, and equals
+``npattn.sdpa`` on the whole arrays up to float32 rounding (float16 and
+bfloat16 partials are kept in float32 until the end).
+
+``import npattn`` never imports this module or Dask.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from . import _args
+from ._api import merge
+from ._api import sdpa as _sdpa
+
+__all__ = ["sdpa"]
+
+
+def _task_threads() -> int | None:
+    """What the worker running this task grants it: in a distributed worker, the
+    OMP_NUM_THREADS it was started with (Dask's nanny sets 1), else the CPUs over its
+    task slots; in a thread of another scheduler's pool, 1; else npattn's default."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        worker = None
+    if worker is not None:
+        granted = os.environ.get("OMP_NUM_THREADS", "")
+        if granted.isdigit() and int(granted) > 0:
+            return int(granted)
+        return max(1, (os.cpu_count() or 1) // max(1, worker.state.nthreads))
+    return None if threading.current_thread() is threading.main_thread() else 1
+
+
+def _partial(q, k, v, mask, sinks, rows, *, k_offset, q_offset, options, wide):
+    """One block: (*b, g, r, l, d) queries against one key chunk; the packed result
+    (*b, g, r, l, D_v + 1): the output, then lse, in `wide`."""
+    *batch, g, r, rows_, d = q.shape
+    flat = (*batch, g * r, rows_)
+    threads = options.pop("threads", None)
+    out, lse = _sdpa(
+        q.reshape(*flat, d).astype(wide, copy=False),
+        k[..., 0, :, :].astype(wide, copy=False),
+        v[..., 0, :, :].astype(wide, copy=False),
+        mask=mask.reshape(*flat, mask.shape[-1]) if isinstance(mask, np.ndarray) else mask,
+        sinks=None if sinks is None else sinks.reshape(g * r),
+        q_offset=q_offset + int(rows[0]) if rows.size else q_offset,
+        k_offset=k_offset,
+        return_lse=True,
+        threads=_task_threads() if threads is None else threads,
+        **options,
+    )
+    packed = np.concatenate([out, lse[..., None].astype(wide)], axis=-1)
+    return packed.reshape(*batch, g, r, rows_, packed.shape[-1])
+
+
+def _merge_packed(*parts):
+    """The packed partials of the same queries over disjoint key chunks, merged."""
+    out, lse = merge([p[..., :-1] for p in parts], [p[..., -1] for p in parts])
+    return np.concatenate([out, lse[..., None].astype(out.dtype)], axis=-1)
+
+
+def sdpa(
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: float | None = None,
+    mask: Any = "causal",
+    *,
+    sinks: Any = None,
+    window: Any = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
+    k_offset: int = 0,
+    return_lse: bool = False,
+    threads: int | None = None,
+    split_every: int = 4,
+) -> Any:
+    """:func:`npattn.sdpa` over Dask arrays; returns a Dask array (and lse).
+
+    Parameters
+    ----------
+    q, k, v : dask.array.Array or array_like
+        As for :func:`npattn.sdpa`, in any chunking; NumPy arrays are wrapped.
+        The last axis (D, D_v) is taken whole.
+    scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse
+        As for :func:`npattn.sdpa`. An array mask may be a Dask array too; it
+        is chunked like the scores' query and key chunks.
+    threads : int, optional
+        Threads for each task's call. Default: what the worker running the
+        task grants it (Dask's ``distributed`` workers start with
+        ``OMP_NUM_THREADS=1``), so that workers times threads does not
+        oversubscribe the machine.
+    split_every : int, default 4
+        How many partials one merge task combines.
+
+    Returns
+    -------
+    dask.array.Array, or (out, lse) with ``return_lse=True``
+        Chunked as q's batch, head and query chunks, ``D_v`` whole; the dtype
+        of :func:`npattn.sdpa`'s result.
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np, npattn, npattn.dask
+    >>> rng = np.random.default_rng(0)
+    >>> q = da.from_array(rng.standard_normal((1, 4, 64, 16)), chunks=(1, 2, 32, 16))
+    >>> k = da.from_array(rng.standard_normal((1, 2, 256, 16)), chunks=(1, 1, 64, 16))
+    >>> out = npattn.dask.sdpa(q, k, k)   # 4 key chunks per block, merged
+    >>> np.allclose(out.compute(), npattn.sdpa(q.compute(), k.compute(), k.compute()))
+    True
+    """
+    fn = "sdpa"
+    q, k, v = (x if isinstance(x, da.Array) else da.asarray(x) for x in (q, k, v))
+    if int(split_every) < 2:
+        raise ValueError(f"{fn}: split_every must be an int >= 2, got {split_every!r}")
+    if isinstance(sinks, da.Array):
+        sinks = sinks.compute()
+    # The rules of npattn.sdpa, checked once on views of one query row and one key
+    # (zero strides, no memory): a bad call fails here, not inside a task.
+    probe = {"mask": mask if mask is None or isinstance(mask, str) else np.zeros(()), "sinks": sinks}
+    L, S = q.shape[-2] if q.ndim >= 2 else 0, k.shape[-2] if k.ndim >= 2 else 0
+
+    def view(x, rows):
+        shape = (*x.shape[:-2], min(rows, 1), x.shape[-1]) if x.ndim >= 2 else x.shape
+        return np.broadcast_to(np.zeros((), dtype=x.dtype), shape)
+
+    _sdpa(view(q, L), view(k, S), view(v, S), scale, window=window, softcap=softcap, q_offset=q_offset,
+          k_offset=k_offset, threads=threads, **probe)  # fmt: skip
+    if isinstance(mask, str) and mask == "causal_top_left":  # "causal" from 0; query chunks then shift it
+        mask, q_offset = "causal", 0
+    result_dtype = _args.result_dtype(q.dtype, k.dtype, v.dtype)
+    wide = np.dtype(np.float64 if result_dtype == np.float64 else np.float32)
+
+    # One layout for every operand: (*B, H_kv, n_rep, rows, width), batch dims broadcast.
+    rank2 = q.ndim == k.ndim == v.ndim == 2
+    q, k, v = (x[None] if x.ndim == 2 else x for x in (q, k, v))
+    batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    H_q, H_kv, D, D_v = q.shape[-3], k.shape[-3], q.shape[-1], v.shape[-1]
+    n_rep = H_q // H_kv
+    q = da.broadcast_to(q, (*batch, *q.shape[-3:]))
+    k = da.broadcast_to(k, (*batch, *k.shape[-3:]))
+    v = da.broadcast_to(v, (*batch, *v.shape[-3:]))
+    # Head chunks whole GQA groups: boundaries of q's heads on multiples of n_rep.
+    cuts = sorted({min(H_kv, -(-int(c) // n_rep)) for c in np.cumsum(q.chunks[-3])} | {H_kv}) if H_q else [H_kv]
+    kv_heads = tuple(np.diff([0, *cuts]).tolist()) if H_kv else (0,)
+    b_chunks = tuple(q.chunks[: len(batch)])
+    q = q.rechunk((*b_chunks, tuple(n * n_rep for n in kv_heads), q.chunks[-2], D))
+    q = q.reshape(*batch, H_kv, n_rep, L, D, merge_chunks=False)
+    s_chunks = k.chunks[-2]
+    k = k.rechunk((*b_chunks, kv_heads, s_chunks, D))[..., None, :, :]
+    v = v.rechunk((*b_chunks, kv_heads, s_chunks, D_v))[..., None, :, :]
+    rows = da.arange(L, chunks=(q.chunks[-2],))
+
+    if mask is not None and not isinstance(mask, str):
+        mask = mask if isinstance(mask, da.Array) else da.asarray(mask)
+        # sdpa's rules for the mask, on a view of its shape and dtype (no memory)
+        _args.check_mask(fn, np.broadcast_to(np.zeros((), mask.dtype), mask.shape), (*batch, H_q, L, S))
+        mask = da.broadcast_to(mask, (*batch, H_q, L, S)).rechunk((*b_chunks, H_q, q.chunks[-2], s_chunks))
+        mask = mask.reshape(*batch, H_kv, n_rep, L, S, merge_chunks=False)
+        mask = mask.rechunk((*b_chunks, kv_heads, n_rep, q.chunks[-2], s_chunks))
+    sinks_array = None
+    if sinks is not None:
+        sinks_array = da.from_array(np.asarray(sinks, dtype=np.float64).reshape(H_kv, n_rep), chunks=(kv_heads, n_rep))
+
+    bi = tuple(f"b{i}" for i in range(len(batch)))
+    options = {"scale": scale, "window": window, "softcap": softcap, "threads": threads}
+    parts, start = [], 0
+    for j, n in enumerate(s_chunks or (0,)):
+        ks, vs = k[..., start : start + n, :], v[..., start : start + n, :]
+        args = [q, (*bi, "g", "r", "l", "d"), ks, (*bi, "g", "x", "s", "d"), vs, (*bi, "g", "x", "s", "e")]
+        if isinstance(mask, da.Array):
+            args += [mask[..., start : start + n], (*bi, "g", "r", "l", "s")]
+        else:
+            args += [mask, None]
+        args += [sinks_array if j == 0 else None, ("g", "r") if j == 0 and sinks is not None else None]
+        args += [rows, ("l",)]
+        parts.append(
+            da.blockwise(
+                _partial,
+                (*bi, "g", "r", "l", "e"),
+                *args,
+                k_offset=int(k_offset) + start,
+                q_offset=(S - L if q_offset is None else int(q_offset)),
+                options=dict(options),
+                wide=wide,
+                adjust_chunks={"e": D_v + 1},
+                concatenate=True,
+                dtype=wide,
+                meta=np.empty((0,) * (len(batch) + 5), dtype=wide),
+            )  # fmt: skip
+        )
+        start += n
+    while len(parts) > 1:  # the tree of merges
+        groups = [parts[i : i + split_every] for i in range(0, len(parts), split_every)]
+        parts = [g[0] if len(g) == 1 else da.map_blocks(_merge_packed, *g, dtype=wide) for g in groups]
+    packed = parts[0].reshape(*batch, H_q, L, D_v + 1, merge_chunks=False)
+    out, lse = packed[..., :-1].astype(result_dtype), packed[..., -1]
+    if rank2:
+        out, lse = out[0], lse[0]
+    return (out, lse) if return_lse else out

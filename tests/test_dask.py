@@ -1,0 +1,176 @@
+"""SPEC section 10: npattn.dask.sdpa over Dask arrays equals npattn.sdpa on the
+whole arrays for every chunking (ragged, GQA groups split by chunks, masks,
+windows, softcap, sinks, positions, lse), holds no L x S block, runs on a
+distributed.LocalCluster of worker processes, and recovers from a worker
+killed mid-computation. The module skips without dask and distributed."""
+
+import os
+
+import numpy as np
+import pytest
+
+import npattn
+from helpers import make_mask, own_tolerance, qkv, run_script
+
+da = pytest.importorskip("dask.array")
+dask = pytest.importorskip("dask")
+nd = pytest.importorskip("npattn.dask")
+
+
+def whole_vs_chunked(q, k, v, q_chunks, kv_chunks, scheduler="sync", mask_chunks=None, **kwargs):
+    """npattn.dask.sdpa on chunked copies == npattn.sdpa on the arrays (out and lse), within
+    npattn's own tolerance; returns the Dask result."""
+    want, want_lse = npattn.sdpa(q, k, v, return_lse=True, **kwargs)
+    dk = dict(kwargs)
+    if mask_chunks is not None:
+        dk["mask"] = da.from_array(kwargs["mask"], chunks=mask_chunks)
+    out, lse = nd.sdpa(
+        da.from_array(q, chunks=q_chunks),
+        da.from_array(k, chunks=kv_chunks),
+        da.from_array(v, chunks=kv_chunks),
+        return_lse=True,
+        **dk,
+    )
+    assert out.dtype == want.dtype and lse.dtype == want_lse.dtype
+    assert out.shape == want.shape and lse.shape == want_lse.shape
+    got, got_lse = dask.compute(out, lse, scheduler=scheduler)
+    assert got.dtype == want.dtype
+    rtol, atol = own_tolerance(q, k, v, want.dtype, **{x: kwargs.get(x) for x in ("scale", "mask", "sinks", "softcap")})
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=2 * atol)
+    np.testing.assert_array_equal(np.isinf(got_lse), np.isinf(want_lse))
+    finite = np.isfinite(want_lse)
+    np.testing.assert_allclose(got_lse[finite], want_lse[finite], rtol=1e-5 if want.dtype != np.float64 else 1e-12)
+    return out
+
+
+CHUNKINGS = {
+    "one block": ((2, 6, 37, 8), (2, 2, 101, 8)),
+    "ragged rows and keys": ((1, 6, 10, 8), (1, 2, 23, 8)),
+    "a group split by head chunks": ((1, 2, 37, 8), (2, 1, 50, 8)),
+    "one key per chunk": ((2, 3, 37, 8), (2, 1, 1, 8)),
+    "batch and heads": ((1, 3, 40, 8), (1, 1, 101, 8)),
+}
+
+
+@pytest.mark.parametrize("chunking", CHUNKINGS, ids=str)
+@pytest.mark.parametrize("mask", ["causal", "causal_top_left", None], ids=str)
+def test_every_chunking(rng, chunking, mask):
+    q, k, v = qkv(rng, (2,), 6, 2, 37, 101, 8)
+    whole_vs_chunked(q, k, v, *CHUNKINGS[chunking], mask=mask)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("dask_mask", [False, True])
+def test_array_masks(rng, kind, dask_mask):
+    """A NumPy or Dask mask, broadcast along the batch, chunked like the scores or not."""
+    q, k, v = qkv(rng, (2,), 4, 2, 30, 70, 8)
+    mask = make_mask(rng, kind, (4, 30, 70), empty_rows=False)
+    whole_vs_chunked(q, k, v, (1, 2, 11, 8), (2, 1, 20, 8), mask=mask, mask_chunks=(1, 13, 31) if dask_mask else None)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"window": (7, 2)},
+        {"softcap": 3.0, "sinks": np.array([0.5, -1.0, 2.0, 0.0])},
+        {"q_offset": 50, "k_offset": 10, "scale": 0.4},
+        {"window": (None, 0), "mask": None, "sinks": np.ones(4)},
+    ],
+    ids=str,
+)
+def test_options(rng, options):
+    q, k, v = qkv(rng, (1,), 4, 2, 25, 90, 8)
+    whole_vs_chunked(q, k, v, (1, 2, 8, 8), (1, 1, 17, 8), **options)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_dtypes(rng, dtype):
+    q, k, v = qkv(rng, (1,), 4, 2, 20, 50, 8, dtype=dtype)
+    whole_vs_chunked(q, k, v, (1, 2, 7, 8), (1, 1, 13, 8))
+
+
+def test_rank_2_and_empty(rng):
+    q, k, v = qkv(rng, (), 1, 1, 9, 30, 4)
+    whole_vs_chunked(q[0], k[0], v[0], (4, 4), (7, 4))
+    whole_vs_chunked(q[..., :0, :], k, v, (1, 0, 4), (1, 7, 4))
+    whole_vs_chunked(q, k[..., :0, :], v[..., :0, :], (1, 4, 4), (1, 0, 4), sinks=[1.0])
+
+
+def test_errors_are_sdpa_s():
+    q = da.zeros((1, 3, 4, 8), chunks=2)
+    k = da.zeros((1, 2, 5, 8), chunks=2)
+    with pytest.raises(ValueError, match=r"^sdpa: .*multiple"):
+        nd.sdpa(q, k, k)
+    with pytest.raises(ValueError, match=r"^sdpa: mask must broadcast"):
+        nd.sdpa(q[:, :2], k, k, mask=np.ones((3, 5), bool))
+    with pytest.raises(ValueError, match="split_every"):
+        nd.sdpa(q[:, :2], k, k, split_every=1)
+
+
+def test_no_task_holds_an_l_by_s_block(rng):
+    """Every result in the graph, recorded as it is computed, is smaller than one L x S
+    block of scores (here L = 64, S = 512, chunks of 16 rows and 64 keys)."""
+    from dask.callbacks import Callback
+
+    q, k, v = qkv(rng, (1,), 2, 1, 64, 512, 16)
+    sizes = []
+
+    class Record(Callback):
+        def _posttask(self, key, result, dsk, state, id):
+            sizes.append(getattr(result, "size", 0))
+
+    out = nd.sdpa(da.from_array(q, chunks=(1, 2, 16, 16)), da.from_array(k, chunks=(1, 1, 64, 16)), v)
+    with Record():
+        got = out.compute(scheduler="sync")
+    np.testing.assert_allclose(got, npattn.sdpa(q, k, v), rtol=1e-5, atol=1e-5)
+    assert max(sizes) < 64 * 512, max(sizes)
+    assert len(sizes) > 8 * 4  # 8 key chunks for each of 4 row chunks, and their merges
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=40
+    ) as c:
+        with distributed.Client(c) as client:
+            yield client
+
+
+def test_on_a_cluster_of_worker_processes(rng, cluster):
+    """64 keys in 8 chunks, two worker processes: the same answer; each task ran with the
+    one thread its worker grants it."""
+    q, k, v = qkv(rng, (2,), 4, 2, 24, 64, 8)
+    whole_vs_chunked(q, k, v, (1, 2, 8, 8), (1, 1, 8, 8), scheduler=cluster.get, window=(20, 0))
+    workers = list(cluster.scheduler_info()["workers"])
+    granted = cluster.gather([cluster.submit(nd._task_threads, pure=False, workers=[w]) for w in workers])
+    assert granted == [1, 1]  # Dask's nanny starts workers with OMP_NUM_THREADS=1
+
+
+def kill_once(block, flag):
+    """The first task to run this kills its worker process; later ones pass the block on."""
+    from distributed import get_worker
+
+    get_worker()  # a task on a worker, never this process
+    if not os.path.exists(flag):
+        open(flag, "w").close()
+        os._exit(1)
+    return block
+
+
+def test_a_killed_worker_is_recovered(rng, cluster, tmp_path):
+    """A worker process dies mid-computation; Dask reruns its tasks elsewhere and the
+    result is still exact."""
+    q, k, v = qkv(rng, (1,), 4, 2, 16, 48, 8)
+    flag = str(tmp_path / "killed")
+    dq = da.from_array(q, chunks=(1, 2, 8, 8)).map_blocks(kill_once, flag, meta=np.empty((0,) * 4, q.dtype))
+    out = nd.sdpa(dq, da.from_array(k, chunks=(1, 1, 12, 8)), da.from_array(v, chunks=(1, 1, 12, 8)))
+    got = cluster.compute(out).result(timeout=120)
+    assert os.path.exists(flag)
+    np.testing.assert_allclose(got, npattn.sdpa(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_import_npattn_never_imports_dask():
+    result = run_script("import sys, npattn; print('dask' in sys.modules)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
