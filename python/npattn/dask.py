@@ -57,8 +57,8 @@ def _task_threads() -> int | None:
 def _partial(q, k, v, mask, sinks, rows, *, k_offset, q_offset, options, wide):
     """One block: (*b, g, r, l, d) queries against one key chunk; the packed result
     (*b, g, r, l, D_v + 1): the output, then lse, in `wide`."""
-    *batch, g, r, rows_, d = q.shape
-    flat = (*batch, g * r, rows_)
+    *batch, g, r, n_rows, d = q.shape
+    flat = (*batch, g * r, n_rows)
     threads = options.pop("threads", None)
     out, lse = _sdpa(
         q.reshape(*flat, d).astype(wide, copy=False),
@@ -73,7 +73,7 @@ def _partial(q, k, v, mask, sinks, rows, *, k_offset, q_offset, options, wide):
         **options,
     )
     packed = np.concatenate([out, lse[..., None].astype(wide)], axis=-1)
-    return packed.reshape(*batch, g, r, rows_, packed.shape[-1])
+    return packed.reshape(*batch, g, r, n_rows, packed.shape[-1])
 
 
 def _merge_packed(*parts):
