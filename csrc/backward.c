@@ -47,37 +47,8 @@ struct bwd_plan {
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-#define REAL float
-#define SFX f32
-#define IS_F64 0
-#define GEMM npattn_cblas_sgemm
-#define SCORE_TILE struct npattn_score_tile
-#include "tile.h"
-#include "tile_bwd.h"
-#undef REAL
-#undef SFX
-#undef IS_F64
-#undef GEMM
-#undef SCORE_TILE
-#undef LOAD
-#undef STORE
-
-#define REAL double
-#define SFX f64
-#define IS_F64 1
-#define GEMM npattn_cblas_dgemm
-#define SCORE_TILE struct npattn_score_tile_f64
-#include "tile.h"
-#include "tile_bwd.h"
-#undef REAL
-#undef SFX
-#undef IS_F64
-#undef GEMM
-#undef SCORE_TILE
-#undef LOAD
-#undef STORE
-#undef CAT
-#undef CAT_
+#define TASK "tile_bwd.h"
+#include "reals.h"
 
 static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k_direct, int v_direct) {
     const struct npattn_problem *p = &pl->bp->fwd;

@@ -103,37 +103,8 @@ static inline void store_lse(const struct npattn_problem *p, int64_t off, int64_
     else *(float *)at = (float)lse;
 }
 
-#define REAL float
-#define SFX f32
-#define IS_F64 0
-#define GEMM npattn_cblas_sgemm
-#define SCORE_TILE struct npattn_score_tile
-#include "tile.h"
-#include "tile_fwd.h"
-#undef REAL
-#undef SFX
-#undef IS_F64
-#undef GEMM
-#undef SCORE_TILE
-#undef LOAD
-#undef STORE
-
-#define REAL double
-#define SFX f64
-#define IS_F64 1
-#define GEMM npattn_cblas_dgemm
-#define SCORE_TILE struct npattn_score_tile_f64
-#include "tile.h"
-#include "tile_fwd.h"
-#undef REAL
-#undef SFX
-#undef IS_F64
-#undef GEMM
-#undef SCORE_TILE
-#undef LOAD
-#undef STORE
-#undef CAT
-#undef CAT_
+#define TASK "tile_fwd.h"
+#include "reals.h"
 
 /* The regions of one slot's scratch, elements of `real` bytes. */
 static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_direct, int v_direct) {

@@ -174,9 +174,8 @@ static void test_extremes(void) {
     p.out = (struct npattn_tensor){out, NPATTN_DTYPE_F32, bs, 2, 2, 1};
     p.sinks = sinks;
     p.window_left = p.window_right = NPATTN_UNBOUNDED;
-    static const char *tables[] = {"portable", "avx2", "avx512", "neon"};
     for (int t = 0; t < 4; t++) {
-        if (npattn_kernels_force(tables[t]) != 0) continue;
+        if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
         expect(npattn_sdpa(&p) == NPATTN_STATUS_OK, "extremes: OK");
         expect(out[0] == 0 && out[1] == 0, "extremes: a sink of 3e38 leaves 0");
         expect(out[2] == 1e38f && out[3] == 1e38f, "extremes: values of 1e38 average to 1e38");
@@ -293,16 +292,7 @@ int main(void) {
         /* wide rows: fewer keys per tile */
         {1, 2, 1, 9, 40, 300, 200, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
     };
-    /* every case under every kernel table this CPU can run */
-    static const char *tables[] = {"portable", "avx2", "avx512", "neon"};
-    for (int t = 0; t < 4; t++) {
-        if (npattn_kernels_force(tables[t]) != 0) {
-            printf("skipped: the %s kernels (this CPU cannot run them)\n", tables[t]);
-            continue;
-        }
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], tables[t]);
-    }
-    npattn_kernels_force("");
+    for_each_table(cases, sizeof cases / sizeof cases[0], run_case);
     static const struct case_ small = {1, 2, 1, 40, 50, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 0, 1};
     static const struct case_ split = {1, 2, 1, 1, 60000, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2};
     test_allocation_failure(&small, NPATTN_DTYPE_F64, 0.5);

@@ -322,15 +322,7 @@ int main(void) {
         /* wide rows: fewer keys per block */
         {1, 2, 1, 9, 40, 300, 200, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
     };
-    static const char *tables[] = {"portable", "avx2", "avx512", "neon"};
-    for (int t = 0; t < 4; t++) {
-        if (npattn_kernels_force(tables[t]) != 0) {
-            printf("skipped: the %s kernels (this CPU cannot run them)\n", tables[t]);
-            continue;
-        }
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], tables[t]);
-    }
-    npattn_kernels_force("");
+    for_each_table(cases, sizeof cases / sizeof cases[0], run_case);
     static const struct case_ small = {1, 2, 1, 40, 50, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 1, 1};
     static const struct case_ split = {1, 2, 1, 1, 3000, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2};
     test_allocation_failure(&small, NPATTN_DTYPE_F64);

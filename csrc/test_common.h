@@ -176,4 +176,19 @@ static inline void from_double(enum npattn_dtype dt, double *src, int64_t n, voi
     to_double(dt, dst, n, src);
 }
 
+/* The kernel tables a test program runs each case under: those this CPU runs. */
+static const char *const kernel_tables[] = {"portable", "avx2", "avx512", "neon"};
+
+/* run(case, table) for every case under every kernel table this CPU runs. */
+static inline void for_each_table(const struct case_ *cases, size_t n, void (*run)(const struct case_ *, const char *)) {
+    for (int t = 0; t < 4; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0) {
+            printf("skipped: the %s kernels (this CPU cannot run them)\n", kernel_tables[t]);
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) run(&cases[i], kernel_tables[t]);
+    }
+    npattn_kernels_force("");
+}
+
 #endif

@@ -1,5 +1,5 @@
 /* tile_bwd.h: one task of the backward pass, written once for both computed
- * types; backward.c includes it twice (after tile.h), REAL = float and
+ * types; backward.c includes it twice through reals.h, REAL = float and
  * REAL = double, the double copy also being the exact path of a float task
  * that met an extreme.
  *

@@ -1,5 +1,5 @@
 /* tile_fwd.h: one task of the forward pass, written once for both computed
- * types. forward.c includes it twice: REAL = float (SFX f32, GEMM sgemm) and
+ * types. forward.c includes it twice, through reals.h: REAL = float (SFX f32, GEMM sgemm) and
  * REAL = double (SFX f64, GEMM dgemm). The double copy is also the exact path
  * of a float task that met an extreme.
  *

@@ -10,6 +10,7 @@ results must be the reference correctly rounded, up to that float32 noise.
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
 
@@ -365,6 +366,23 @@ def assert_within(got, want, rtol, atol, name):
             f"{name}: {int(bad.sum())} of {got.size} elements beyond tolerance; worst at {worst}: "
             f"{got[worst]!r} vs {want[worst]!r}, allowed {limit:.3g}"
         )
+
+
+# ---- errors ----
+
+
+def assert_raises_naming(capfd, fn, exception, argument, substrings=(), function="sdpa"):
+    """fn() raises `exception` whose message starts "<function>: ", names `argument`
+    as a word and holds each of `substrings`; nothing is printed to stderr."""
+    with pytest.raises(exception) as info:
+        fn()
+    message = str(info.value)
+    prefix = f"{function}: "
+    assert message.startswith(prefix), message
+    assert re.search(rf"\b{argument}\b", message[len(prefix) :]), message
+    for text in substrings:
+        assert text in message, message
+    assert capfd.readouterr().err == ""
 
 
 # ---- the core's hooks ----

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import npattn
-from helpers import failing_allocations
+from helpers import assert_raises_naming, failing_allocations
 
 Q_SHAPE, K_SHAPE, V_SHAPE = (1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 6)
 OUT_SHAPE = (1, 4, 3, 6)
@@ -364,14 +364,7 @@ def test_invalid_input_raises_naming_the_argument(capfd, description, fn, except
 
     Nothing is printed to stderr.
     """
-    with pytest.raises(exception) as info:
-        fn()
-    message = str(info.value)
-    assert message.startswith("sdpa: "), message
-    assert re.search(rf"\b{argument}\b", message[len("sdpa: ") :]), message
-    for text in substrings:
-        assert text in message, message
-    assert capfd.readouterr().err == ""
+    assert_raises_naming(capfd, fn, exception, argument, substrings)
 
 
 @pytest.mark.parametrize("mask", ["bogus", "Causal", "top_left", "causal "])
