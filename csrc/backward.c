@@ -82,18 +82,8 @@ static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k
 
 static void run_task(void *arg, int64_t task, int32_t slot) {
     struct bwd_plan *pl = arg;
-    char *scratch = pl->scratch + (size_t)slot * pl->lay.size;
-    if (pl->f64) {
-        tile_bwd_f64(pl, task, slot, scratch);
-        return;
-    }
-    if (!tile_bwd_f32(pl, task, slot, scratch)) return;
-    /* an extreme: the same task again, from a clean start, in double */
-    if (!pl->exact[slot] && !(pl->exact[slot] = npattn_alloc(pl->lay64.size))) {
-        npattn_run_fail(&pl->run, NPATTN_STATUS_NO_MEMORY);
-        return;
-    }
-    tile_bwd_f64(pl, task, slot, pl->exact[slot]);
+    npattn_run_exact(pl, task, slot, pl->scratch + (size_t)slot * pl->lay.size, pl->f64, tile_bwd_f32, tile_bwd_f64,
+                     pl->exact, pl->lay64.size, &pl->run);
 }
 
 /* Split-K: dQ of one unit's rows is the sum of its tasks' partials, in split order. */

@@ -42,6 +42,20 @@ const char *npattn_status_string(enum npattn_status status) {
     return "unknown status";
 }
 
+void npattn_run_exact(void *plan, int64_t task, int32_t slot, char *scratch, int f64, npattn_tile_fn in_f32,
+                      npattn_tile_fn in_f64, char **exact, size_t exact_size, struct npattn_run *run) {
+    if (f64) {
+        in_f64(plan, task, slot, scratch);
+        return;
+    }
+    if (!in_f32(plan, task, slot, scratch)) return;
+    if (!exact[slot] && !(exact[slot] = npattn_alloc(exact_size))) {
+        npattn_run_fail(run, NPATTN_STATUS_NO_MEMORY);
+        return;
+    }
+    in_f64(plan, task, slot, exact[slot]);
+}
+
 /* ---- the BLAS, single-threaded inside npattn's pool, checked once ---- */
 
 /* C = op(A) op(B), row-major, against a plain loop; the inputs are multiples

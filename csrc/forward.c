@@ -131,18 +131,8 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
 
 static void run_task(void *arg, int64_t task, int32_t slot) {
     struct fwd_plan *pl = arg;
-    char *scratch = pl->scratch + (size_t)slot * pl->lay.size;
-    if (pl->f64) {
-        tile_fwd_f64(pl, task, slot, scratch);
-        return;
-    }
-    if (!tile_fwd_f32(pl, task, slot, scratch)) return;
-    /* an extreme: the same task again, exactly, in double */
-    if (!pl->exact[slot] && !(pl->exact[slot] = npattn_alloc(pl->lay64.size))) {
-        npattn_run_fail(&pl->run, NPATTN_STATUS_NO_MEMORY);
-        return;
-    }
-    tile_fwd_f64(pl, task, slot, pl->exact[slot]);
+    npattn_run_exact(pl, task, slot, pl->scratch + (size_t)slot * pl->lay.size, pl->f64, tile_fwd_f32, tile_fwd_f64,
+                     pl->exact, pl->lay64.size, &pl->run);
 }
 
 /* Merges the n_split partials of one unit: lse = logaddexp of the parts,

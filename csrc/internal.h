@@ -87,6 +87,14 @@ int npattn_run_stopped(struct npattn_run *run, int32_t slot);
 /* Records a failure (the first one wins) and stops the run. */
 void npattn_run_fail(struct npattn_run *run, enum npattn_status status);
 
+/* One task of a driver, computed in double for a double problem; else in
+ * float, and when the float task met an extreme (it returns 1), again from a
+ * clean start in double, in the slot's double scratch (exact[slot], of
+ * exact_size bytes, made on first need). */
+typedef int (*npattn_tile_fn)(void *plan, int64_t task, int32_t slot, char *scratch);
+void npattn_run_exact(void *plan, int64_t task, int32_t slot, char *scratch, int f64, npattn_tile_fn in_f32,
+                      npattn_tile_fn in_f64, char **exact, size_t exact_size, struct npattn_run *run);
+
 /* Runs task `task` on the participant `slot` (0 .. n_threads-1, 0 being the
  * calling thread); a slot is held by one thread at a time, so it can index
  * per-thread scratch. */

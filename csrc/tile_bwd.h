@@ -52,7 +52,8 @@ static void CAT(add_rows_, SFX)(const struct npattn_tensor *t, int64_t off, int6
 }
 
 /* Returns 1 when a float task must be redone in double. */
-static int CAT(tile_bwd_, SFX)(struct bwd_plan *pl, int64_t task, int32_t slot, char *scratch) {
+static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scratch) {
+    struct bwd_plan *pl = plan;
     const struct npattn_backward_problem *bp = pl->bp;
     const struct npattn_problem *p = &bp->fwd;
     const int f64 = sizeof(REAL) == sizeof(double);

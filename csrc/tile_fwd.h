@@ -14,7 +14,8 @@
  * (lse, normalised O) that merge() combines.
  */
 /* Returns 1 when a float task must be recomputed in double. */
-static int CAT(tile_fwd_, SFX)(struct fwd_plan *pl, int64_t task, int32_t slot, char *scratch) {
+static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scratch) {
+    struct fwd_plan *pl = plan;
     const struct npattn_problem *p = pl->p;
     const int f64 = sizeof(REAL) == sizeof(double);
     const struct layout *lay = f64 ? &pl->lay64 : &pl->lay;

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import npattn
-from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible
+from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible, qkv
 from npattn import _interop, reference
 
 mx = pytest.importorskip("mlx.core")
@@ -34,10 +34,8 @@ parity_summary = STATS.fixture()
 
 
 def arrays(rng, batch, H_q, H_kv, L, S, D, D_v=None, dtype=mx.float32):
-    """Unit-normal q, k, v as MLX arrays of dtype (drawn in float32, then rounded)."""
-    D_v = D if D_v is None else D_v
-    shapes = ((*batch, H_q, L, D), (*batch, H_kv, S, D), (*batch, H_kv, S, D_v))
-    return [mx.array(rng.standard_normal(s, dtype=np.float32)).astype(dtype) for s in shapes]
+    """helpers.qkv's float32 q, k, v as MLX arrays of dtype (rounded from float32)."""
+    return [mx.array(x).astype(dtype) for x in qkv(rng, batch, H_q, H_kv, L, S, D, D_v)]
 
 
 def f64(x):

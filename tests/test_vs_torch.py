@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import npattn
-from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible
+from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_parity, peer_visible, qkv
 from npattn import _interop
 
 torch = pytest.importorskip("torch")
@@ -38,10 +38,8 @@ parity_summary = STATS.fixture()
 
 
 def tensors(rng, batch, H_q, H_kv, L, S, D, D_v=None, dtype=torch.float32):
-    """Unit-normal q, k, v as torch tensors of dtype (drawn in float32, then rounded)."""
-    D_v = D if D_v is None else D_v
-    shapes = ((*batch, H_q, L, D), (*batch, H_kv, S, D), (*batch, H_kv, S, D_v))
-    return [torch.from_numpy(rng.standard_normal(s, dtype=np.float32)).to(dtype) for s in shapes]
+    """helpers.qkv's float32 q, k, v as torch tensors of dtype (rounded from float32)."""
+    return [torch.from_numpy(x).to(dtype) for x in qkv(rng, batch, H_q, H_kv, L, S, D, D_v)]
 
 
 def f64(t):
