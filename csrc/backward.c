@@ -38,9 +38,7 @@ struct bwd_plan {
     int k_direct, v_direct;
     int64_t ldk, ldv;
     struct bwd_layout lay, lay64;
-    char *scratch;
-    char **exact;              /* float problems: per slot, double scratch made when first needed */
-    int32_t n_slot;
+    struct npattn_slots slots; /* lay.size bytes each; lay64.size in double when a float task needs it */
     double *dq_parts;          /* split-K: each task's dQ, (group, L, D) */
 };
 
@@ -82,8 +80,7 @@ static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k
 
 static void run_task(void *arg, int64_t task, int32_t slot) {
     struct bwd_plan *pl = arg;
-    npattn_run_exact(pl, task, slot, pl->scratch + (size_t)slot * pl->lay.size, pl->f64, tile_bwd_f32, tile_bwd_f64,
-                     pl->exact, pl->lay64.size, &pl->run);
+    npattn_run_exact(pl, task, slot, &pl->slots, tile_bwd_f32, tile_bwd_f64, &pl->run);
 }
 
 /* Split-K: dQ of one unit's rows is the sum of its tasks' partials, in split order. */
@@ -94,7 +91,7 @@ static void reduce_task(void *arg, int64_t unit, int32_t slot) {
     const int64_t D = p->n_embd_k, L = p->n_query, b = unit / p->n_head_kv, g = unit % p->n_head_kv;
     const int64_t off = npattn_batch_offset(p, &bp->dq, b), es = (int64_t)npattn_dtype_size(bp->dq.dtype);
     const size_t stride = (size_t)(pl->group * L * D);
-    double *row = (double *)(pl->scratch + (size_t)slot * pl->lay.size);
+    double *row = (double *)npattn_slot(&pl->slots, slot);
     for (int64_t h = 0; h < pl->group; h++)
         for (int64_t i = 0; i < L; i++) {
             memset(row, 0, (size_t)D * sizeof *row);
@@ -170,21 +167,14 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     if (pl.n_unit < plan_threads && pl.n_kblock > 1)
         pl.n_split = min64(pl.n_kblock, (2 * (int64_t)plan_threads + pl.n_unit - 1) / pl.n_unit);
     int64_t n_task = pl.n_unit * pl.n_split;
-    pl.n_slot = (int32_t)min64(run_threads, n_task);
+    const int32_t n_slot = (int32_t)min64(run_threads, n_task);
 
     pl.lay = layout_of(&pl, pl.f64 ? sizeof(double) : sizeof(float), pl.k_direct, pl.v_direct);
     pl.lay64 = pl.f64 ? pl.lay : layout_of(&pl, sizeof(double), 0, 0);
-    pl.lay.size = (size_t)max64((int64_t)pl.lay.size, (int64_t)((size_t)D * sizeof(double)));
-    pl.lay.size = (pl.lay.size + 63) / 64 * 64;
+    size_t slot_bytes = (size_t)max64((int64_t)pl.lay.size, (int64_t)((size_t)D * sizeof(double))); /* reduce rows too */
+    status = npattn_slots_alloc(&pl.slots, n_slot, slot_bytes, pl.f64 ? 0 : pl.lay64.size);
+    if (status != NPATTN_STATUS_OK) return status;
     status = NPATTN_STATUS_NO_MEMORY;
-    if ((size_t)pl.n_slot > SIZE_MAX / pl.lay.size) return status;
-    pl.scratch = npattn_alloc(pl.lay.size * (size_t)pl.n_slot);
-    if (!pl.scratch) goto done;
-    if (!pl.f64) {
-        pl.exact = npattn_alloc((size_t)pl.n_slot * sizeof *pl.exact);
-        if (!pl.exact) goto done;
-        memset(pl.exact, 0, (size_t)pl.n_slot * sizeof *pl.exact);
-    }
     if (pl.n_split > 1) {
         /* n_task < 2 threads + n_unit: a few copies of one head group's dQ */
         size_t each = (size_t)(pl.group * L * D);
@@ -195,15 +185,12 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
 
     npattn_blas_init();
     npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
-    status = npattn_pool_run(run_task, &pl, n_task, pl.n_slot, &pl.run);
+    status = npattn_pool_run(run_task, &pl, n_task, n_slot, &pl.run);
     if (status == NPATTN_STATUS_OK && pl.n_split > 1)
-        status = npattn_pool_run(reduce_task, &pl, pl.n_unit, (int32_t)min64(pl.n_slot, pl.n_unit), &pl.run);
+        status = npattn_pool_run(reduce_task, &pl, pl.n_unit, (int32_t)min64(n_slot, pl.n_unit), &pl.run);
 
 done:
-    if (pl.exact)
-        for (int32_t s = 0; s < pl.n_slot; s++) npattn_free(pl.exact[s]);
-    npattn_free(pl.exact);
     npattn_free(pl.dq_parts);
-    npattn_free(pl.scratch);
+    npattn_slots_free(&pl.slots);
     return status;
 }

@@ -42,18 +42,42 @@ const char *npattn_status_string(enum npattn_status status) {
     return "unknown status";
 }
 
-void npattn_run_exact(void *plan, int64_t task, int32_t slot, char *scratch, int f64, npattn_tile_fn in_f32,
-                      npattn_tile_fn in_f64, char **exact, size_t exact_size, struct npattn_run *run) {
-    if (f64) {
-        in_f64(plan, task, slot, scratch);
+enum npattn_status npattn_slots_alloc(struct npattn_slots *s, int32_t n, size_t size, size_t exact_size) {
+    memset(s, 0, sizeof *s);
+    s->n = n, s->size = (size + 63) / 64 * 64, s->exact_size = exact_size;
+    if (n > 0 && s->size > SIZE_MAX / (size_t)n) return NPATTN_STATUS_NO_MEMORY;
+    s->scratch = npattn_alloc(s->size * (size_t)n);
+    if (s->scratch && exact_size) {
+        s->exact = npattn_alloc((size_t)n * sizeof *s->exact);
+        if (s->exact) memset(s->exact, 0, (size_t)n * sizeof *s->exact);
+    }
+    if (!s->scratch || (exact_size && !s->exact)) {
+        npattn_slots_free(s);
+        return NPATTN_STATUS_NO_MEMORY;
+    }
+    return NPATTN_STATUS_OK;
+}
+
+void npattn_slots_free(struct npattn_slots *s) {
+    if (s->exact)
+        for (int32_t i = 0; i < s->n; i++) npattn_free(s->exact[i]);
+    npattn_free(s->exact);
+    npattn_free(s->scratch);
+    memset(s, 0, sizeof *s);
+}
+
+void npattn_run_exact(void *plan, int64_t task, int32_t slot, struct npattn_slots *s, npattn_tile_fn in_f32,
+                      npattn_tile_fn in_f64, struct npattn_run *run) {
+    if (!s->exact) {
+        in_f64(plan, task, slot, npattn_slot(s, slot));
         return;
     }
-    if (!in_f32(plan, task, slot, scratch)) return;
-    if (!exact[slot] && !(exact[slot] = npattn_alloc(exact_size))) {
+    if (!in_f32(plan, task, slot, npattn_slot(s, slot))) return;
+    if (!s->exact[slot] && !(s->exact[slot] = npattn_alloc(s->exact_size))) {
         npattn_run_fail(run, NPATTN_STATUS_NO_MEMORY);
         return;
     }
-    in_f64(plan, task, slot, exact[slot]);
+    in_f64(plan, task, slot, s->exact[slot]);
 }
 
 /* ---- the BLAS, single-threaded inside npattn's pool, checked once ---- */

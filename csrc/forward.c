@@ -49,9 +49,7 @@ struct fwd_plan {
     int64_t ldk, ldv;             /* their leading dimensions then */
     int64_t out_size;             /* bytes per element of out */
     struct layout lay, lay64;     /* a slot's scratch in the computed type, and in double */
-    char *scratch;                /* n_slot slots of lay.size bytes */
-    char **exact;                 /* float problems: per slot, double scratch made when first needed */
-    int32_t n_slot;
+    struct npattn_slots slots;    /* lay.size bytes each; lay64.size in double when a float task needs it */
     double *partials;             /* split-K: (lse, O / l) per task */
 };
 
@@ -131,8 +129,7 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
 
 static void run_task(void *arg, int64_t task, int32_t slot) {
     struct fwd_plan *pl = arg;
-    npattn_run_exact(pl, task, slot, pl->scratch + (size_t)slot * pl->lay.size, pl->f64, tile_fwd_f32, tile_fwd_f64,
-                     pl->exact, pl->lay64.size, &pl->run);
+    npattn_run_exact(pl, task, slot, &pl->slots, tile_fwd_f32, tile_fwd_f64, &pl->run);
 }
 
 /* Merges the n_split partials of one unit: lse = logaddexp of the parts,
@@ -143,7 +140,7 @@ static void merge_task(void *arg, int64_t unit, int32_t slot) {
     const int64_t Dv = p->n_embd_v, stride = pl->max_m * (Dv + 1);
     struct unit u;
     locate(pl, unit, &u);
-    double *orow = (double *)(pl->scratch + (size_t)slot * pl->lay.size);
+    double *orow = (double *)npattn_slot(&pl->slots, slot);
     const double *first = pl->partials + (size_t)(unit * pl->n_split) * (size_t)stride;
     for (int64_t r = 0; r < u.M; r++) {
         double mx = -INFINITY; /* NaN in any part makes the row NaN */
@@ -243,21 +240,14 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.n_split = max64(1, min64(want, most_keys / SPLIT_MIN_KEYS));
     }
     int64_t n_task = pl.n_unit * pl.n_split;
-    pl.n_slot = (int32_t)min64(run_threads, n_task);
+    const int32_t n_slot = (int32_t)min64(run_threads, n_task);
 
     pl.lay = layout_of(&pl, pl.f64 ? sizeof(double) : sizeof(float), pl.k_direct, pl.v_direct);
     pl.lay64 = pl.f64 ? pl.lay : layout_of(&pl, sizeof(double), 0, 0);
     size_t slot_bytes = max64((int64_t)pl.lay.size, (int64_t)(max64(Dv, 1) * sizeof(double))); /* merge rows too */
-    pl.lay.size = (slot_bytes + 63) / 64 * 64;
+    status = npattn_slots_alloc(&pl.slots, n_slot, slot_bytes, pl.f64 ? 0 : pl.lay64.size);
+    if (status != NPATTN_STATUS_OK) return status;
     status = NPATTN_STATUS_NO_MEMORY;
-    if ((size_t)pl.n_slot > SIZE_MAX / pl.lay.size) return status;
-    pl.scratch = npattn_alloc(pl.lay.size * (size_t)pl.n_slot);
-    if (!pl.scratch) goto done;
-    if (!pl.f64) {
-        pl.exact = npattn_alloc((size_t)pl.n_slot * sizeof *pl.exact);
-        if (!pl.exact) goto done;
-        memset(pl.exact, 0, (size_t)pl.n_slot * sizeof *pl.exact);
-    }
     if (pl.n_split > 1) {
         /* n_task < 2 * threads + n_unit here: small */
         pl.partials = npattn_alloc((size_t)n_task * (size_t)(pl.max_m * (Dv + 1)) * sizeof(double));
@@ -266,15 +256,12 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
 
     npattn_blas_init();
     npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
-    status = npattn_pool_run(run_task, &pl, n_task, pl.n_slot, &pl.run);
+    status = npattn_pool_run(run_task, &pl, n_task, n_slot, &pl.run);
     if (status == NPATTN_STATUS_OK && pl.n_split > 1)
-        status = npattn_pool_run(merge_task, &pl, pl.n_unit, (int32_t)min64(pl.n_slot, pl.n_unit), &pl.run);
+        status = npattn_pool_run(merge_task, &pl, pl.n_unit, (int32_t)min64(n_slot, pl.n_unit), &pl.run);
 
 done:
-    if (pl.exact)
-        for (int32_t s = 0; s < pl.n_slot; s++) npattn_free(pl.exact[s]);
-    npattn_free(pl.exact);
     npattn_free(pl.partials);
-    npattn_free(pl.scratch);
+    npattn_slots_free(&pl.slots);
     return status;
 }

@@ -87,13 +87,27 @@ int npattn_run_stopped(struct npattn_run *run, int32_t slot);
 /* Records a failure (the first one wins) and stops the run. */
 void npattn_run_fail(struct npattn_run *run, enum npattn_status status);
 
+/* A driver's per-slot scratch: n slots of `size` bytes (a multiple of 64),
+ * and for a float problem a table of per-slot double scratch of exact_size
+ * bytes, made when first needed. */
+struct npattn_slots {
+    char *scratch;
+    size_t size;
+    char **exact;      /* NULL for a double problem */
+    size_t exact_size;
+    int32_t n;
+};
+/* NO_MEMORY (nothing held) or OK; exact_size 0: a double problem. */
+enum npattn_status npattn_slots_alloc(struct npattn_slots *s, int32_t n, size_t size, size_t exact_size);
+void npattn_slots_free(struct npattn_slots *s);
+static inline char *npattn_slot(const struct npattn_slots *s, int32_t slot) { return s->scratch + (size_t)slot * s->size; }
+
 /* One task of a driver, computed in double for a double problem; else in
  * float, and when the float task met an extreme (it returns 1), again from a
- * clean start in double, in the slot's double scratch (exact[slot], of
- * exact_size bytes, made on first need). */
+ * clean start in double, in the slot's double scratch. */
 typedef int (*npattn_tile_fn)(void *plan, int64_t task, int32_t slot, char *scratch);
-void npattn_run_exact(void *plan, int64_t task, int32_t slot, char *scratch, int f64, npattn_tile_fn in_f32,
-                      npattn_tile_fn in_f64, char **exact, size_t exact_size, struct npattn_run *run);
+void npattn_run_exact(void *plan, int64_t task, int32_t slot, struct npattn_slots *s, npattn_tile_fn in_f32,
+                      npattn_tile_fn in_f64, struct npattn_run *run);
 
 /* Runs task `task` on the participant `slot` (0 .. n_threads-1, 0 being the
  * calling thread); a slot is held by one thread at a time, so it can index
