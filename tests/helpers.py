@@ -189,7 +189,7 @@ def representable(want, dtype):
     """The float64 reference with the values that round beyond dtype's range as
     infinities, as a result in dtype must hold them: from the largest finite value
     plus half its ulp on (below that, rounding gives the largest finite value)."""
-    dtype = np.dtype(dtype)
+    dtype = np.dtype(dtype).newbyteorder("=")  # ml_dtypes knows the native bfloat16 only
     info = pytest.importorskip("ml_dtypes").finfo(dtype) if dtype.name == "bfloat16" else np.finfo(dtype)
     big = float(info.max) * (1 + float(info.eps) / 4)
     with np.errstate(invalid="ignore"):
@@ -365,7 +365,7 @@ def assert_within(got, want, rtol, atol, name):
         excess = np.abs(got - want) - (atol + rtol * np.abs(want))
     bad = ~((excess <= 0) | (np.isinf(want) & (got == want)))
     if bad.any():
-        worst = np.unravel_index(np.argmax(np.where(np.isnan(excess), np.inf, excess)), got.shape)
+        worst = np.unravel_index(np.argmax(np.where(bad, np.nan_to_num(excess, nan=np.inf), -np.inf)), got.shape)
         limit = np.broadcast_to(atol + rtol * np.abs(want), got.shape)[worst]
         raise AssertionError(
             f"{name}: {int(bad.sum())} of {got.size} elements beyond tolerance; worst at {worst}: "
