@@ -56,14 +56,16 @@ def test_matches_reference(rng, mask, options, dtype):
     check_backward(q, k, v, dout, mask=make_mask(rng, mask, (6, 7, 9), dtype), **kwargs)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("kind", LAYOUTS)
-def test_layouts_and_broadcast_batch(rng, kind):
-    """Operands in every layout, broadcast along batch dims: each gradient has its
-    operand's shape and dtype, the broadcast summed back."""
-    q = layout(rng, (2, 3, 4, 5, 6), np.float32, kind)
-    k = layout(rng, (3, 2, 8, 6), np.float32, kind)
-    v = layout(rng, (1, 1, 2, 8, 5), np.float32, kind)
-    dout = layout(rng, (2, 3, 4, 5, 5), np.float32, kind)
+def test_layouts_and_broadcast_batch(rng, kind, dtype):
+    """Operands in every layout (byte-swapped too), broadcast along batch dims: each
+    gradient has its operand's shape and dtype, the broadcast summed back."""
+    dtype = dtype_of(dtype)
+    q = layout(rng, (2, 3, 4, 5, 6), dtype, kind)
+    k = layout(rng, (3, 2, 8, 6), dtype, kind)
+    v = layout(rng, (1, 1, 2, 8, 5), dtype, kind)
+    dout = layout(rng, (2, 3, 4, 5, 5), dtype, kind)
     mask = make_mask(rng, "additive", (4, 1, 8))
     check_backward(q, k, v, dout, mask=mask, sinks=np.arange(4.0) - 2)
 
