@@ -135,13 +135,13 @@ def suites(quick: bool = False) -> list[Suite]:
     features = Suite("features", "Windows and softcap (SPEC section 6), npattn alone")
     alone = ("npattn",)
     features.cases += [
-        Case("qwen3-prefill-16384", "Qwen3-4B", 1, size(16384), size(16384), systems=alone),
+        Case("qwen3-prefill-16384-nowindow", "Qwen3-4B", 1, size(16384), size(16384), systems=alone),
         Case(
             "qwen3-prefill-16384-window-1024", "Qwen3-4B", 1, size(16384), size(16384), window=(1023, 0), systems=alone
         ),
         Case("qwen3-prefill-2048-nocap", "Qwen3-4B", 1, size(2048), size(2048), systems=alone),
         Case("qwen3-prefill-2048-softcap", "Qwen3-4B", 1, size(2048), size(2048), softcap=50.0, systems=alone),
-        Case("qwen3-decode-32768", "Qwen3-4B", 1, 1, size(32768), systems=alone),
+        Case("qwen3-decode-32768-nowindow", "Qwen3-4B", 1, 1, size(32768), systems=alone),
         Case("qwen3-decode-32768-window-4096", "Qwen3-4B", 1, 1, size(32768), window=(4095, 0), systems=alone),
     ]
 
@@ -151,7 +151,10 @@ def suites(quick: bool = False) -> list[Suite]:
             backward.cases.append(
                 Case(f"{key}-backward-{L}", model, 1, size(L), size(L), backward=True, systems=("npattn", "torch"))
             )
-    return [per_call, prefill, features, backward]
+    every = [per_call, prefill, features, backward]
+    ids = [case.id for suite in every for case in suite.cases]
+    assert len(ids) == len(set(ids)), "a case id names one case: the results are stored by id"
+    return every
 
 
 # A decode loop of a Qwen2-0.5B-sized model, attention only: 24 layers, each

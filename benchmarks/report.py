@@ -173,9 +173,9 @@ def _table(head: list[str], rows: list[str]) -> str:
 def _features(f: dict) -> str:
     rows = []
     pairs = [
-        ("qwen3-prefill-16384-window-1024", "qwen3-prefill-16384", "time / full causal"),
+        ("qwen3-prefill-16384-window-1024", "qwen3-prefill-16384-nowindow", "time / full causal"),
         ("qwen3-prefill-2048-softcap", "qwen3-prefill-2048-nocap", "overhead of the cap"),
-        ("qwen3-decode-32768-window-4096", "qwen3-decode-32768", "time / full decode"),
+        ("qwen3-decode-32768-window-4096", "qwen3-decode-32768-nowindow", "time / full decode"),
     ]
     for with_id, base_id, what in pairs:
         if with_id in f and base_id in f:
