@@ -107,6 +107,22 @@ def test_errors_are_sdpa_s():
         nd.sdpa(q[:, :2], k, k, split_every=1)
 
 
+def test_threads_reach_every_task(rng, monkeypatch):
+    """threads=2 is what each of the 8 partial calls gets, not only the first."""
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs.get("threads"))
+        return npattn.sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(nd, "_sdpa", recording)
+    q, k, v = qkv(rng, (1,), 2, 1, 8, 32, 8)
+    nd.sdpa(da.from_array(q, chunks=(1, 2, 4, 8)), da.from_array(k, chunks=(1, 1, 8, 8)), v, threads=2).compute(
+        scheduler="sync"
+    )
+    assert calls == [2] * 9  # the up-front check, then 2 row chunks x 4 key chunks
+
+
 def test_no_task_holds_an_l_by_s_block(rng):
     """Every result in the graph, recorded as it is computed, is smaller than one L x S
     block of scores (here L = 64, S = 512, chunks of 16 rows and 64 keys)."""

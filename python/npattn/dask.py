@@ -54,12 +54,11 @@ def _task_threads() -> int | None:
     return None if threading.current_thread() is threading.main_thread() else 1
 
 
-def _partial(q, k, v, mask, sinks, rows, *, k_offset, q_offset, options, wide):
+def _partial(q, k, v, mask, sinks, rows, *, k_offset, q_offset, threads, options, wide):
     """One block: (*b, g, r, l, d) queries against one key chunk; the packed result
     (*b, g, r, l, D_v + 1): the output, then lse, in `wide`."""
     *batch, g, r, n_rows, d = q.shape
     flat = (*batch, g * r, n_rows)
-    threads = options.pop("threads", None)
     out, lse = _sdpa(
         q.reshape(*flat, d).astype(wide, copy=False),
         k[..., 0, :, :].astype(wide, copy=False),
@@ -186,7 +185,7 @@ def sdpa(
         sinks_array = da.from_array(np.asarray(sinks, dtype=np.float64).reshape(H_kv, n_rep), chunks=(kv_heads, n_rep))
 
     bi = tuple(f"b{i}" for i in range(len(batch)))
-    options = {"scale": scale, "window": window, "softcap": softcap, "threads": threads}
+    options = {"scale": scale, "window": window, "softcap": softcap}
     parts, start = [], 0
     for j, n in enumerate(s_chunks or (0,)):
         ks, vs = k[..., start : start + n, :], v[..., start : start + n, :]
@@ -204,7 +203,8 @@ def sdpa(
                 *args,
                 k_offset=int(k_offset) + start,
                 q_offset=(S - L if q_offset is None else int(q_offset)),
-                options=dict(options),
+                threads=threads,
+                options=options,
                 wide=wide,
                 adjust_chunks={"e": D_v + 1},
                 concatenate=True,
