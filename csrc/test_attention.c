@@ -42,34 +42,32 @@ static void run_case(const struct case_ *c, const char *table) {
     /* float64 is the naive loop to double rounding; float32, float16 and
      * bfloat16 see the inputs rounded to them, compute in float, and round
      * the result once more (2^-11 and 2^-8 relative, |out| <= max|v| <= 1) */
-    static const enum npattn_dtype dts[4] = {NPATTN_DTYPE_F64, NPATTN_DTYPE_F32, NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
-    static const double tol[4] = {1e-12, 2e-5, 1.5e-3, 1.2e-2};
-    static const char *names[4] = {"float64", "float32", "float16", "bfloat16"};
-    for (int t = 0; t < 4; t++) {
+    static const double tol[N_DTYPES] = {1e-12, 2e-5, 1.5e-3, 1.2e-2};
+    for (int t = 0; t < N_DTYPES; t++) {
         for (int64_t i = 0; i < nq; i++) q[i] = uniform() * 2;
         for (int64_t i = 0; i < nk; i++) k[i] = uniform() * 2;
         for (int64_t i = 0; i < nv; i++) v[i] = uniform();
-        from_double(dts[t], q, nq, x.q);
-        from_double(dts[t], k, nk, x.k);
-        from_double(dts[t], v, nv, x.v);
+        from_double(test_dtypes[t], q, nq, x.q);
+        from_double(test_dtypes[t], k, nk, x.k);
+        from_double(test_dtypes[t], v, nv, x.v);
         naive(c, q, k, v, bmask, amask, sk, want, want_lse, want_w);
         struct npattn_problem p;
         int64_t bshape[1];
-        fill_problem(&p, c, dts[t], &x, sk, bshape);
+        fill_problem(&p, c, test_dtypes[t], &x, sk, bshape);
         enum npattn_status st = npattn_sdpa(&p);
-        to_double(dts[t], x.out, no, got);
+        to_double(test_dtypes[t], x.out, no, got);
         char msg[400];
-        snprintf(msg, sizeof msg, "%s %s: out", what, names[t]);
+        snprintf(msg, sizeof msg, "%s %s: out", what, dtype_names[t]);
         expect(st == NPATTN_STATUS_OK && max_err(want, got, no, 0) < tol[t], msg);
-        to_double(dts[t] == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32, x.lse, nl, got);
-        snprintf(msg, sizeof msg, "%s %s: lse", what, names[t]);
+        to_double(test_dtypes[t] == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32, x.lse, nl, got);
+        snprintf(msg, sizeof msg, "%s %s: lse", what, dtype_names[t]);
         expect(max_err(want_lse, got, nl, 1) < (t == 0 ? 1e-12 : 2e-5 * 16), msg);
         if (t < 2) { /* the weights, with no output at all */
             p.n_embd_v = 0;
             p.lse.data = NULL;
             st = npattn_sdpa(&p);
-            to_double(dts[t], x.weights, nw, got);
-            snprintf(msg, sizeof msg, "%s %s: weights", what, names[t]);
+            to_double(test_dtypes[t], x.weights, nw, got);
+            snprintf(msg, sizeof msg, "%s %s: weights", what, dtype_names[t]);
             expect(st == NPATTN_STATUS_OK && max_err(want_w, got, nw, 0) < tol[t], msg);
         }
     }
@@ -174,7 +172,7 @@ static void test_extremes(void) {
     p.out = (struct npattn_tensor){out, NPATTN_DTYPE_F32, bs, 2, 2, 1};
     p.sinks = sinks;
     p.window_left = p.window_right = NPATTN_UNBOUNDED;
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
         if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
         expect(npattn_sdpa(&p) == NPATTN_STATUS_OK, "extremes: OK");
         expect(out[0] == 0 && out[1] == 0, "extremes: a sink of 3e38 leaves 0");

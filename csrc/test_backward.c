@@ -131,51 +131,49 @@ static void run_case(const struct case_ *c, const char *table) {
      * <= 4 D: float64 to 1e-11 relative; float32 (and the halves, computed in float32
      * from inputs rounded to them) to 2e-4 relative, D_i read from an output rounded to
      * float16 (2^-11) or bfloat16 (2^-8) adding that much more. */
-    static const enum npattn_dtype dts[4] = {NPATTN_DTYPE_F64, NPATTN_DTYPE_F32, NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
-    static const double tol[4] = {1e-11, 2e-4, 2e-3, 2e-2};
-    static const char *names[4] = {"float64", "float32", "float16", "bfloat16"};
+    static const double tol[N_DTYPES] = {1e-11, 2e-4, 2e-3, 2e-2};
     const int64_t sizes[3] = {nq, nk, nv};
     static const char *grad_names[3] = {"dq", "dk", "dv"};
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < N_DTYPES; t++) {
         enum npattn_dtype wide = t == 0 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
         for (int64_t i = 0; i < nq; i++) q[i] = uniform() * 2;
         for (int64_t i = 0; i < nk; i++) k[i] = uniform() * 2;
         for (int64_t i = 0; i < nv; i++) v[i] = uniform();
         for (int64_t i = 0; i < no; i++) g[i] = uniform();
-        from_double(dts[t], q, nq, x.q);
-        from_double(dts[t], k, nk, x.k);
-        from_double(dts[t], v, nv, x.v);
-        from_double(dts[t], g, no, gr.dout);
+        from_double(test_dtypes[t], q, nq, x.q);
+        from_double(test_dtypes[t], k, nk, x.k);
+        from_double(test_dtypes[t], v, nv, x.v);
+        from_double(test_dtypes[t], g, no, gr.dout);
         naive(c, q, k, v, bmask, amask, sk, out, lse, w);
         naive_backward(c, q, k, v, g, w, lse, sk, want[0], want[1], want[2], want_s);
 
         struct npattn_problem p;
         struct npattn_backward_problem bp, bp2;
         int64_t bshape[1];
-        fill_problem(&p, c, dts[t], &x, sk, bshape);
+        fill_problem(&p, c, test_dtypes[t], &x, sk, bshape);
         enum npattn_status st = npattn_sdpa(&p);
         /* written over garbage: nothing is accumulated into what was there */
         memset(gr.dq, 0xff, 8 * (size_t)(nq + 1)), memset(gr.dk, 0xff, 8 * (size_t)(nk + 1));
         memset(gr.dv, 0xff, 8 * (size_t)(nv + 1)), memset(got_s, 0xff, sizeof got_s);
-        fill_backward(&bp, &p, c, dts[t], &gr);
+        fill_backward(&bp, &p, c, test_dtypes[t], &gr);
         if (st == NPATTN_STATUS_OK) st = npattn_sdpa_backward(&bp);
         char msg[420];
-        snprintf(msg, sizeof msg, "%s %s: status", what, names[t]);
+        snprintf(msg, sizeof msg, "%s %s: status", what, dtype_names[t]);
         expect(st == NPATTN_STATUS_OK, msg);
         void *const dst[3] = {gr.dq, gr.dk, gr.dv};
         for (int i = 0; i < 3; i++) {
             to_double(wide, dst[i], sizes[i], got);
-            snprintf(msg, sizeof msg, "%s %s: %s", what, names[t], grad_names[i]);
+            snprintf(msg, sizeof msg, "%s %s: %s", what, dtype_names[t], grad_names[i]);
             expect(close_to(want[i], got, sizes[i], tol[t]), msg);
         }
         if (sk) {
-            snprintf(msg, sizeof msg, "%s %s: dsinks", what, names[t]);
+            snprintf(msg, sizeof msg, "%s %s: dsinks", what, dtype_names[t]);
             expect(close_to(want_s, got_s, ns, tol[t] * (double)(c->L + 1)), msg);
         }
         /* the same threads: the same bits */
-        fill_backward(&bp2, &p, c, dts[t], &gr2);
+        fill_backward(&bp2, &p, c, test_dtypes[t], &gr2);
         st = npattn_sdpa_backward(&bp2);
-        snprintf(msg, sizeof msg, "%s %s: bitwise again", what, names[t]);
+        snprintf(msg, sizeof msg, "%s %s: bitwise again", what, dtype_names[t]);
         const size_t wsz = wide == NPATTN_DTYPE_F64 ? 8 : 4;
         expect(st == NPATTN_STATUS_OK && !memcmp(gr.dq, gr2.dq, wsz * (size_t)nq) &&
                    !memcmp(gr.dk, gr2.dk, wsz * (size_t)nk) && !memcmp(gr.dv, gr2.dv, wsz * (size_t)nv) &&

@@ -176,12 +176,19 @@ static inline void from_double(enum npattn_dtype dt, double *src, int64_t n, voi
     to_double(dt, dst, n, src);
 }
 
+/* The dtypes each case is computed in, and their names. */
+#define N_DTYPES 4
+static const enum npattn_dtype test_dtypes[N_DTYPES] = {NPATTN_DTYPE_F64, NPATTN_DTYPE_F32, NPATTN_DTYPE_F16,
+                                                        NPATTN_DTYPE_BF16};
+static const char *const dtype_names[N_DTYPES] = {"float64", "float32", "float16", "bfloat16"};
+
 /* The kernel tables a test program runs each case under: those this CPU runs. */
-static const char *const kernel_tables[] = {"portable", "avx2", "avx512", "neon"};
+#define N_KERNEL_TABLES 4
+static const char *const kernel_tables[N_KERNEL_TABLES] = {"portable", "avx2", "avx512", "neon"};
 
 /* run(case, table) for every case under every kernel table this CPU runs. */
 static inline void for_each_table(const struct case_ *cases, size_t n, void (*run)(const struct case_ *, const char *)) {
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
         if (npattn_kernels_force(kernel_tables[t]) != 0) {
             printf("skipped: the %s kernels (this CPU cannot run them)\n", kernel_tables[t]);
             continue;
