@@ -40,6 +40,7 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = ["_build", "notebooks/README.md", "**.ipynb_checkpoints"]
 templates_path = ["_templates"]
+highlight_language = "none"  # literal blocks are formulas and shapes; code blocks name their language
 
 # The API reference: one page per public function, from its numpydoc docstring.
 autosummary_generate = True
@@ -73,7 +74,14 @@ html_theme_options = {
     "secondary_sidebar_items": ["page-toc"],
 }
 html_context = {"default_mode": "light"}
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["npattn.css"]
+# Pages with no pages under them: no left sidebar (it would hold a heading alone).
+html_sidebars = {
+    page: []
+    for page in ("index", "install", "guide", "checking", "tiny-llm", "peers", "benchmarks")
+    + ("c-api", "platforms", "development", "changelog")
+}
 html_show_sourcelink = False
 
 
