@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "_ext"))
 
 project = "npattn"
 author = "the npattn authors"
-copyright = "the npattn authors; BSD-3-Clause"  # noqa: A001 (Sphinx's name)
+copyright = "the npattn authors; BSD-3-Clause"
 release = npattn.__version__
 version = ".".join(release.split(".")[:2])
 

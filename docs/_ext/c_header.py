@@ -6,13 +6,14 @@ that names them. The include guard and ``extern "C"`` lines are left out; the
 whole header is one ``literalinclude`` away for a reader who wants it verbatim.
 """
 
-import os
 import re
 
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-BOILERPLATE = re.compile(r'^\s*(#ifndef \w+_H|#define \w+_H|#ifdef __cplusplus|extern "C" \{|\}|#endif.*|#include .*)\s*$')
+BOILERPLATE = re.compile(
+    r'^\s*(#ifndef \w+_H|#define \w+_H|#ifdef __cplusplus|extern "C" \{|\}|#endif.*|#include .*)\s*$'
+)
 NAME = re.compile(r"^(?:enum|struct)\s+(\w+)|^#define\s+(\w+)|(\w+)\s*\(")
 
 
