@@ -14,7 +14,9 @@ from sphinx.util.docutils import SphinxDirective
 BOILERPLATE = re.compile(
     r'^\s*(#ifndef \w+_H|#define \w+_H|#ifdef __cplusplus|extern "C" \{|\}|#endif.*|#include .*)\s*$'
 )
-NAME = re.compile(r"^(?:enum|struct)\s+(\w+)|^#define\s+(\w+)|(\w+)\s*\(")
+TYPE = re.compile(r"^(?:enum|struct)\s+(\w+)\s*\{")
+MACRO = re.compile(r"^#define\s+(NPATTN_\w+)")
+FUNCTION = re.compile(r"(\w+)\s*\(")
 
 
 def chunks(text):
@@ -54,6 +56,21 @@ def chunks(text):
     if comment or code:
         out.append((comment, code))
     return out
+
+
+def declared(code):
+    """The names a chunk declares at file scope: types, macros, functions."""
+    names, depth = [], 0
+    for line in code:
+        bare = re.sub(r"/\*.*?(\*/|$)", "", line).strip()
+        if depth == 0 and bare:
+            m = TYPE.match(bare) or MACRO.match(bare)
+            if not m and not bare.startswith("#"):
+                m = FUNCTION.search(bare.replace("NPATTN_EXPORTED ", ""))
+            if m and m.group(1) not in names and m.group(1) != "NPATTN_EXPORTED":
+                names.append(m.group(1))
+        depth += bare.count("{") - bare.count("}")
+    return names
 
 
 def prose(comment):
@@ -96,16 +113,9 @@ class CHeader(SphinxDirective):
             text = f.read()
         result = []
         for comment, code in chunks(text):
-            if code:
-                names = []
-                for line in code:
-                    m = NAME.match(line.strip().replace("NPATTN_EXPORTED ", "")) or NAME.search(line)
-                    if m and not line.lstrip().startswith(("#if", "#else", "#endif")):
-                        name = next(g for g in m.groups() if g)
-                        if name not in names and name != "defined":
-                            names.append(name)
-                if names:
-                    result.append(nodes.rubric(text=", ".join(names[:4])))
+            names = declared(code)
+            if names:
+                result.append(nodes.rubric(text=", ".join(names)))
             result.extend(prose(comment))
             if code:
                 body = "\n".join(code)
