@@ -44,6 +44,7 @@ highlight_language = "none"  # literal blocks are formulas and shapes; code bloc
 
 # The API reference: one page per public function, from its numpydoc docstring.
 autosummary_generate = True
+autodoc_mock_imports = ["dask", "distributed"]  # npattn.dask's page builds without the dask extra
 autodoc_typehints = "none"  # the docstrings state the types, in NumPy's words
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
