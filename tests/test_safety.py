@@ -579,6 +579,59 @@ def test_calls_work_when_no_thread_can_start():
     assert proc.returncode == 0 and proc.stdout.strip() == "True", (proc.stdout, proc.stderr)
 
 
+UNDER_AN_ADDRESS_SPACE_LIMIT = r"""
+import hashlib, resource, sys
+import numpy as np
+import npattn
+from npattn import reference
+
+rng = np.random.default_rng(5)
+q, k, v, dout = (rng.standard_normal((1, h, 256, 64), dtype=np.float32) for h in (8, 2, 2, 8))
+# the forward pass's results from the reference: no product of npattn's runs before the limit
+out, lse = (x.astype(np.float32) for x in reference.sdpa(q, k, v, return_lse=True))
+call = {
+    "sdpa": lambda: npattn.sdpa(q, k, v, threads=2),
+    "sdpa_backward": lambda: npattn.sdpa_backward(dout, q, k, v, out, lse, threads=2),
+    "attention_weights": lambda: npattn.attention_weights(q, k, threads=2),
+}[sys.argv[1]]
+
+
+def digest(result):
+    arrays = result if isinstance(result, tuple) else (result,)
+    return hashlib.sha256(b"".join(a.tobytes() for a in arrays if a is not None)).hexdigest()
+
+
+if sys.argv[2] == "limited":
+    with open("/proc/self/status") as f:
+        size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+    # room for a helper thread's stack, not for a BLAS buffer
+    resource.setrlimit(resource.RLIMIT_AS, (size + (16 << 20), resource.RLIM_INFINITY))
+    try:
+        call()
+        print("returned", flush=True)
+    except MemoryError:
+        print("MemoryError", flush=True)
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(digest(call()), flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@pytest.mark.parametrize("function", ["sdpa", "sdpa_backward", "attention_weights"])
+def test_an_address_space_limit_gives_memory_error(function):
+    """RLIMIT_AS 16 MiB above the process size, threads=2: the call raises MemoryError,
+    prints nothing to stderr, and once the limit is lifted computes what an unlimited
+    process computes. (0.2 exited with status 1 and "OpenBLAS error: Memory allocation
+    still failed after 10 retries, giving up." when a helper thread's product needed a
+    BLAS buffer of its own, and otherwise returned.)"""
+    script = UNDER_AN_ADDRESS_SPACE_LIMIT.replace("sys.argv[1]", repr(function))
+    unlimited = run_script(script.replace("sys.argv[2]", repr("unlimited")), timeout=120)
+    limited = run_script(script.replace("sys.argv[2]", repr("limited")), timeout=120)
+    assert unlimited.returncode == 0 and unlimited.stderr == "", unlimited.stderr[-2000:]
+    assert limited.returncode == 0 and limited.stderr == "", (limited.returncode, limited.stderr[-2000:])
+    assert limited.stdout.splitlines() == ["MemoryError", unlimited.stdout.strip()], limited.stdout
+
+
 # ---- odd memory: zero strides, many batch dims ----
 
 ZERO_STRIDE_PEAK = r"""
