@@ -374,27 +374,32 @@ def test_inputs_never_modified(dtype):
 
 
 SPECIAL_CASES = [
-    # (operand, index into it, value) with every key visible (mask=None)
-    ("q", (0, 1, 2, 3), np.nan),
-    ("q", (1, 0, 4, 0), np.inf),
-    ("q", (1, 3, 0, 1), -np.inf),
-    ("k", (0, 0, 3, 2), np.nan),
-    ("k", (1, 1, 6, 0), np.inf),
-    ("k", (0, 1, 0, 5), -np.inf),
-    ("v", (0, 0, 4, 1), np.nan),
-    ("v", (1, 1, 2, 4), np.inf),
-    ("v", (0, 1, 5, 0), -np.inf),
-    ("mask", (2, 3), np.nan),
-    ("mask", (4, 1), np.inf),
-    ("mask", (1, 6), -np.inf),
+    # (operand, index into it, value, (NaN, inf) elements of the result) with every key
+    # visible: NaN or +-inf in q makes its row NaN (5 values); NaN in k the rows of its kv
+    # head's 2 query heads (50), +-inf in k the rows whose score for it is +inf (1 and 7
+    # rows here); a NaN value its column in 2 heads' rows (10), +-inf that column +-inf;
+    # a NaN or +inf mask entry its row in all 8 heads (40); -inf just hides a key.
+    ("q", (0, 1, 2, 3), np.nan, (5, 0)),
+    ("q", (1, 0, 4, 0), np.inf, (5, 0)),
+    ("q", (1, 3, 0, 1), -np.inf, (5, 0)),
+    ("k", (0, 0, 3, 2), np.nan, (50, 0)),
+    ("k", (1, 1, 6, 0), np.inf, (5, 0)),
+    ("k", (0, 1, 0, 5), -np.inf, (35, 0)),
+    ("v", (0, 0, 4, 1), np.nan, (10, 0)),
+    ("v", (1, 1, 2, 4), np.inf, (0, 10)),
+    ("v", (0, 1, 5, 0), -np.inf, (0, 10)),
+    ("mask", (2, 3), np.nan, (40, 0)),
+    ("mask", (4, 1), np.inf, (40, 0)),
+    ("mask", (1, 6), -np.inf, (0, 0)),
 ]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("operand, index, value", SPECIAL_CASES)
-def test_nan_and_inf_propagate_as_the_formula_says(dtype, operand, index, value):
+@pytest.mark.parametrize("operand, index, value, nonfinite", SPECIAL_CASES)
+def test_nan_and_inf_propagate_as_the_formula_says(dtype, operand, index, value, nonfinite):
     """NaN or +-inf in one entry of q, k, v or an additive mask, every key visible:
-    the result equals the reference's, NaN and infinities in the same places."""
+    the result equals the reference's, NaN and infinities in the same places, and
+    as many of them as the case says."""
     rng = np.random.default_rng(37)
     arrays = {
         "q": rng.standard_normal((2, 4, 5, 6)).astype(dtype),
@@ -406,7 +411,7 @@ def test_nan_and_inf_propagate_as_the_formula_says(dtype, operand, index, value)
     q, k, v, mask = arrays["q"], arrays["k"], arrays["v"], arrays["mask"]
     want = reference_call(q, k, v, mask=mask)
     got = npattn.sdpa(q, k, v, mask=mask)
-    assert np.isnan(want).any() or np.isinf(want).any() or value == -np.inf
+    assert (int(np.isnan(want).sum()), int(np.isinf(want).sum())) == nonfinite
     compare_with_nan(got, want, 1e-5 if dtype == np.float32 else 1e-12)
 
 
