@@ -67,7 +67,7 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
      * products of tiny dS and tiny q or k taken first would underflow where the
      * scaled ones are normal (an overflow instead is redone in double). */
     const int scale_first = !f64 && fabs(p->scale) > 1;
-    const REAL alpha = scale_first ? (REAL)1 : scale;
+    const REAL ds_scale = scale_first ? scale : (REAL)1, alpha = scale_first ? (REAL)1 : scale;
 #define AT(region) ((REAL *)(scratch + lay->region))
     REAL *qrows = AT(qrows), *dorows = AT(dorows), *orows = AT(orows), *st = AT(st), *dpt = AT(dpt);
     REAL *dcap = AT(dcap), *bias = AT(bias), *kt = AT(kt), *vt = AT(vt), *dk = AT(dk), *dv = AT(dv), *dq = AT(dq);
@@ -183,22 +183,28 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
                      * is taken as dO_i . (v_j - O_i), exactly 0 for a one-hot row. */
                     for (int64_t j = 0; j < nk; j++) {
                         REAL *ds = dpt + j * M;
-                        const REAL *pj = st + j * M, *cj = dcap + j * M, *vj = vtile + j * ldv;
-                        for (int64_t r = 0; r < M; r++) {
-                            REAL gap = ds[r] - dvec[r];
-                            if (pj[r] >= (REAL)0.5) {
-                                double exact = 0;
-                                for (int64_t e = 0; e < Dv; e++)
-                                    exact += (double)dorows[r * Dv + e] * ((double)vj[e] - (double)orows[r * Dv + e]);
-                                gap = (REAL)exact;
-                            }
-                            REAL x = pj[r] * gap;
-                            if (cap > 0) x *= cj[r];
-                            ds[r] = scale_first ? x * scale : x;
-                        }
+                        const REAL *pj = st + j * M, *cj = dcap + j * M;
+                        if (cap > 0)
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r] * ds_scale;
+                        else
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * ds_scale;
                         if (careful) /* a hidden key's dS is 0, not 0 * a NaN dP or D */
                             for (int64_t r = 0; r < M; r++)
                                 if (CAT(hidden_, SFX)(&tile, j, r)) ds[r] = 0;
+                    }
+                    /* a row may hold a weight >= 1/2 here only if the tile's weights sum to
+                     * 1/2 or more (l, against the max preset to lse) or a score passed lse */
+                    for (int64_t r = 0; r < M; r++) {
+                        if (!(lt[r] >= (REAL)0.5 || mt[r] != lse[r])) continue;
+                        for (int64_t j = 0; j < nk; j++) {
+                            const REAL pjr = st[j * M + r];
+                            if (!(pjr >= (REAL)0.5)) continue;
+                            const REAL *vj = vtile + j * ldv;
+                            double gap = 0;
+                            for (int64_t e = 0; e < Dv; e++)
+                                gap += (double)dorows[r * Dv + e] * ((double)vj[e] - (double)orows[r * Dv + e]);
+                            dpt[j * M + r] = pjr * (REAL)gap * (cap > 0 ? dcap[j * M + r] : (REAL)1) * ds_scale;
+                        }
                     }
                     if (careful) {
                         if (first) memset(dq, 0, (size_t)(M * D) * sizeof(REAL));
