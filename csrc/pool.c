@@ -191,7 +191,8 @@ static int product_begin(void) {
     if (n <= atomic_load(&most_products)) return 1;
     pthread_mutex_lock(&room_lock);
     if (n > atomic_load(&most_products)) {
-        void *at = mmap(NULL, BLAS_BUFFER_ROOM, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        /* as OpenBLAS maps it (so that a commit limit counts it too), never touched */
+        void *at = mmap(NULL, BLAS_BUFFER_ROOM, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         ok = at != MAP_FAILED;
         if (ok) {
             munmap(at, BLAS_BUFFER_ROOM);
