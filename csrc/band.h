@@ -10,7 +10,10 @@
  * where hi_diag = diag + right and lo_diag = diag - left, right being
  * window_right (unbounded without a window), at most 0 when causal, and
  * left window_left (unbounded without one). Causal is the band (-inf, 0].
- * All arithmetic saturates, so any int64 offsets are safe.
+ * diag +- a window side may pass int64 (offsets are any int64), so each edge
+ * is computed exactly and then clamped to [-L, S]: for rows in [0, L) and
+ * keys in [0, S), j - i lies in (-L, S), and an edge beyond it decides every
+ * pair as the exact one does. Any int64 offsets are safe.
  */
 #ifndef NPATTN_BAND_H
 #define NPATTN_BAND_H
@@ -35,13 +38,28 @@ static inline int64_t npattn_sat_sub(int64_t a, int64_t b) {
     return r;
 }
 
+/* a - b + c, exactly, clamped to [lo, hi]. Each int64 step that overflows
+ * wraps by 2^64 (in the direction of its sign, counted in `wraps`); the
+ * exact value is the wrapped one plus wraps * 2^64, beyond int64 unless
+ * the wraps cancel. */
+static inline int64_t npattn_band_edge(int64_t a, int64_t b, int64_t c, int64_t lo, int64_t hi) {
+    int64_t d, e;
+    int wraps = 0;
+    if (__builtin_sub_overflow(a, b, &d)) wraps += a >= 0 ? 1 : -1;
+    if (__builtin_add_overflow(d, c, &e)) wraps += c > 0 ? 1 : -1;
+    if (wraps > 0 || e > hi) return hi;
+    if (wraps < 0 || e < lo) return lo;
+    return e;
+}
+
 static inline struct npattn_band npattn_band_of(const struct npattn_problem *p) {
-    int64_t diag = npattn_sat_sub(p->q_offset, p->k_offset);
     struct npattn_band b = {INT64_MIN, INT64_MAX};
+    const int64_t L = p->n_query, S = p->n_key;
     int64_t right = p->window_right;
     if (p->causal && (right == NPATTN_UNBOUNDED || right > 0)) right = 0;
-    if (right != NPATTN_UNBOUNDED) b.hi_diag = npattn_sat_add(diag, right);
-    if (p->window_left != NPATTN_UNBOUNDED) b.lo_diag = npattn_sat_sub(diag, p->window_left);
+    if (right != NPATTN_UNBOUNDED) b.hi_diag = npattn_band_edge(p->q_offset, p->k_offset, right, -L, S);
+    if (p->window_left != NPATTN_UNBOUNDED)
+        b.lo_diag = npattn_band_edge(p->q_offset, p->k_offset, -p->window_left, -L, S);
     return b;
 }
 
@@ -89,6 +107,16 @@ static inline void npattn_band_tile(const struct npattn_band *b, int64_t i, int6
     int64_t l = npattn_sat_sub(npattn_band_lo(b, i), j0), h = npattn_sat_sub(npattn_band_hi(b, i), j0);
     *lo = (int32_t)(l < 0 ? 0 : l > nk ? nk : l);
     *hi = (int32_t)(h < -1 ? -1 : h > nk - 1 ? nk - 1 : h);
+}
+
+/* For stacked rows r = 0 .. M-1 (query i0 + r % nq) against the key tile
+ * [j0, j0 + nk): 0 if the band lets every row see every key, else 1 with
+ * each row's visible tile keys in lo[r] .. hi[r]. */
+static inline int npattn_band_clip(const struct npattn_band *b, int64_t i0, int64_t nq, int64_t M, int64_t j0,
+                                   int64_t nk, int32_t *lo, int32_t *hi) {
+    if (npattn_band_covers(b, i0, i0 + nq, j0, j0 + nk)) return 0;
+    for (int64_t r = 0; r < M; r++) npattn_band_tile(b, i0 + r % nq, j0, nk, lo + r, hi + r);
+    return 1;
 }
 
 #endif /* NPATTN_BAND_H */

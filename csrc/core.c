@@ -141,13 +141,6 @@ int npattn_blas_direct(const struct npattn_tensor *t, enum npattn_dtype dtype, i
     return *ld >= width && *ld >= 1 && *ld <= INT_MAX;
 }
 
-int npattn_band_clip(const struct npattn_band *b, int64_t i0, int64_t nq, int64_t M, int64_t j0, int64_t nk, int32_t *lo,
-                     int32_t *hi) {
-    if (npattn_band_covers(b, i0, i0 + nq, j0, j0 + nk)) return 0;
-    for (int64_t r = 0; r < M; r++) npattn_band_tile(b, i0 + r % nq, j0, nk, lo + r, hi + r);
-    return 1;
-}
-
 int64_t npattn_n_batch(const struct npattn_problem *p) {
     int64_t n = 1;
     for (int32_t d = 0; d < p->n_batch_dim; d++) n *= p->batch_shape[d];

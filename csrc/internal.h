@@ -57,13 +57,6 @@ int npattn_computes_f64(const struct npattn_problem *p, enum npattn_dtype result
 int npattn_blas_direct(const struct npattn_tensor *t, enum npattn_dtype dtype, int64_t rows, int64_t width,
                        int64_t *ld);
 
-struct npattn_band;
-/* For stacked rows r = 0 .. M-1 (query i0 + r % nq) against the key tile
- * [j0, j0 + nk): 0 if the band lets every row see every key, else 1 with
- * each row's visible tile keys in lo[r] .. hi[r]. */
-int npattn_band_clip(const struct npattn_band *b, int64_t i0, int64_t nq, int64_t M, int64_t j0, int64_t nk, int32_t *lo,
-                     int32_t *hi);
-
 /* ---- pool.c: the calling thread and helper threads run the tasks of a job ---- */
 
 /* The most threads one job runs on; asking for more runs on this many. */

@@ -15,15 +15,24 @@
  * - fork: the child starts with an empty pool; a call in flight in the
  *   forking thread (from a signal handler that forked) recomputes, on its
  *   own, the tasks the parent's helpers had claimed.
+ * - Memory: OpenBLAS keeps a table of work buffers, one per product running
+ *   at once, maps a new one when every buffer it has is in use, and ends the
+ *   process when that map fails. The tiles' products go through
+ *   npattn_pool_sgemm / dgemm, which count them: one that would run beside
+ *   more products than ever before first makes sure there is room for one
+ *   more buffer, and without it fails the call (NPATTN_STATUS_NO_MEMORY)
+ *   instead of reaching OpenBLAS.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "blas.h"
 #include "internal.h"
 
 #define POLL_NS 50000000LL      /* the calling thread polls cancel every 50 ms */
@@ -162,13 +171,68 @@ static void unlink_call(struct job *j) {
         }
 }
 
+/* ---- OpenBLAS's work buffers ---- */
+
+/* Room for one buffer: OpenBLAS's BUFFER_SIZE is 32 MiB (a build may raise
+ * it with BUFFERSIZE; the first product of this process maps 32 MiB on
+ * x86-64), mapped with a page of slack; twice that, to leave some margin. */
+#define BLAS_BUFFER_ROOM ((size_t)64 << 20)
+
+static atomic_int n_products;      /* products running now */
+static atomic_int most_products;   /* the most that have run at once: OpenBLAS has that many buffers */
+static pthread_mutex_t room_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local struct npattn_run *task_run; /* the run whose task this thread is in */
+
+/* Counts a product in; 0 (and the run failed) when it would need a buffer
+ * OpenBLAS could not map. Mapped and unmapped to see; what remains is the
+ * chance that another thread takes the room in the moment between. */
+static int product_begin(void) {
+    int n = atomic_fetch_add(&n_products, 1) + 1, ok = 1;
+    if (n <= atomic_load(&most_products)) return 1;
+    pthread_mutex_lock(&room_lock);
+    if (n > atomic_load(&most_products)) {
+        /* as OpenBLAS maps it (so that a commit limit counts it too), never touched */
+        void *at = mmap(NULL, BLAS_BUFFER_ROOM, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ok = at != MAP_FAILED;
+        if (ok) {
+            munmap(at, BLAS_BUFFER_ROOM);
+            atomic_store(&most_products, n);
+        }
+    }
+    pthread_mutex_unlock(&room_lock);
+    if (!ok) {
+        atomic_fetch_sub(&n_products, 1);
+        if (task_run) npattn_run_fail(task_run, NPATTN_STATUS_NO_MEMORY);
+    }
+    return ok;
+}
+
+/* A product skipped for want of memory leaves C as it was; the run has
+ * failed, so nothing computed from it is kept. */
+void npattn_pool_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+                       float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (!product_begin()) return;
+    npattn_cblas_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    atomic_fetch_sub(&n_products, 1);
+}
+
+void npattn_pool_dgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+                       double alpha, const double *A, int lda, const double *B, int ldb, double beta, double *C,
+                       int ldc) {
+    if (!product_begin()) return;
+    npattn_cblas_dgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    atomic_fetch_sub(&n_products, 1);
+}
+
 static void run_tasks(struct job *j, int32_t slot) {
+    task_run = j->run;
     for (;;) {
-        if (atomic_load_explicit(&j->run->stop, memory_order_relaxed)) return;
+        if (atomic_load_explicit(&j->run->stop, memory_order_relaxed)) break;
         int64_t t = atomic_fetch_add(&j->next_task, 1);
-        if (t >= j->n_task) return;
+        if (t >= j->n_task) break;
         j->fn(j->arg, t, slot);
     }
+    task_run = NULL;
 }
 
 static int job_has_room(const struct job *j) {
@@ -352,8 +416,10 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
         }
         pthread_mutex_unlock(&pool.lock);
     }
+    task_run = run;
     if (j.orphaned) /* a forked child: the tasks the parent's helpers had are ours now */
         for (int64_t t = 0; t < n_task && !atomic_load(&run->stop); t++) fn(arg, t, 0);
+    task_run = NULL;
 
     pthread_mutex_lock(&pool.lock);
     unlink_call(&j);

@@ -319,6 +319,10 @@ int main(void) {
         {1, 2, 1, 40, 1500, 8, 8, 0, 200, 30, BR, 0, MASK_BOOL, 0, 0, 3},
         /* wide rows: fewer keys per block */
         {1, 2, 1, 9, 40, 300, 200, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
+        /* q_offset - k_offset past +-2^63, a window side bringing the band back within the keys */
+        {1, 2, 1, 6, 9, 8, 8, 0, INT64_MAX, 0, (INT64_C(1) << 62) + 3, -(INT64_C(1) << 62) - 2, MASK_NONE, 0, 0, 1},
+        {1, 2, 1, 6, 9, 8, 8, 1, INT64_MAX, U, (INT64_C(1) << 62) + 3, -(INT64_C(1) << 62) - 2, MASK_BOOL, 0, 1, 1},
+        {1, 2, 1, 6, 9, 8, 8, 0, U, INT64_MAX, -(INT64_C(1) << 62) - 1, INT64_C(1) << 62, MASK_NONE, 0, 0, 1},
     };
     for_each_table(cases, sizeof cases / sizeof cases[0], run_case);
     static const struct case_ small = {1, 2, 1, 40, 50, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 1, 1};

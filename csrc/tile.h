@@ -6,6 +6,20 @@
 #define LOAD CAT(npattn_load_, SFX)
 #define STORE CAT(npattn_store_, SFX)
 
+/* The tiles' products go through the pool (pool.c), which makes sure that
+ * OpenBLAS has room for the work buffer each needs before it runs. */
+void npattn_pool_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+                       float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void npattn_pool_dgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+                       double alpha, const double *A, int lda, const double *B, int ldb, double beta, double *C,
+                       int ldc);
+#undef GEMM
+#if IS_F64
+#define GEMM npattn_pool_dgemm
+#else
+#define GEMM npattn_pool_sgemm
+#endif
+
 /* Rows j0 .. j0+nk of an operand (k or v of one head, at base) as REAL: the
  * rows in place when BLAS reads them (direct, leading dimension ld_direct),
  * else converted or gathered into buf (leading dimension width). */
@@ -36,17 +50,56 @@ static void CAT(stacked_rows_, SFX)(const struct npattn_tensor *t, int64_t off, 
 }
 
 /* The mask's tile for the stacked rows and keys j0 .. j0+nk as a bias: 0 or
- * -inf for a bool mask, the values for an additive one, at bias[j * sj + r * sr]. */
-static void CAT(mask_tile_, SFX)(const struct npattn_problem *p, int64_t off, int64_t h0, int64_t i0, int64_t nq,
-                                 int64_t M, int64_t j0, int64_t nk, REAL *bias, int64_t sj, int64_t sr, REAL *row) {
+ * -inf for a bool mask, the values for an additive one, at bias[j * sj + r * sr].
+ * Returns 1 when REAL cannot hold a value (a float64 mask beyond float's
+ * range, in a float tile): the task is then redone in double. */
+static int CAT(mask_tile_, SFX)(const struct npattn_problem *p, int64_t off, int64_t h0, int64_t i0, int64_t nq,
+                                int64_t M, int64_t j0, int64_t nk, REAL *bias, int64_t sj, int64_t sr, REAL *row) {
     const int64_t ms = npattn_mask_size(p), mcs = p->mask.col_stride;
     for (int64_t r = 0; r < M; r++) {
         const char *mrow = npattn_elem(&p->mask, ms, off, h0 + r / nq, i0 + r % nq) + j0 * mcs * ms;
         if (p->mask_kind == NPATTN_MASK_BOOL) {
             for (int64_t j = 0; j < nk; j++) bias[j * sj + r * sr] = ((const uint8_t *)mrow)[j * mcs] ? (REAL)0 : (REAL)-INFINITY;
         } else {
+#if !IS_F64
+            if (p->mask.dtype == NPATTN_DTYPE_F64)
+                for (int64_t j = 0; j < nk; j++) {
+                    const double x = ((const double *)mrow)[j * mcs];
+                    if (fabs(x) > FLT_MAX && fabs(x) != INFINITY) return 1;
+                }
+#endif
             LOAD(p->mask.dtype, mrow, mcs, nk, row);
             for (int64_t j = 0; j < nk; j++) bias[j * sj + r * sr] = row[j];
         }
     }
+    return 0;
+}
+
+/* Whether score (j, r) of a tile is hidden, by the band or the mask. */
+static inline int CAT(hidden_, SFX)(const SCORE_TILE *t, int64_t j, int64_t r) {
+    return (t->lo && (j < t->lo[r] || j > t->hi[r])) || (t->bias && t->bias[j * t->ld + r] == -INFINITY);
+}
+
+/* Whether rows x (n, w), leading dimension ld, are all finite. */
+static inline int CAT(rows_finite_, SFX)(const REAL *x, int64_t n, int64_t w, int64_t ld) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t e = 0; e < w; e++) bad |= !isfinite(x[i * ld + e]);
+    return !bad;
+}
+
+/* out += alpha * the product of a tile c (nk, M), as scores are laid out,
+ * with rows b, leaving out the pairs (j, r) the tile hides: a hidden key
+ * adds nothing, not 0 * a NaN or infinite row. by_key 0: out (nk, w) row j
+ * += sum over r of c[j, r] b[r]; by_key 1: out (M, w) row r += sum over j of
+ * c[j, r] b[j]. What a gemm computes, for tiles whose rows are not all finite. */
+static inline void CAT(seen_product_, SFX)(const SCORE_TILE *t, const REAL *c, int by_key, const REAL *b,
+                                           int64_t ldb, int64_t w, REAL alpha, REAL *out, int64_t ldo) {
+    for (int64_t j = 0; j < t->nk; j++)
+        for (int64_t r = 0; r < t->M; r++) {
+            if (CAT(hidden_, SFX)(t, j, r)) continue;
+            const REAL a = alpha * c[j * t->ld + r], *brow = b + (by_key ? j : r) * ldb;
+            REAL *orow = out + (by_key ? r : j) * ldo;
+            for (int64_t e = 0; e < w; e++) orow[e] += a * brow[e];
+        }
 }

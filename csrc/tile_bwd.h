@@ -63,6 +63,11 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     const int64_t b = unit / p->n_head_kv, g = unit % p->n_head_kv, hg0 = g * pl->group;
     const int k_direct = f64 == pl->f64 && pl->k_direct, v_direct = f64 == pl->f64 && pl->v_direct;
     const REAL scale = (REAL)p->scale, cap = (REAL)p->softcap;
+    /* A float tile scales dS before its products with Q and K when |scale| > 1:
+     * products of tiny dS and tiny q or k taken first would underflow where the
+     * scaled ones are normal (an overflow instead is redone in double). */
+    const int scale_first = !f64 && fabs(p->scale) > 1;
+    const REAL ds_scale = scale_first ? scale : (REAL)1, alpha = scale_first ? (REAL)1 : scale;
 #define AT(region) ((REAL *)(scratch + lay->region))
     REAL *qrows = AT(qrows), *dorows = AT(dorows), *orows = AT(orows), *st = AT(st), *dpt = AT(dpt);
     REAL *dcap = AT(dcap), *bias = AT(bias), *kt = AT(kt), *vt = AT(vt), *dk = AT(dk), *dv = AT(dv), *dq = AT(dq);
@@ -99,6 +104,9 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         int64_t ldk, ldv = 1;
         const REAL *kchunk = CAT(kv_rows_, SFX)(&p->k, kbase, c0, nc, D, k_direct, pl->ldk, kt, &ldk);
         const REAL *vchunk = Dv > 0 ? CAT(kv_rows_, SFX)(&p->v, vbase, c0, nc, Dv, v_direct, pl->ldv, vt, &ldv) : vt;
+        /* a double tile whose rows are not all finite leaves hidden pairs out of its products */
+        const int kv_finite = !f64 || (CAT(rows_finite_, SFX)(kchunk, nc, D, ldk) &&
+                                       (Dv == 0 || CAT(rows_finite_, SFX)(vchunk, nc, Dv, ldv)));
         memset(dk, 0, (size_t)(nc * D) * sizeof(REAL));
         memset(dv, 0, (size_t)(nc * Dv) * sizeof(REAL));
         int64_t ia, ib; /* the query rows that may see a key of this chunk */
@@ -117,6 +125,10 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
                     dvec[r] = sum;
                     LOAD(p->lse.dtype, npattn_elem(&p->lse, ls, off_lse, h0 + r / nq, i0 + r % nq), 1, 1, lse + r);
                 }
+                const int careful = !kv_finite || (f64 && !(CAT(rows_finite_, SFX)(qrows, M, D, D) &&
+                                                            CAT(rows_finite_, SFX)(dorows, M, Dv, Dv) &&
+                                                            CAT(rows_finite_, SFX)(orows, M, Dv, Dv) &&
+                                                            CAT(rows_finite_, SFX)(lse, M, 1, 1)));
                 int first = 1;
                 for (int64_t kb = kc; kb < kc_end; kb++) {
                     const int64_t j0 = kb * pl->bk, nk = S - j0 < pl->bk ? S - j0 : pl->bk;
@@ -135,7 +147,7 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
                         }
                     tile.nk = nk, tile.M = M, tile.ld = M, tile.bias = NULL;
                     if (p->mask_kind != NPATTN_MASK_NONE) {
-                        CAT(mask_tile_, SFX)(p, off_mask, h0, i0, nq, M, j0, nk, bias, M, 1, row);
+                        if (CAT(mask_tile_, SFX)(p, off_mask, h0, i0, nq, M, j0, nk, bias, M, 1, row)) return 1;
                         tile.bias = bias;
                     }
                     int clipped = npattn_band_clip(&pl->band, i0, nq, M, j0, nk, lo, hi);
@@ -144,34 +156,68 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
                     for (int64_t r = 0; r < M; r++) mt[r] = lse[r], lt[r] = 0;
 #if IS_F64
                     npattn_softmax_f64(st, &tile, mt, lt, at);
+                    if (careful) /* a NaN lse makes its whole column NaN: the row's hidden keys stay 0 */
+                        for (int64_t j = 0; j < nk; j++)
+                            for (int64_t r = 0; r < M; r++)
+                                if (CAT(hidden_, SFX)(&tile, j, r)) st[j * M + r] = 0;
 #else
                     if (npattn_kernels()->softmax_f32(st, &tile, mt, lt, at)) return 1;
 #endif
                     if (Dv > 0) {
                         /* dV_j (nk, Dv) += P^T (nk, M) @ dO (M, Dv) */
-                        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)Dv, (int)M, (REAL)1, st, (int)M,
-                             dorows, (int)Dv, (REAL)1, dvj, (int)Dv);
+                        if (careful)
+                            CAT(seen_product_, SFX)(&tile, st, 0, dorows, Dv, Dv, (REAL)1, dvj, Dv);
+                        else
+                            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)Dv, (int)M, (REAL)1, st,
+                                 (int)M, dorows, (int)Dv, (REAL)1, dvj, (int)Dv);
                         /* dP^T (nk, M) = V_j (nk, Dv) @ dO^T (Dv, M) */
                         GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)M, (int)Dv, (REAL)1, vtile,
                              (int)ldv, dorows, (int)Dv, (REAL)0, dpt, (int)M);
                     } else {
                         memset(dpt, 0, (size_t)(nk * M) * sizeof(REAL));
                     }
-                    /* dS^T / scale = P^T * (dP^T - D) * cap', in place of dP^T (the scale is
-                     * applied by the products below, so a tiny one underflows once, at the end) */
+                    /* dS^T = P^T * (dP^T - D) * cap', in place of dP^T, times the scale
+                     * here or in the products below. D_i = dO_i . O_i against dO_i . v_j
+                     * cancels where P_ij is near 1 (a near one-hot row), and what is left
+                     * is their rounding, which the scale then magnifies; there dP_ij - D_i
+                     * is taken as dO_i . (v_j - O_i), exactly 0 for a one-hot row. */
                     for (int64_t j = 0; j < nk; j++) {
                         REAL *ds = dpt + j * M;
                         const REAL *pj = st + j * M, *cj = dcap + j * M;
                         if (cap > 0)
-                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r];
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r] * ds_scale;
                         else
-                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]);
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * ds_scale;
+                        if (careful) /* a hidden key's dS is 0, not 0 * a NaN dP or D */
+                            for (int64_t r = 0; r < M; r++)
+                                if (CAT(hidden_, SFX)(&tile, j, r)) ds[r] = 0;
+                    }
+                    /* a row may hold a weight >= 1/2 here only if the tile's weights sum to
+                     * 1/2 or more (l, against the max preset to lse) or a score passed lse */
+                    for (int64_t r = 0; r < M; r++) {
+                        if (!(lt[r] >= (REAL)0.5 || mt[r] != lse[r])) continue;
+                        for (int64_t j = 0; j < nk; j++) {
+                            const REAL pjr = st[j * M + r];
+                            if (!(pjr >= (REAL)0.5)) continue;
+                            const REAL *vj = vtile + j * ldv;
+                            double gap = 0;
+                            for (int64_t e = 0; e < Dv; e++)
+                                gap += (double)dorows[r * Dv + e] * ((double)vj[e] - (double)orows[r * Dv + e]);
+                            dpt[j * M + r] = pjr * (REAL)gap * (cap > 0 ? dcap[j * M + r] : (REAL)1) * ds_scale;
+                        }
+                    }
+                    if (careful) {
+                        if (first) memset(dq, 0, (size_t)(M * D) * sizeof(REAL));
+                        CAT(seen_product_, SFX)(&tile, dpt, 0, qrows, D, D, alpha, dkj, D);
+                        CAT(seen_product_, SFX)(&tile, dpt, 1, ktile, ldk, D, alpha, dq, D);
+                        first = 0;
+                        continue;
                     }
                     /* dK_j (nk, D) += dS^T (nk, M) @ Q (M, D) */
-                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, scale, dpt, (int)M,
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, alpha, dpt, (int)M,
                          qrows, (int)D, (REAL)1, dkj, (int)D);
                     /* dQ (M, D) += dS (M, nk) @ K_j (nk, D), over the chunk's blocks */
-                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, scale, dpt, (int)M, ktile,
+                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, alpha, dpt, (int)M, ktile,
                          (int)ldk, (REAL)(first ? 0 : 1), dq, (int)D);
                     first = 0;
                 }

@@ -90,7 +90,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             tile.nk = nk;
             tile.bias = NULL;
             if (p->mask_kind != NPATTN_MASK_NONE) {
-                CAT(mask_tile_, SFX)(p, u.off_mask, h0, i0, nq, M, j0, nk, bias, sj, sr, row);
+                if (CAT(mask_tile_, SFX)(p, u.off_mask, h0, i0, nq, M, j0, nk, bias, sj, sr, row)) return 1;
                 tile.bias = bias;
             }
             int clipped = npattn_band_clip(&pl->band, i0, nq, M, j0, nk, lo, hi);

@@ -151,6 +151,66 @@ def test_extremes_are_redone_in_double(rng):
     assert all(np.isfinite(g).all() for g in grads[:3])
 
 
+def test_tiny_operands_and_a_huge_scale_do_not_underflow(rng):
+    """float32, q and k about 1e-12, scale 1e23 (logits of order 1), v and dout about
+    1e-16: the gradients are normal floats, within float32 rounding of the reference.
+    0.2 formed dS . q and dS . k (about 1e-44, subnormal) before the scale and was 6% off."""
+    q, k, v = qkv(rng, (1,), 4, 2, 9, 13, 8, 6)
+    dout = randn(rng, (1, 4, 9, 6))
+    q, k, v, dout = q * np.float32(1e-12), k * np.float32(1e-12), v * np.float32(1e-16), dout * np.float32(1e-16)
+    grads = check_backward(q, k, v, dout, scale=1e23)
+    assert all(np.abs(g).min() > np.finfo(np.float32).smallest_normal for g in grads[:3])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_a_one_hot_softmax_has_zero_dq_and_dk(rng, dtype):
+    """Logits of about 1e10 (|q . k| about 1e4, scale 1e6): every row's softmax is
+    one-hot, so the exact dq and dk are 0: dS_ij = P_ij (dP_ij - D_i) is 0 at the key
+    of weight 1, whose value the output is, and the weight of every other key is 0.
+    0.2 set D_i = dout . out against the recomputed dout . v_j, and their rounding,
+    magnified by the scale, came out as inf in float16 and as garbage in float32. (dv
+    is not checked: a weight recomputed from a float32 lse of 1e10, whose ulp is 1024,
+    is 0 or 1.)"""
+    dtype = dtype_of(dtype)
+    q, k, v = qkv(rng, (2,), 4, 2, 7, 11, 16, 24)
+    q, k = (x * 50 for x in (q, k))
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    dout = randn(rng, (2, 4, 7, 24), dtype)
+    out, lse = npattn.sdpa(q, k, v, mask=None, scale=1e6, return_lse=True)
+    weights = npattn.attention_weights(q, k, mask=None, scale=1e6)
+    assert set(np.unique(f64(weights))) == {0.0, 1.0}  # one-hot
+    grads = npattn.sdpa_backward(dout, q, k, v, out, lse, mask=None, scale=1e6)
+    np.testing.assert_array_equal(f64(grads.dq), 0)
+    np.testing.assert_array_equal(f64(grads.dk), 0)
+    assert np.isfinite(f64(grads.dv)).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_nan_in_a_query_row_reaches_only_the_keys_it_sees(rng, dtype):
+    """NaN in query row 0, which sees key 0 only (causal, L = S = 300, more than one key
+    block): dq's row 0, and dk's and dv's key 0, are NaN; every other gradient is what it
+    is without the NaN. 0.2 made dk and dv NaN for all keys of key 0's block (hidden keys'
+    weights exp(s - NaN) and 0 * NaN in the products). The forward pass keeps the NaN in
+    row 0 too."""
+    dtype = dtype_of(dtype)
+    q, k, v = qkv(rng, (1,), 2, 1, 300, 300, 8, 4, dtype=dtype)
+    dout = randn(rng, (1, 2, 300, 4), dtype)
+    clean_out, clean_lse = npattn.sdpa(q, k, v, return_lse=True)
+    clean = npattn.sdpa_backward(dout, q, k, v, clean_out, clean_lse)
+    q = q.copy()
+    q[0, 1, 0, 3] = np.nan
+    out, lse = npattn.sdpa(q, k, v, return_lse=True)
+    assert np.isnan(out[0, 1, 0]).all() and np.isfinite(np.delete(out[0, 1], 0, axis=0)).all()
+    grads = npattn.sdpa_backward(dout, q, k, v, out, lse)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for name, got, want, nan_rows in zip(("dq", "dk", "dv"), grads, clean, ([(1, 0)], [(0, 0)], [(0, 0)])):
+        nan = np.zeros(got.shape, bool)
+        for head, row in nan_rows:
+            nan[0, head, row] = True
+        assert np.isnan(got[nan]).all() and not np.isnan(got[~nan]).any(), name
+        np.testing.assert_allclose(got[~nan], want[~nan], rtol=tol, atol=tol * float(np.abs(want).max()), err_msg=name)
+
+
 @pytest.mark.parametrize("mask", ["causal", "additive"])
 @pytest.mark.parametrize("scale", [None, 0.3])
 def test_equals_torch_autograd_float64(rng, mask, scale):

@@ -55,3 +55,24 @@ def test_a_row_whose_scores_are_all_minus_inf_is_zeros_despite_nan_values(dtype)
     np.testing.assert_array_equal(want[0, 0], 0)
     assert np.isnan(want[0, 1, 0, 1]) and np.isfinite(want[0, 1, 0, 0])  # head 1 sees the NaN
     np.testing.assert_array_equal(npattn.sdpa(q, k, v, mask=None), want.astype(dtype))
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_a_float64_mask_beyond_float32_range_with_float32_inputs(sign):
+    """A float64 mask [1e40, 1e39] (or [-1e39, -1e40]) with float32 inputs: key 0 takes all
+    the weight, as with float64 inputs; 0.2 saturated both to FLT_MAX, so they tied and
+    the result was the mean of v0 and v1. The weights and the backward pass too (given
+    the float64 lse: a float32 one cannot hold 1e40)."""
+    q = np.zeros((1, 1, 1, 4), np.float32)
+    k = np.zeros((1, 1, 2, 4), np.float32)
+    v = np.array([[[[1.0, -1.0], [3.0, 5.0]]]], np.float32)
+    mask = np.array([[1e40, 1e39]]) if sign > 0 else np.array([[-1e39, -1e40]])
+    out, lse = npattn.sdpa(q, k, v, mask=mask, return_lse=True)
+    np.testing.assert_array_equal(out, v[:, :, :1])
+    np.testing.assert_array_equal(npattn.attention_weights(q, k, mask=mask), [[[[1.0, 0.0]]]])
+    dout = np.array([[[[0.5, 2.0]]]], np.float32)
+    lse = npattn.sdpa(*(x.astype(np.float64) for x in (q, k, v)), mask=mask, return_lse=True)[1]
+    grads = npattn.sdpa_backward(dout, q, k, v, out, lse, mask=mask)
+    np.testing.assert_array_equal(grads.dv, [[[[0.5, 2.0], [0.0, 0.0]]]])
+    np.testing.assert_array_equal(grads.dq, 0)
+    np.testing.assert_array_equal(grads.dk, 0)

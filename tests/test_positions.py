@@ -42,6 +42,37 @@ def test_positions(rng, q_offset, k_offset, mask, window):
     )
 
 
+BIG = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    "q_offset, k_offset, window, causal",
+    [
+        (2**62 + 3, -(2**62) - 2, (BIG, 0), False),  # q - k = 2^63 + 5: keys from i + 6 on, causal side open
+        (2**62 + 3, -(2**62) - 2, (BIG, None), True),  # the same band from causal
+        (-(2**62) - 1, 2**62, (None, BIG), False),  # q - k = -2^63 - 1: keys up to i - 2
+        (2**62, -(2**62), (2, 0), False),  # q - k = 2^63: no key
+        (-(2**62), 2**62, (0, BIG), False),  # q - k = -2^63: keys from i on
+    ],
+)
+def test_offsets_whose_difference_passes_int64(rng, q_offset, k_offset, window, causal):
+    """q_offset - k_offset beyond +-2^63 with a window that brings the band back within
+    the keys: row i sees exactly the keys j with lo <= (q_offset + i) - (k_offset + j) <= hi,
+    evaluated in Python's exact integers."""
+    L, S = 5, 9
+    q, k, _ = qkv(rng, (1,), 1, 1, L, S, 4)
+    left, right = window
+    got = npattn.attention_weights(
+        q, k, mask="causal" if causal else None, window=window, q_offset=q_offset, k_offset=k_offset
+    )
+    want = np.zeros((L, S), bool)
+    for i in range(L):
+        for j in range(S):
+            gap = (q_offset + i) - (k_offset + j)  # how far key j lies behind row i
+            want[i, j] = (left is None or gap <= left) and (right is None or -gap <= right) and (not causal or gap >= 0)
+    np.testing.assert_array_equal(got[0, 0] != 0, want)
+
+
 def test_default_positions_are_bottom_right_and_top_left_is_q_offset_zero(rng):
     """The defaults (q_offset = S - L, k_offset = 0) give "causal" exactly, and
     "causal_top_left" is "causal" with q_offset=0, bitwise."""

@@ -374,27 +374,32 @@ def test_inputs_never_modified(dtype):
 
 
 SPECIAL_CASES = [
-    # (operand, index into it, value) with every key visible (mask=None)
-    ("q", (0, 1, 2, 3), np.nan),
-    ("q", (1, 0, 4, 0), np.inf),
-    ("q", (1, 3, 0, 1), -np.inf),
-    ("k", (0, 0, 3, 2), np.nan),
-    ("k", (1, 1, 6, 0), np.inf),
-    ("k", (0, 1, 0, 5), -np.inf),
-    ("v", (0, 0, 4, 1), np.nan),
-    ("v", (1, 1, 2, 4), np.inf),
-    ("v", (0, 1, 5, 0), -np.inf),
-    ("mask", (2, 3), np.nan),
-    ("mask", (4, 1), np.inf),
-    ("mask", (1, 6), -np.inf),
+    # (operand, index into it, value, (NaN, inf) elements of the result) with every key
+    # visible: NaN or +-inf in q makes its row NaN (5 values); NaN in k the rows of its kv
+    # head's 2 query heads (50), +-inf in k the rows whose score for it is +inf (1 and 7
+    # rows here); a NaN value its column in 2 heads' rows (10), +-inf that column +-inf;
+    # a NaN or +inf mask entry its row in all 8 heads (40); -inf just hides a key.
+    ("q", (0, 1, 2, 3), np.nan, (5, 0)),
+    ("q", (1, 0, 4, 0), np.inf, (5, 0)),
+    ("q", (1, 3, 0, 1), -np.inf, (5, 0)),
+    ("k", (0, 0, 3, 2), np.nan, (50, 0)),
+    ("k", (1, 1, 6, 0), np.inf, (5, 0)),
+    ("k", (0, 1, 0, 5), -np.inf, (35, 0)),
+    ("v", (0, 0, 4, 1), np.nan, (10, 0)),
+    ("v", (1, 1, 2, 4), np.inf, (0, 10)),
+    ("v", (0, 1, 5, 0), -np.inf, (0, 10)),
+    ("mask", (2, 3), np.nan, (40, 0)),
+    ("mask", (4, 1), np.inf, (40, 0)),
+    ("mask", (1, 6), -np.inf, (0, 0)),
 ]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("operand, index, value", SPECIAL_CASES)
-def test_nan_and_inf_propagate_as_the_formula_says(dtype, operand, index, value):
+@pytest.mark.parametrize("operand, index, value, nonfinite", SPECIAL_CASES)
+def test_nan_and_inf_propagate_as_the_formula_says(dtype, operand, index, value, nonfinite):
     """NaN or +-inf in one entry of q, k, v or an additive mask, every key visible:
-    the result equals the reference's, NaN and infinities in the same places."""
+    the result equals the reference's, NaN and infinities in the same places, and
+    as many of them as the case says."""
     rng = np.random.default_rng(37)
     arrays = {
         "q": rng.standard_normal((2, 4, 5, 6)).astype(dtype),
@@ -406,7 +411,7 @@ def test_nan_and_inf_propagate_as_the_formula_says(dtype, operand, index, value)
     q, k, v, mask = arrays["q"], arrays["k"], arrays["v"], arrays["mask"]
     want = reference_call(q, k, v, mask=mask)
     got = npattn.sdpa(q, k, v, mask=mask)
-    assert np.isnan(want).any() or np.isinf(want).any() or value == -np.inf
+    assert (int(np.isnan(want).sum()), int(np.isinf(want).sum())) == nonfinite
     compare_with_nan(got, want, 1e-5 if dtype == np.float32 else 1e-12)
 
 
@@ -577,6 +582,59 @@ def test_calls_work_when_no_thread_can_start():
     )
     proc = run_script(script)
     assert proc.returncode == 0 and proc.stdout.strip() == "True", (proc.stdout, proc.stderr)
+
+
+UNDER_AN_ADDRESS_SPACE_LIMIT = r"""
+import hashlib, resource, sys
+import numpy as np
+import npattn
+from npattn import reference
+
+rng = np.random.default_rng(5)
+q, k, v, dout = (rng.standard_normal((1, h, 256, 64), dtype=np.float32) for h in (8, 2, 2, 8))
+# the forward pass's results from the reference: no product of npattn's runs before the limit
+out, lse = (x.astype(np.float32) for x in reference.sdpa(q, k, v, return_lse=True))
+call = {
+    "sdpa": lambda: npattn.sdpa(q, k, v, threads=2),
+    "sdpa_backward": lambda: npattn.sdpa_backward(dout, q, k, v, out, lse, threads=2),
+    "attention_weights": lambda: npattn.attention_weights(q, k, threads=2),
+}[sys.argv[1]]
+
+
+def digest(result):
+    arrays = result if isinstance(result, tuple) else (result,)
+    return hashlib.sha256(b"".join(a.tobytes() for a in arrays if a is not None)).hexdigest()
+
+
+if sys.argv[2] == "limited":
+    with open("/proc/self/status") as f:
+        size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+    # room for a helper thread's stack, not for a BLAS buffer
+    resource.setrlimit(resource.RLIMIT_AS, (size + (16 << 20), resource.RLIM_INFINITY))
+    try:
+        call()
+        print("returned", flush=True)
+    except MemoryError:
+        print("MemoryError", flush=True)
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(digest(call()), flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@pytest.mark.parametrize("function", ["sdpa", "sdpa_backward", "attention_weights"])
+def test_an_address_space_limit_gives_memory_error(function):
+    """RLIMIT_AS 16 MiB above the process size, threads=2: the call raises MemoryError,
+    prints nothing to stderr, and once the limit is lifted computes what an unlimited
+    process computes. (0.2 exited with status 1 and "OpenBLAS error: Memory allocation
+    still failed after 10 retries, giving up." when a helper thread's product needed a
+    BLAS buffer of its own, and otherwise returned.)"""
+    script = UNDER_AN_ADDRESS_SPACE_LIMIT.replace("sys.argv[1]", repr(function))
+    unlimited = run_script(script.replace("sys.argv[2]", repr("unlimited")), timeout=120)
+    limited = run_script(script.replace("sys.argv[2]", repr("limited")), timeout=120)
+    assert unlimited.returncode == 0 and unlimited.stderr == "", unlimited.stderr[-2000:]
+    assert limited.returncode == 0 and limited.stderr == "", (limited.returncode, limited.stderr[-2000:])
+    assert limited.stdout.splitlines() == ["MemoryError", unlimited.stdout.strip()], limited.stdout
 
 
 # ---- odd memory: zero strides, many batch dims ----
