@@ -458,3 +458,12 @@ def test_hidden_keys_do_not_widen_the_tolerance(rng):
     message = failure(out + np.float32(1.0), q, k, v, mask=visible)
     assert "at 48 of 48 elements" in message, message
     assert testing.tolerance(q, k, v, mask=visible) < 1e-4
+
+
+def test_tab_completion_shows_the_public_names_only():
+    """dir(npattn.testing), what tab completion lists: __all__, without the modules and
+    typing names it imports."""
+    names = dir(testing)
+    assert names == sorted(testing.__all__)
+    assert not {"np", "Any", "annotations", "reference", "math"} & set(names)
+    assert {"assert_attention_close", "tolerance", "backward_tolerance", "MODEL_HEADS"} <= set(names)

@@ -53,6 +53,7 @@ __all__ = [
     "backward_tolerance",
     "max_logit",
     "PRECISIONS",
+    "MODEL_HEADS",
     "ULPS",
     "OWN_ULPS",
     "EPS",
@@ -75,6 +76,15 @@ EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16"
 
 #: The smallest positive (subnormal) number, by dtype name.
 TINY = {"float64": 2.0**-1074, "float32": 2.0**-149, "float16": 2.0**-24, "bfloat16": 2.0**-133}
+
+#: The head layouts npattn is tested and timed on, by model: ``(H_q, H_kv, D)``. The one
+#: table of them: the tests, ``python -m npattn`` and the benchmarks read it.
+MODEL_HEADS = {
+    "course": (18, 6, 5),  # the course's odd GQA sizes
+    "Qwen2-0.5B": (14, 2, 64),
+    "Qwen3-4B": (32, 8, 128),
+    "GPT-2": (12, 12, 64),
+}
 
 #: The values of ``precision=`` (SPEC section 11).
 PRECISIONS = ("highest", "fast")
@@ -291,7 +301,7 @@ def backward_tolerance(
     dout: _Any,
     dtype: _Any,
     scale: _Any = None,
-    mask: _Any = None,
+    mask: _Any = "causal",
     *,
     sinks: _Any = None,
     window: _Any = None,
@@ -303,8 +313,9 @@ def backward_tolerance(
 ) -> dict[str, tuple[float, _np.ndarray]]:
     """``{gradient: (rtol, atol)}`` for the gradients of :func:`npattn.sdpa_backward`
     (``"dq"``, ``"dk"``, ``"dv"``, ``"dsinks"``) against the float64 reference, ``atol``
-    an array of the gradient's shape; ``dtype`` is the forward result's. Other keywords
-    of ``sdpa`` (``threads``, ``return_lse``, ``out``) are accepted and ignored.
+    an array of the gradient's shape; ``dtype`` is the forward result's. The keywords are
+    those of the ``sdpa`` call (``mask`` defaults to ``"causal"``, as there); its other
+    keywords (``threads``, ``return_lse``, ``out``) are accepted and ignored.
 
     The derivation. A weight recomputed from the saved lse is off by
     ``u = ulps eps (1 + m + log(S+1) + sqrt(n))`` relative, ``m`` the logit bound of
