@@ -96,6 +96,59 @@ def test_rank_2_and_empty(rng):
     whole_vs_chunked(q, k[..., :0, :], v[..., :0, :], (1, 4, 4), (1, 0, 4), sinks=[1.0])
 
 
+@pytest.mark.parametrize(
+    "batch, H_q, H_kv, chunks",
+    [((1,), 0, 2, 1), ((1,), 0, 2, 2), ((0,), 4, 2, 1), ((0, 3), 2, 1, 2), ((2,), 4, 2, 1)],
+    ids=["H_q=0, one head a chunk", "H_q=0, two heads a chunk", "empty batch", "empty batch, rank 5", "L=0"],
+)
+@pytest.mark.parametrize("mask", ["causal", "bool", "additive"])
+def test_no_query_row_gives_the_empty_result(rng, batch, H_q, H_kv, chunks, mask):
+    """H_q = 0, an empty batch or L = 0, with a NumPy mask too: the empty results of
+    npattn.sdpa, as Dask arrays."""
+    L = 0 if batch == (2,) else 4
+    q, k, v = qkv(rng, batch, H_q, H_kv, L, 5, 8)
+    m = make_mask(rng, mask, (*batch, H_q, L, 5))
+    want, want_lse = npattn.sdpa(q, k, v, mask=m, return_lse=True)
+    out, lse = nd.sdpa(da.from_array(q, chunks=chunks), da.from_array(k, chunks=chunks), v, mask=m, return_lse=True)
+    got, got_lse = dask.compute(out, lse, scheduler="sync")
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    assert (got_lse.shape, got_lse.dtype) == (want_lse.shape, want_lse.dtype)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "mask"])
+def test_unknown_chunk_sizes_are_named(rng, name):
+    """A Dask array with nan chunk sizes (after boolean indexing): a ValueError naming
+    the argument and compute_chunk_sizes(), before any task runs."""
+    q, k, v = qkv(rng, (1,), 2, 1, 6, 6, 4)
+    arrays = {"q": q, "k": k, "v": v, "mask": np.ones((6, 6), bool)}
+    rows = da.from_array(np.ones(6, bool), chunks=3)
+    arrays[name] = da.from_array(arrays[name], chunks=3)[..., rows, :]  # every row kept, their count unknown
+    assert np.isnan(arrays[name].shape[-2])
+    with pytest.raises(ValueError, match=rf"^sdpa: {name} has unknown \(nan\) chunk sizes along axis .*"
+                       rf"call {name}\.compute_chunk_sizes\(\) first"):  # fmt: skip
+        nd.sdpa(arrays["q"], arrays["k"], arrays["v"], mask=arrays["mask"])
+
+
+TOP = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    "offsets",
+    [
+        {"q_offset": TOP - 5, "mask": None, "window": (3, 1)},
+        {"q_offset": TOP, "k_offset": TOP - 20, "window": (7, 0)},
+        {"q_offset": 0, "k_offset": TOP - 5, "mask": None},
+        {"q_offset": -TOP, "k_offset": -TOP + 3},
+    ],
+    ids=str,
+)
+def test_offsets_near_int64_s_end(rng, offsets):
+    """q_offset and k_offset near 2**63 - 1 (valid for sdpa): each chunk's positions pass
+    2**63 - 1, yet the chunked call computes and equals the whole one."""
+    q, k, v = qkv(rng, (1,), 2, 1, 10, 24, 8)
+    whole_vs_chunked(q, k, v, (1, 2, 3, 8), (1, 1, 5, 8), **offsets)
+
+
 def test_errors_are_sdpa_s():
     q = da.zeros((1, 3, 4, 8), chunks=2)
     k = da.zeros((1, 2, 5, 8), chunks=2)

@@ -402,6 +402,32 @@ def test_window_and_positions_match_hand_written_tables(mask, window, q_offset, 
     np.testing.assert_array_equal(reference.visible_keys(L, S, mask, window, q_offset, k_offset), np.array(table, bool))
 
 
+# Positions far from zero: the same tables as above with both offsets shifted, and
+# window sides of sys.maxsize (allowed: an unbounded side, written as an int).
+HUGE = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    "mask, window, q_offset, k_offset, L, S, table",
+    [
+        ("causal", None, HUGE - 2, HUGE - 4, 3, 4, [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]),
+        ("causal", (1, 0), HUGE, HUGE - 1, 2, 4, [[1, 1, 0, 0], [0, 1, 1, 0]]),
+        (None, (2, 0), 2**62, -(2**62), 2, 3, [[0, 0, 0], [0, 0, 0]]),  # queries 2**63 past the keys
+        (None, (None, HUGE), 0, 0, 2, 3, [[1, 1, 1], [1, 1, 1]]),
+        ("causal", (HUGE, 0), None, 0, 2, 3, [[1, 1, 0], [1, 1, 1]]),
+        (None, (HUGE, HUGE), -HUGE, -HUGE, 2, 2, [[1, 1], [1, 1]]),
+    ],
+)
+def test_positions_are_exact_integers(mask, window, q_offset, k_offset, L, S, table):
+    """Offsets near 2**63 and window sides of sys.maxsize: the visible keys are those of
+    the rule in exact integers (no int64 position wraps around)."""
+    np.testing.assert_array_equal(reference.visible_keys(L, S, mask, window, q_offset, k_offset), np.array(table, bool))
+    v = np.eye(S)
+    out = reference.sdpa(np.zeros((L, 1)), np.zeros((S, 1)), v, mask=mask, window=window, q_offset=q_offset,
+                         k_offset=k_offset)  # fmt: skip
+    np.testing.assert_array_equal(out > 0, np.array(table, bool))
+
+
 @pytest.mark.parametrize("softcap", [None, 0.7, 30.0])
 @pytest.mark.parametrize("case", ["window", "positions", "sinks", "mask"])
 def test_reference_with_positions_softcap_and_lse_equals_naive_loop(rng, case, softcap):

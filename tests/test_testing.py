@@ -1,15 +1,19 @@
-"""SPEC section 8: npattn.testing.assert_attention_close passes correct outputs of
-every dtype and library, and fails, naming the element, on an output one step
-beyond the tolerance it states."""
+"""npattn.testing.assert_attention_close passes correct outputs of every dtype and
+library; fails, naming the element, on an output one step beyond the tolerance it
+states; says what it checked against; and names the usual mistake a wrong result
+matches (the planted bugs of the course, written as a student writes them, in
+NumPy and in MLX)."""
 
+import math
 import re
+import sys
 
 import numpy as np
 import pytest
 
 import npattn
 from helpers import dtype_of, make_mask, qkv
-from npattn import testing
+from npattn import reference, testing
 from npattn.testing import assert_attention_close
 
 DTYPES = ["float64", "float32", "float16", "bfloat16"]
@@ -40,6 +44,13 @@ def beyond(reference, atol, dtype, inside=False):
     return x
 
 
+def failure(actual, q, k, v, **kwargs):
+    """The message of the AssertionError assert_attention_close raises."""
+    with pytest.raises(AssertionError) as info:
+        assert_attention_close(actual, q, k, v, **kwargs)
+    return str(info.value)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mask", ["causal", None, "bool", "additive"], ids=str)
 def test_passes_npattn_outputs_of_every_dtype(rng, dtype, mask):
@@ -52,27 +63,43 @@ def test_passes_npattn_outputs_of_every_dtype(rng, dtype, mask):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("where", [(0, 0, 0, 0), (1, 3, 4, 7), (1, 2, 2, 3)])
 def test_fails_one_step_beyond_the_tolerance_naming_the_element(rng, dtype, where):
-    """One element moved just past the stated atol: an AssertionError that names it (batch,
-    head, row, column), counts 1 failing element, and states the tolerance; moved to just
-    inside, it passes."""
+    """One element moved just past its row's stated atol: an AssertionError that names it
+    (batch, head, row, D_v index), counts 1 failing element per head and row, and states the
+    tolerance; moved to just inside, it passes."""
     dtype = dtype_of(dtype)
     q, k, v = qkv(rng, (2,), 4, 2, 5, 9, 8, dtype=dtype)
     good = npattn.sdpa(q, k, v)
     want = npattn.reference.sdpa(*(x.astype(np.float64) for x in (q, k, v)))
-    atol = testing.tolerance(q, k, v, dtype=dtype)
+    atol = testing.tolerance(q, k, v, mask="causal", dtype=dtype, rows=True)[where[:-1]][0]
     bad = good.copy()
     bad[where] = beyond(want[where], atol, dtype)
-    with pytest.raises(AssertionError) as info:
-        assert_attention_close(bad, q, k, v)
-    message = str(info.value)
+    message = failure(bad, q, k, v)
     b, h, i, j = where
-    assert f"worst at batch {b}, head {h}, row {i}, column {j}:" in message, message
+    assert f"worst at batch {b}, head {h}, row {i}, D_v index {j}:" in message, message
     assert "at 1 of 320 elements" in message, message
     assert f"atol {atol:.3g} = {testing.ULPS[dtype.name]} * eps({dtype.name})" in message, message
+    per_head = re.search(r"failing elements per head: (.*)", message).group(1)
+    per_row = re.search(r"failing elements per query row: (.*)", message).group(1)
+    assert re.search(rf"(^|, ){h}: 1/80", per_head) and per_head.count("1/80") == 1, message
+    assert re.search(rf"(^|, ){i}: 1/64", per_row) and per_row.count("1/64") == 1, message
     assert "the failing row sees at least one key" in message, message
     near = good.copy()
     near[where] = beyond(want[where], atol, dtype, inside=True)
     assert_attention_close(near, q, k, v)
+
+
+def test_the_message_says_what_it_checked_against(rng):
+    """The mask and its alignment, the scale, the GQA grouping, the dtype and precision."""
+    q, k, v = qkv(rng, (1,), 6, 2, 3, 7, 4)
+    message = failure(np.zeros((1, 6, 3, 4), np.float32), q, k, v, sinks=np.zeros(6), window=(5, 0))
+    assert "checked against npattn.reference.sdpa in float64: a float32 result of float32 inputs" in message
+    assert 'mask "causal" (bottom-right: query i sits at position 4 + i (default S - L)' in message, message
+    assert "i sees j iff j <= i + 4" in message, message
+    assert "MLX and PyTorch default to none" in message, message
+    assert "scale 0.5 (the default 1/sqrt(D), D = 4)" in message, message
+    assert "6 query heads in 2 contiguous groups; query head h reads key/value head h // 3" in message, message
+    assert "window (5, 0)" in message and "sinks [0.0, 0.0" in message, message
+    assert "column" not in message, message
 
 
 def test_rows_that_see_no_key_are_named_with_mlx_s_difference(rng):
@@ -81,18 +108,17 @@ def test_rows_that_see_no_key_are_named_with_mlx_s_difference(rng):
     q, k, v = qkv(rng, (1,), 2, 1, 6, 3, 4)
     out = npattn.sdpa(q, k, v)
     out[..., :3, :] = v.mean(axis=-2, keepdims=True)  # rows 0..2 see no key
-    with pytest.raises(AssertionError) as info:
-        assert_attention_close(out, q, k, v, peer="mlx")
-    message = str(info.value)
+    message = failure(out, q, k, v, peer="mlx")
     assert "6 of the 6 failing rows see no key" in message, message  # 3 rows of 2 heads
     assert "MLX's CPU path gives such rows the mean of V" in message, message
+    assert "failing elements per query row: 0-2: 8/8, 3-5: 0/8" in message, message
 
 
 def test_nan_where_the_reference_is_finite_fails(rng):
     q, k, v = qkv(rng, (1,), 2, 1, 3, 5, 4)
     out = npattn.sdpa(q, k, v)
     out[0, 1, 2, 3] = np.nan
-    with pytest.raises(AssertionError, match=r"worst at batch 0, head 1, row 2, column 3: actual nan"):
+    with pytest.raises(AssertionError, match=r"worst at batch 0, head 1, row 2, D_v index 3: actual nan"):
         assert_attention_close(out, q, k, v)
 
 
@@ -134,8 +160,8 @@ def test_torch_arrays_in_and_out(rng, dtype):
     q, k, v = (torch.from_numpy(x).to(t) for x in qkv(rng, (1,), 4, 2, 5, 9, 8))
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert_attention_close(out, q, k, v, mask=None, peer="torch")
-    with pytest.raises(AssertionError, match="worst at batch 0, head"):
-        assert_attention_close(out, q, k, v, mask="causal", peer="torch")
+    message = failure(out, q, k, v, mask="causal", peer="torch")
+    assert "worst at batch 0, head" in message and "no mask (mask=None)" in message, message
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -146,3 +172,298 @@ def test_mlx_arrays_in_and_out(rng, dtype):
     out = mx.fast.scaled_dot_product_attention(q, k, v, scale=8**-0.5, mask="causal", stream=mx.cpu)
     assert_attention_close(out, q, k, v, mask="causal", peer="mlx")
     assert_attention_close(out, q, k, v, scale=mx.rsqrt(mx.array(8.0)), peer="mlx")
+
+
+# ---- the planted bugs of the course, as a student writes them ----
+#
+# The course's grouped attention (day 3), with one bug planted in each variant. Each
+# variant is the whole function, as the student would hand it in.
+
+
+def numpy_softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def numpy_causal(L, S):
+    """The course's bottom-right causal mask: 0 where query i sees key j <= i + S - L."""
+    return np.where(np.tril(np.ones((L, S), dtype=bool), k=S - L), 0.0, -np.inf)
+
+
+def numpy_correct(q, k, v, mask="causal"):
+    H_q, L, D = q.shape[-3:]
+    H_kv, S = k.shape[-3], k.shape[-2]
+    k, v = np.repeat(k, H_q // H_kv, axis=-3), np.repeat(v, H_q // H_kv, axis=-3)
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(D)
+    if mask == "causal":
+        scores = scores + numpy_causal(L, S)
+    return numpy_softmax(scores) @ v
+
+
+def numpy_top_left(q, k, v):
+    H_q, L, D = q.shape[-3:]
+    H_kv, S = k.shape[-3], k.shape[-2]
+    k, v = np.repeat(k, H_q // H_kv, axis=-3), np.repeat(v, H_q // H_kv, axis=-3)
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(D)
+    scores = scores + np.where(np.tril(np.ones((L, S), dtype=bool)), 0.0, -np.inf)  # bug: tril from the top left
+    return numpy_softmax(scores) @ v
+
+
+def numpy_interleaved(q, k, v):
+    H_q, L, D = q.shape[-3:]
+    H_kv, S = k.shape[-3], k.shape[-2]
+    k, v = np.tile(k, (H_q // H_kv, 1, 1)), np.tile(v, (H_q // H_kv, 1, 1))  # bug: tile, not repeat
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(D) + numpy_causal(L, S)
+    return numpy_softmax(scores) @ v
+
+
+def numpy_wrong_axis(q, k, v):
+    H_q, L, D = q.shape[-3:]
+    H_kv, S = k.shape[-3], k.shape[-2]
+    k, v = np.repeat(k, H_q // H_kv, axis=-3), np.repeat(v, H_q // H_kv, axis=-3)
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(D) + numpy_causal(L, S)
+    return numpy_softmax(scores, axis=-2) @ v  # bug: softmax over the queries
+
+
+def numpy_no_mask(q, k, v):
+    return numpy_correct(q, k, v, mask=None)  # the course's default: no mask
+
+
+def mlx_softmax(mx, x, axis=-1):
+    e = mx.exp(x - mx.max(x, axis=axis, keepdims=True))
+    return e / mx.sum(e, axis=axis, keepdims=True)
+
+
+def mlx_causal(mx, L, S):
+    return mx.where(mx.tril(mx.ones((L, S)), k=S - L) > 0, 0.0, -mx.inf)
+
+
+def mlx_correct(mx, q, k, v, mask="causal"):
+    H_q, L, D = q.shape[-3:]
+    H_kv, S = k.shape[-3], k.shape[-2]
+    k, v = mx.repeat(k, H_q // H_kv, axis=-3), mx.repeat(v, H_q // H_kv, axis=-3)
+    scores = q @ k.swapaxes(-1, -2) * mx.rsqrt(mx.array(D, dtype=q.dtype))
+    if mask == "causal":
+        scores = scores + mlx_causal(mx, L, S)
+    return mlx_softmax(mx, scores) @ v
+
+
+def mlx_top_left(mx, q, k, v):
+    H_q, L, D = q.shape[-3:]
+    H_kv, S = k.shape[-3], k.shape[-2]
+    k, v = mx.repeat(k, H_q // H_kv, axis=-3), mx.repeat(v, H_q // H_kv, axis=-3)
+    scores = q @ k.swapaxes(-1, -2) * mx.rsqrt(mx.array(D, dtype=q.dtype))
+    scores = scores + mx.where(mx.tril(mx.ones((L, S))) > 0, 0.0, -mx.inf)  # bug: tril from the top left
+    return mlx_softmax(mx, scores) @ v
+
+
+def mlx_interleaved(mx, q, k, v):
+    H_q, L, D = q.shape[-3:]
+    H_kv, S = k.shape[-3], k.shape[-2]
+    k, v = mx.tile(k, (H_q // H_kv, 1, 1)), mx.tile(v, (H_q // H_kv, 1, 1))  # bug: tile, not repeat
+    scores = q @ k.swapaxes(-1, -2) * mx.rsqrt(mx.array(D, dtype=q.dtype)) + mlx_causal(mx, L, S)
+    return mlx_softmax(mx, scores) @ v
+
+
+def mlx_wrong_axis(mx, q, k, v):
+    H_q, L, D = q.shape[-3:]
+    H_kv, S = k.shape[-3], k.shape[-2]
+    k, v = mx.repeat(k, H_q // H_kv, axis=-3), mx.repeat(v, H_q // H_kv, axis=-3)
+    scores = q @ k.swapaxes(-1, -2) * mx.rsqrt(mx.array(D, dtype=q.dtype)) + mlx_causal(mx, L, S)
+    return mlx_softmax(mx, scores, axis=-2) @ v  # bug: softmax over the queries
+
+
+def mlx_no_mask(mx, q, k, v):
+    return mlx_correct(mx, q, k, v, mask=None)  # the course's default: no mask
+
+
+PLANTED = {  # bug: (NumPy student, MLX student, what the message must name)
+    "top-left causal": (numpy_top_left, mlx_top_left, "top-left instead of bottom-right causal alignment"),
+    "GQA interleaved": (numpy_interleaved, mlx_interleaved, "GQA groups interleaved"),
+    "softmax over the wrong axis": (numpy_wrong_axis, mlx_wrong_axis, "softmax over the query axis"),
+    "a forgotten mask": (numpy_no_mask, mlx_no_mask, "no mask (mask=None): was the mask forgotten?"),
+}
+
+
+def course_qkv(rng, dtype=np.float32):
+    """The course's odd sizes, L < S so that the causal alignment matters: (H_q 6, H_kv 2, L 5, S 9, D 8)."""
+    return qkv(rng, (), 6, 2, 5, 9, 8, dtype=dtype)
+
+
+@pytest.mark.parametrize("bug", PLANTED)
+def test_a_planted_bug_in_numpy_is_named(rng, bug):
+    """The student's NumPy function with the bug fails, and the message names the bug (and
+    says it checked against the bottom-right causal mask, npattn's default)."""
+    student, _, named = PLANTED[bug]
+    q, k, v = course_qkv(rng)
+    message = failure(student(q, k, v), q, k, v)
+    assert "the result matches, within tolerance, " + named in message, message
+    assert 'mask "causal" (bottom-right' in message, message
+
+
+@pytest.mark.parametrize("bug", PLANTED)
+def test_a_planted_bug_in_mlx_is_named(rng, bug):
+    """The same in MLX: the student's arrays go to the checker as they are."""
+    mx = pytest.importorskip("mlx.core")
+    _, student, named = PLANTED[bug]
+    q, k, v = (mx.array(x) for x in course_qkv(rng))
+    out = student(mx, q, k, v)
+    message = failure(out, q, k, v, peer="mlx")
+    assert "the result matches, within tolerance, " + named in message, message
+
+
+def test_the_students_correct_functions_pass(rng):
+    q, k, v = course_qkv(rng)
+    assert_attention_close(numpy_correct(q, k, v), q, k, v)
+    assert_attention_close(numpy_correct(q, k, v, mask=None), q, k, v, mask=None)
+    mx = pytest.importorskip("mlx.core")
+    q, k, v = (mx.array(x) for x in (q, k, v))
+    assert_attention_close(mlx_correct(mx, q, k, v), q, k, v, peer="mlx")
+
+
+# ---- the other usual mistakes, each named ----
+
+D_V = 6  # v's head size differs from D = 8, so that 1/sqrt(D_v) is a mistake of its own
+
+
+def mistaken(rng, mistake):
+    """(the mistaken result, q, k, v, the keywords of the intended call) for each mistake."""
+    q, k, v = qkv(rng, (2,), 6, 2, 5, 9, 8, dtype=np.float64)
+    v = rng.standard_normal((2, 2, 9, D_V))
+    f = 8**-0.5
+    intended, wrong = {}, {}
+    if mistake == "no mask":
+        wrong = {"mask": None}
+    elif mistake == "bottom-right instead of top-left":
+        intended, wrong = {"mask": "causal_top_left"}, {"mask": "causal"}
+    elif mistake == "the causal mask instead of none":
+        intended, wrong = {"mask": None}, {"mask": "causal"}
+    elif mistake == "a bool mask inverted":
+        visible = make_mask(rng, "bool", (6, 5, 9), empty_rows=False)
+        visible[..., 0] = False  # every row, inverted, still sees key 0
+        intended, wrong = {"mask": visible}, {"mask": ~visible}
+    elif mistake == "the mask added before the scale":
+        bias = rng.standard_normal((6, 5, 9)) * 3
+        intended, wrong = {"mask": bias}, {"mask": bias * f}
+    elif mistake == "scale missing":
+        wrong = {"scale": 1.0}
+    elif mistake == "scale applied twice":
+        wrong = {"scale": f * f}
+    elif mistake == "1/sqrt(D_v)":
+        wrong = {"scale": D_V**-0.5}
+    elif mistake == "keys and values swapped":
+        v = rng.standard_normal((2, 2, 9, 8))
+        return reference.sdpa(q, v, k), q, k, v, {}
+    elif mistake == "a missing sink":
+        intended, wrong = {"sinks": np.array([1.0, -2.0, 0.5, 3.0, 0.0, 2.0])}, {"sinks": None}
+    elif mistake == "a missing window":
+        intended, wrong = {"window": (2, 0)}, {"window": None}
+    return reference.sdpa(q, k, v, **{**intended, **wrong}), q, k, v, intended
+
+
+MISTAKES = {
+    "no mask": "no mask (mask=None)",
+    "bottom-right instead of top-left": 'the bottom-right causal mask (mask="causal")',
+    "the causal mask instead of none": 'the bottom-right causal mask (mask="causal")',
+    "a bool mask inverted": "the bool mask inverted",
+    "the mask added before the scale": "the mask added before the scale",
+    "scale missing": "the scale missing (scale 1)",
+    "scale applied twice": "the scale applied twice (scale 0.3536**2 = 0.125)",
+    "1/sqrt(D_v)": "1/sqrt(D_v) instead of 1/sqrt(D) (D_v = 6, D = 8)",
+    "keys and values swapped": "keys and values swapped",
+    "a missing sink": "the sink missing (sinks=None)",
+    "a missing window": "no window (window=None)",
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_the_usual_mistakes_are_named(rng, mistake):
+    out, q, k, v, intended = mistaken(rng, mistake)
+    message = failure(out, q, k, v, **intended)
+    assert "the result matches, within tolerance, " + MISTAKES[mistake] in message, message
+
+
+def test_an_unknown_mistake_is_said_to_match_none(rng):
+    q, k, v = course_qkv(rng)
+    out = npattn.sdpa(q, k, v) * np.float32(1.5)
+    message = failure(out, q, k, v)
+    assert "the result matches none of the usual mistakes tried: top-left instead of bottom-right" in message
+
+
+# ---- the tolerance: precision, infinities, subnormals, hidden keys ----
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_fast_precision_adds_two_half_ulps_of_max_v(rng, name):
+    """precision="fast": each row's atol grows by 2 eps(half) max|v| over the keys it sees,
+    for the half dtypes only; any other value is a ValueError naming precision."""
+    dtype = dtype_of(name)
+    q, k, v = qkv(rng, (1,), 4, 2, 5, 9, 8, dtype=dtype)
+    highest = testing.tolerance(q, k, v, mask="causal", rows=True)
+    fast = testing.tolerance(q, k, v, mask="causal", rows=True, precision="fast")
+    visible = reference.visible_keys(5, 9)
+    v_row = np.abs(v.astype(np.float64)).max(axis=-1)[:, [0, 0, 1, 1]][:, :, None, :]  # GQA groups of 2
+    v_row = np.where(visible, v_row, 0).max(axis=-1)[..., None]
+    np.testing.assert_allclose(fast - highest, 2 * testing.EPS[name] * v_row, rtol=1e-12)
+    q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+    assert testing.tolerance(q32, k32, v32, precision="fast") == testing.tolerance(q32, k32, v32)
+    out = npattn.sdpa(q, k, v)
+    worse = (out.astype(np.float64) + 1.5 * testing.EPS[name] * v_row).astype(dtype)  # a fast kernel's rounding
+    assert_attention_close(worse, q, k, v, precision="fast")
+    with pytest.raises(ValueError, match='precision must be "highest" or "fast", got \'low\''):
+        assert_attention_close(out, q, k, v, precision="low")
+
+
+def test_an_infinite_reference_equal_to_the_result_passes(rng):
+    """Where the reference holds inf and the result the same inf, inf - inf = NaN is no
+    error (a value of inf that a row sees)."""
+    q, k, v = qkv(rng, (1,), 2, 1, 3, 5, 4, dtype=np.float64)
+    v[0, 0, 1, 2] = np.inf
+    out = npattn.sdpa(q, k, v)
+    assert np.isinf(out[..., 2]).all()  # every row sees key 1 (bottom-right, S - L = 2)
+    assert_attention_close(out, q, k, v)
+    out[0, 0, 0, 2] = -np.inf
+    assert "worst at batch 0, head 0, row 0, D_v index 2: actual -inf, reference inf" in failure(out, q, k, v)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_subnormal_result_one_ulp_off_passes(rng, dtype):
+    """v of subnormal size: the relative bound underflows, the floor keeps one subnormal
+    ulp; ten thousand ulps still fail."""
+    tiny = float(np.finfo(dtype).smallest_subnormal)
+    q, k = qkv(rng, (1,), 2, 1, 3, 5, 4, dtype=dtype)[:2]
+    v = (rng.integers(1, 50, (1, 1, 5, 4)) * tiny).astype(dtype)
+    want = reference.sdpa(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64)).astype(dtype)
+    assert_attention_close(np.nextafter(want, dtype(1)), q, k, v)
+    with pytest.raises(AssertionError):
+        assert_attention_close(want + dtype(10000 * tiny), q, k, v)
+
+
+def test_a_window_of_sys_maxsize_is_every_key(rng):
+    """A window side of sys.maxsize (allowed) hides no key: npattn's output passes."""
+    q, k, v = qkv(rng, (1,), 2, 1, 3, 5, 4)
+    for window in [(sys.maxsize, 0), (None, sys.maxsize), (sys.maxsize, sys.maxsize)]:
+        mask = "causal" if window[1] == 0 else None
+        assert_attention_close(npattn.sdpa(q, k, v, mask=mask, window=window), q, k, v, mask=mask, window=window)
+
+
+def test_hidden_keys_do_not_widen_the_tolerance(rng):
+    """Four unwritten cache slots of 1e6, hidden by the mask: the tolerance is that of the
+    keys the rows see, so a result off by 1.0 everywhere fails."""
+    q, k, v = qkv(rng, (1,), 2, 1, 3, 12, 8)
+    k[..., 8:, :], v[..., 8:, :] = 1e6, 1e6
+    visible = np.arange(12) < 8
+    out = npattn.sdpa(q, k, v, mask=visible)
+    assert_attention_close(out, q, k, v, mask=visible)
+    message = failure(out + np.float32(1.0), q, k, v, mask=visible)
+    assert "at 48 of 48 elements" in message, message
+    assert testing.tolerance(q, k, v, mask=visible) < 1e-4
+
+
+def test_tab_completion_shows_the_public_names_only():
+    """dir(npattn.testing), what tab completion lists: __all__, without the modules and
+    typing names it imports."""
+    names = dir(testing)
+    assert names == sorted(testing.__all__)
+    assert not {"np", "Any", "annotations", "reference", "math"} & set(names)
+    assert {"assert_attention_close", "tolerance", "backward_tolerance", "MODEL_HEADS"} <= set(names)

@@ -36,16 +36,19 @@ def checks(rng: np.random.Generator) -> Iterator[tuple[str, tuple, dict]]:
             rng.standard_normal((*batch, *shape)).astype(dtype) for shape in ((h_q, L, D), (h_kv, S, D), (h_kv, S, D_v))
         )
 
-    course = {"batch": (2,), "h_q": 18, "h_kv": 6, "L": 3, "S": 7, "D": 5}
+    heads = testing.MODEL_HEADS  # (H_q, H_kv, D) by model
+    h_q, h_kv, D = heads["course"]
+    course = {"batch": (2,), "h_q": h_q, "h_kv": h_kv, "L": 3, "S": 7, "D": D}
     f64 = {"dtype": np.float64}
-    yield "course (2,) 18/6 L=3 S=7 D=5, causal", qkv(**course), {}
+    yield f"course (2,) {h_q}/{h_kv} L=3 S=7 D={D}, causal", qkv(**course), {}
     yield "course, scale=0.8, no mask, float64", qkv(**course, **f64), {"scale": 0.8, "mask": None}
     yield "course, additive causal_mask(3, 7)", qkv(**course), {"mask": npattn.causal_mask(3, 7)}
 
-    yield "GQA prefill 14/2/64 L=S=200, causal", qkv((), 14, 2, 200, 200, 64), {}
-    yield "chunked prefill 32/8/128 L=64 S=300", qkv((1,), 32, 8, 64, 300, 128), {}
-    yield "decode 32/8/128 L=1 S=1000, causal", qkv((2,), 32, 8, 1, 1000, 128), {}
-    yield "decode 32/8/128 L=1 S=1000, float64", qkv((1,), 32, 8, 1, 1000, 128, **f64), {}
+    qwen2, qwen3, gpt2 = heads["Qwen2-0.5B"], heads["Qwen3-4B"], heads["GPT-2"]
+    yield "GQA prefill 14/2/64 L=S=200, causal", qkv((), *qwen2[:2], 200, 200, qwen2[2]), {}
+    yield "chunked prefill 32/8/128 L=64 S=300", qkv((1,), *qwen3[:2], 64, 300, qwen3[2]), {}
+    yield "decode 32/8/128 L=1 S=1000, causal", qkv((2,), *qwen3[:2], 1, 1000, qwen3[2]), {}
+    yield "decode 32/8/128 L=1 S=1000, float64", qkv((1,), *qwen3[:2], 1, 1000, qwen3[2], **f64), {}
 
     yield "mask causal_top_left, L=5 S=9", qkv((2,), 4, 2, 5, 9, 16), {"mask": "causal_top_left"}
     yield "mask None, L=5 S=9", qkv((2,), 4, 2, 5, 9, 16), {"mask": None}
@@ -54,13 +57,13 @@ def checks(rng: np.random.Generator) -> Iterator[tuple[str, tuple, dict]]:
     additive = np.where(rng.random((2, 4, 5, 9)) < 0.7, rng.standard_normal((2, 4, 5, 9)), -np.inf)
     yield "mask float64 (B, H_q, L, S) with -inf", qkv((2,), 4, 2, 5, 9, 16), {"mask": additive}
     yield "causal L=6 > S=4: rows that see no key", qkv((), 4, 2, 6, 4, 8), {}
-    yield "float64 prefill 12/12/64 L=S=100", qkv((), 12, 12, 100, 100, 64, **f64), {}
+    yield "float64 prefill 12/12/64 L=S=100", qkv((), *gpt2[:2], 100, 100, gpt2[2], **f64), {}
 
     sinks = rng.standard_normal(8)
     yield "sinks, 8/2/32 L=S=50", qkv((2,), 8, 2, 50, 50, 32), {"sinks": sinks}
     yield "sinks, float64, decode S=77", qkv((), 8, 2, 1, 77, 32, **f64), {"sinks": sinks}
     yield "D_v=24 != D=40, causal", qkv((3,), 6, 3, 20, 33, 40, D_v=24), {}
-    yield "sliding window 64, Qwen2 heads, L=S=300", qkv((), 14, 2, 300, 300, 64), {"window": (63, 0)}
+    yield "sliding window 64, Qwen2 heads, L=S=300", qkv((), *qwen2[:2], 300, 300, qwen2[2]), {"window": (63, 0)}
     yield "softcap 30, decode S=500", qkv((), 8, 2, 1, 500, 64), {"softcap": 30.0}
     yield "keys 100.. of 300, q_offset/k_offset", qkv((), 8, 2, 40, 200, 32), {"q_offset": 260, "k_offset": 100}
 
@@ -92,7 +95,10 @@ def run_checks() -> bool:
             print(f"  {name:<46} FAIL  {type(exc).__name__}: {exc}")
             all_ok = False
             continue
-        bound = {key: kwargs.get(key) for key in ("scale", "mask", "sinks", "softcap")}
+        bound = {
+            key: kwargs[key] for key in ("scale", "mask", "sinks", "window", "softcap", "q_offset") if key in kwargs
+        }
+        bound.setdefault("mask", "causal")  # sdpa's default: the keys each row sees
         tol = testing.tolerance(q, k, v, dtype=dtype, ulps=testing.OWN_ULPS[dtype.name], **bound)
         ok = err <= tol  # False for NaN
         all_ok &= ok
@@ -114,12 +120,13 @@ def median_ms(fn: Callable[[], object], repeats: int = 5) -> float:
 def run_speed() -> bool:
     """Print the speed table; True unless npattn raised."""
     rng = np.random.default_rng(0)
+    heads = testing.MODEL_HEADS  # (H_q, H_kv, D) by model
     cases = [
         # name, (H_q, H_kv, D), L, S
-        ("Qwen3-4B 32/8/128 prefill L=S=1024", (32, 8, 128), 1024, 1024),
-        ("Qwen2-0.5B 14/2/64 prefill L=S=2048", (14, 2, 64), 2048, 2048),
-        ("32/8/128 decode L=1 S=8192", (32, 8, 128), 1, 8192),
-        ("14/2/64 decode L=1 S=512", (14, 2, 64), 1, 512),
+        ("Qwen3-4B 32/8/128 prefill L=S=1024", heads["Qwen3-4B"], 1024, 1024),
+        ("Qwen2-0.5B 14/2/64 prefill L=S=2048", heads["Qwen2-0.5B"], 2048, 2048),
+        ("32/8/128 decode L=1 S=8192", heads["Qwen3-4B"], 1, 8192),
+        ("14/2/64 decode L=1 S=512", heads["Qwen2-0.5B"], 1, 512),
     ]
     print("\nspeed, float32, batch 1, causal, median of 5 after a warm-up:")
     print(f"  {'case':<38} {'npattn ms':>10} {'numpy ms':>10} {'speedup':>8}")

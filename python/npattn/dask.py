@@ -22,9 +22,10 @@ bfloat16 partials are kept in float32 until the end).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
-from typing import Any
+from typing import Any, Literal, overload
 
 import dask.array as da
 import numpy as np
@@ -34,6 +35,8 @@ from ._api import merge
 from ._api import sdpa as _sdpa
 
 __all__ = ["sdpa"]
+
+_INT64 = 2**63 - 1  # the offsets npattn.sdpa takes lie in [-_INT64, _INT64]
 
 
 def _task_threads() -> int | None:
@@ -54,18 +57,38 @@ def _task_threads() -> int | None:
     return None if threading.current_thread() is threading.main_thread() else 1
 
 
+def _offsets(q_pos: int, k_pos: int) -> tuple[int, int]:
+    """(q_offset, k_offset) for npattn.sdpa, both within its range, that see the keys
+    of a chunk whose first query sits at q_pos and first key at k_pos (exact ints).
+
+    Only the difference q_pos - k_pos decides what a row sees (causal rule and window
+    alike), so both are shifted together into range. A difference beyond 2 * (2**63 - 1)
+    is clipped there: past it, every window side (below 2**63) keeps or hides every key
+    alike."""
+    diagonal = max(-2 * _INT64, min(2 * _INT64, q_pos - k_pos))
+    k = max(-_INT64, min(_INT64, k_pos))
+    q = k + diagonal
+    if q > _INT64:
+        q, k = _INT64, _INT64 - diagonal
+    elif q < -_INT64:
+        q, k = -_INT64, -_INT64 - diagonal
+    return q, k
+
+
 def _partial(q, k, v, mask, sinks, rows, *, k_offset, q_offset, threads, options, wide):
     """One block: (*b, g, r, l, d) queries against one key chunk; the packed result
-    (*b, g, r, l, D_v + 1): the output, then lse, in `wide`."""
+    (*b, g, r, l, D_v + 1): the output, then lse, in `wide`. q_offset and k_offset are
+    the positions of the whole q's first row and of this chunk's first key."""
     *batch, g, r, n_rows, d = q.shape
     flat = (*batch, g * r, n_rows)
+    q_offset, k_offset = _offsets(q_offset + (int(rows[0]) if rows.size else 0), k_offset)
     out, lse = _sdpa(
         q.reshape(*flat, d).astype(wide, copy=False),
         k[..., 0, :, :].astype(wide, copy=False),
         v[..., 0, :, :].astype(wide, copy=False),
         mask=mask.reshape(*flat, mask.shape[-1]) if isinstance(mask, np.ndarray) else mask,
         sinks=None if sinks is None else sinks.reshape(g * r),
-        q_offset=q_offset + int(rows[0]) if rows.size else q_offset,
+        q_offset=q_offset,
         k_offset=k_offset,
         return_lse=True,
         threads=_task_threads() if threads is None else threads,
@@ -81,11 +104,61 @@ def _merge_packed(*parts):
     return np.concatenate([out, lse[..., None].astype(out.dtype)], axis=-1)
 
 
+def _check_chunks(fn: str, x: Any, name: str) -> None:
+    """A Dask array whose chunk sizes are unknown (nan, as after boolean indexing) cannot
+    be split into calls: say which, and how to know them."""
+    if isinstance(x, da.Array) and any(math.isnan(n) for chunks in x.chunks for n in chunks):
+        axes = [axis for axis, chunks in enumerate(x.chunks) if any(math.isnan(n) for n in chunks)]
+        raise ValueError(
+            f"{fn}: {name} has unknown (nan) chunk sizes along axis {axes[0]} (shape {x.shape}); "
+            f"call {name}.compute_chunk_sizes() first"
+        )
+
+
+@overload
 def sdpa(
     q: Any,
     k: Any,
     v: Any,
-    scale: float | None = None,
+    scale: Any = None,
+    mask: Any = "causal",
+    *,
+    sinks: Any = None,
+    window: Any = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
+    k_offset: int = 0,
+    return_lse: Literal[False] = False,
+    threads: int | None = None,
+    split_every: int = 4,
+) -> da.Array: ...
+
+
+@overload
+def sdpa(
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: Any = None,
+    mask: Any = "causal",
+    *,
+    sinks: Any = None,
+    window: Any = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
+    k_offset: int = 0,
+    return_lse: Literal[True],
+    threads: int | None = None,
+    split_every: int = 4,
+) -> tuple[da.Array, da.Array]: ...
+
+
+@overload
+def sdpa(
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: Any = None,
     mask: Any = "causal",
     *,
     sinks: Any = None,
@@ -96,7 +169,25 @@ def sdpa(
     return_lse: bool = False,
     threads: int | None = None,
     split_every: int = 4,
-) -> Any:
+) -> da.Array | tuple[da.Array, da.Array]: ...
+
+
+def sdpa(
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: Any = None,
+    mask: Any = "causal",
+    *,
+    sinks: Any = None,
+    window: Any = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
+    k_offset: int = 0,
+    return_lse: bool = False,
+    threads: int | None = None,
+    split_every: int = 4,
+) -> da.Array | tuple[da.Array, da.Array]:
     """:func:`npattn.sdpa` over Dask arrays; returns a Dask array (and lse).
 
     Parameters
@@ -133,6 +224,8 @@ def sdpa(
     """
     fn = "sdpa"
     q, k, v = (x if isinstance(x, da.Array) else da.asarray(x) for x in (q, k, v))
+    for x, name in ((q, "q"), (k, "k"), (v, "v"), (mask, "mask")):
+        _check_chunks(fn, x, name)
     if int(split_every) < 2:
         raise ValueError(f"{fn}: split_every must be an int >= 2, got {split_every!r}")
     if isinstance(sinks, da.Array):
@@ -158,6 +251,12 @@ def sdpa(
     q, k, v = (x[None] if x.ndim == 2 else x for x in (q, k, v))
     batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     H_q, H_kv, D, D_v = q.shape[-3], k.shape[-3], q.shape[-1], v.shape[-1]
+    if math.prod((*batch, H_q, L)) == 0:  # no query row (an empty batch, H_q = 0 or L = 0): nothing to split
+        out = da.zeros((*batch, H_q, L, D_v), dtype=result_dtype, chunks=-1)
+        lse = da.zeros((*batch, H_q, L), dtype=wide, chunks=-1)
+        if rank2:
+            out, lse = out[0], lse[0]
+        return (out, lse) if return_lse else out
     n_rep = H_q // H_kv
     q = da.broadcast_to(q, (*batch, *q.shape[-3:]))
     k = da.broadcast_to(k, (*batch, *k.shape[-3:]))
@@ -201,7 +300,7 @@ def sdpa(
                 _partial,
                 (*bi, "g", "r", "l", "e"),
                 *args,
-                k_offset=int(k_offset) + start,
+                k_offset=int(k_offset) + start,  # exact ints: _partial shifts them into range
                 q_offset=(S - L if q_offset is None else int(q_offset)),
                 threads=threads,
                 options=options,

@@ -86,22 +86,34 @@ def visible_keys(L, S, mask="causal", window=None, q_offset=None, k_offset=0):
     Query row ``i`` sits at ``q_offset + i`` and key row ``j`` at ``k_offset + j``.
     A string ``mask`` adds the causal rule; ``window=(left, right)`` keeps keys
     with ``q_pos - left <= k_pos <= q_pos + right`` (``None``: unbounded side).
+
+    Positions are integers of any size: each rule is a bound on ``j - i``,
+    computed exactly in Python integers (``k_pos <= q_pos`` is
+    ``j - i <= q_offset - k_offset``), so offsets and window sides near 2**63
+    cannot wrap around.
     """
     if isinstance(mask, str) and mask == "causal_top_left":
         q_offset = 0
     if q_offset is None:
         q_offset = S - L
-    q_pos = q_offset + np.arange(L, dtype=np.int64)[:, None]
-    k_pos = k_offset + np.arange(S, dtype=np.int64)[None, :]
+    diagonal = int(q_offset) - int(k_offset)  # key j is at the query's position when j - i == diagonal
+    # j - i lies in [-(L - 1), S - 1]: a bound beyond that range keeps or hides every key alike,
+    # so each bound is clipped to it before it meets the int64 array of j - i.
+    reach = L + S
+
+    def bound(x):
+        return max(-reach, min(reach, x))
+
+    j_minus_i = np.arange(S, dtype=np.int64)[None, :] - np.arange(L, dtype=np.int64)[:, None]
     visible = np.ones((L, S), dtype=bool)
     if isinstance(mask, str):
-        visible &= k_pos <= q_pos
+        visible &= j_minus_i <= bound(diagonal)
     if window is not None:
         left, right = window
         if left is not None:
-            visible &= k_pos >= q_pos - left
+            visible &= j_minus_i >= bound(diagonal - int(left))
         if right is not None:
-            visible &= k_pos <= q_pos + right
+            visible &= j_minus_i <= bound(diagonal + int(right))
     return visible
 
 

@@ -1,4 +1,5 @@
-"""Checking an attention implementation: one line, and a message that says where it is wrong.
+"""Checking an attention implementation: one line, and a message that says where
+it is wrong and which usual mistake the result matches.
 
     from npattn.testing import assert_attention_close
     assert_attention_close(my_out, q, k, v, mask="causal")
@@ -8,32 +9,60 @@ the sinks. It is compared with ``npattn.reference.sdpa`` on float64 copies of
 the inputs, within a tolerance derived from ``actual``'s dtype and the inputs
 (:func:`tolerance`, the README's table), or within the ``rtol``/``atol`` given.
 
-The tolerance: a logit ``s = scale * q.k + mask`` computed in a dtype of
-machine epsilon ``eps`` is off by a few ulps of the terms it sums, at most
-``|scale| |q_i| |k_j|`` (Cauchy-Schwarz); softmax turns a logit error ``e``
-into a relative weight error of about ``e``, so the output, a convex
-combination of v's rows, moves by about ``2 e max|v|``; the weighted sum over
-``S`` keys adds about ``sqrt(S)`` ulps of ``max|v|``. Hence::
+The tolerance, per query row: a logit ``s = scale * q.k + mask`` computed in a
+dtype of machine epsilon ``eps`` is off by a few ulps of the terms it sums, at
+most ``|scale| |q_i| |k_j|`` (Cauchy-Schwarz); softmax turns a logit error
+``e`` into a relative weight error of about ``e``, so the output, a convex
+combination of the rows of v the query sees, moves by about ``2 e max|v|``;
+the weighted sum over the ``n`` keys it sees adds about ``sqrt(n)`` ulps of
+``max|v|``. Hence, for row ``i``::
 
-    atol = ulps * eps * (1 + max|logit| + sqrt(S)) * max|v|
+    atol_i = ulps * eps * (1 + max|logit_i| + sqrt(n_i)) * max|v|_i  +  floor
 
-with ``max|logit|`` the bound ``|scale| max|q_i| max|k_j|``, plus the largest
-finite ``|mask|`` and ``|sink|``, plus the softcap. ``ulps`` is 64 for
-float64, 8 for float32 (a peer's float32 kernel, such as MLX's or PyTorch's,
-uses a fraction of it: npattn's own tests hold npattn to 4), and 2 for
-float16 and bfloat16, plus the float32 bound, for an implementation that
-rounds its scores and weights to the half dtype, as MLX's does.
+with ``max|logit_i|`` the bound ``|scale| |q_i| max|k_j|``, plus the largest
+finite ``|mask_ij|``, plus ``|sink|``, plus the softcap, and ``max|v|_i``,
+``max|k_j|``, ``max|mask_ij|`` taken over the keys ``j`` row ``i`` sees only
+(a hidden key cannot move the result). ``ulps`` is 64 for float64, 8 for
+float32 (a peer's float32 kernel, such as MLX's or PyTorch's, uses a fraction
+of it: npattn's own tests hold npattn to 4), and 2 for float16 and bfloat16,
+plus the float32 bound, for an implementation that rounds its scores and
+weights to the half dtype, as MLX's does. ``floor``, ``ulps * (1 + sqrt(n_i))``
+of the dtype's smallest subnormal (of float32 too for the half dtypes), is
+what the roundings of subnormal terms add, where the relative bound vanishes.
+
+``precision="fast"`` (SPEC section 11) adds, for float16 and bfloat16 results,
+two ulps of the half type, ``2 * eps_half * max|v|_i``: rounding each weight
+to the half type moves it by at most half an ulp relative (``eps_half / 2``),
+and the output, a combination of v's rows whose weights sum to one, by at most
+``eps_half / 2 * max|v|``; an implementation that normalises by the sum of the
+unrounded weights adds as much again (one ulp), and the bound is doubled, as
+``ulps`` doubles the float32 one. For float32 and float64 ``"fast"`` computes
+as ``"highest"``, and the tolerance is the same.
 """
 
-from __future__ import annotations
+import math as _math
+from typing import Any as _Any
 
-from typing import Any
-
-import numpy as np
+import numpy as _np
 
 from . import _args, _interop, reference
 
-__all__ = ["assert_attention_close", "tolerance", "ULPS", "OWN_ULPS", "EPS"]
+__all__ = [
+    "assert_attention_close",
+    "tolerance",
+    "backward_tolerance",
+    "max_logit",
+    "PRECISIONS",
+    "MODEL_HEADS",
+    "ULPS",
+    "OWN_ULPS",
+    "EPS",
+]
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 #: Units of the dtype's epsilon per unit of logit and of max|v|, by dtype name.
 ULPS = {"float64": 64, "float32": 8, "float16": 2, "bfloat16": 2}
@@ -45,90 +74,453 @@ OWN_ULPS = {"float64": 64, "float32": 4}
 #: Machine epsilon, by dtype name.
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
+#: The smallest positive (subnormal) number, by dtype name.
+TINY = {"float64": 2.0**-1074, "float32": 2.0**-149, "float16": 2.0**-24, "bfloat16": 2.0**-133}
 
-def _f64(x: Any) -> np.ndarray | None:
+#: The head layouts npattn is tested and timed on, by model: ``(H_q, H_kv, D)``. The one
+#: table of them: the tests, ``python -m npattn`` and the benchmarks read it.
+MODEL_HEADS = {
+    "course": (18, 6, 5),  # the course's odd GQA sizes
+    "Qwen2-0.5B": (14, 2, 64),
+    "Qwen3-4B": (32, 8, 128),
+    "GPT-2": (12, 12, 64),
+}
+
+#: The values of ``precision=`` (SPEC section 11).
+PRECISIONS = ("highest", "fast")
+
+#: How many ulps of the half type ``precision="fast"`` adds to a float16 or bfloat16 bound.
+FAST_HALF_ULPS = 2
+
+
+def _f64(x: _Any) -> _Any:
     """A float64 NumPy copy of an array of any library; None, strings and bool masks as they are."""
     if x is None or isinstance(x, str):
         return x
     a = _interop.asarray(x)
-    return a if a.dtype == bool else np.asarray(a, dtype=np.float64)
+    return a if a.dtype == bool else _np.asarray(a, dtype=_np.float64)
 
 
-def _largest(x: Any) -> float:
+def _largest(x: _Any) -> float:
     """max |x| over finite entries; 0 for None, strings, bool masks and empty arrays."""
     if x is None or isinstance(x, str):
         return 0.0
-    a = np.asarray(x)
+    a = _np.asarray(x)
     if a.dtype == bool or a.size == 0:
         return 0.0
-    a = a[np.isfinite(a)]
-    return float(np.abs(a).max()) if a.size else 0.0
+    a = a[_np.isfinite(a)]
+    return float(_np.abs(a).max()) if a.size else 0.0
 
 
-def max_logit(q: Any, k: Any, scale=None, mask=None, sinks=None, softcap=None) -> float:
+def _finite(x: _np.ndarray) -> _np.ndarray:
+    """|x| with its non-finite entries as 0 (they give non-finite results, compared exactly)."""
+    return _np.where(_np.isfinite(x), _np.abs(x), 0.0)
+
+
+def _factor(scale: _Any, D: int) -> float:
+    """|scale|, 1/sqrt(D) by default."""
+    return abs(_args.check_scale("tolerance", scale, D)) if D else 1.0
+
+
+def _check_precision(fn: str, precision: _Any) -> str:
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f'{fn}: precision must be "highest" or "fast", got {precision!r}')
+    return precision
+
+
+def max_logit(q: _Any, k: _Any, scale=None, mask=None, sinks=None, softcap=None) -> float:
     """A bound on the largest logit's error scale: ``|scale| max|q_i| max|k_j|`` (Cauchy-
     Schwarz, which also bounds the sum of ``|q_d k_d|`` a dot product rounds), plus the
-    largest finite |mask| and |sink|, plus the cap (the error of its tanh)."""
+    largest finite |mask| and |sink|, plus the cap (the error of its tanh); over every
+    row and key (:func:`tolerance` takes each row's own keys)."""
     q, k = _f64(q), _f64(k)
-    factor = abs(q.shape[-1] ** -0.5 if scale is None else float(_args.check_scale("tolerance", scale, 1)))
 
     def row_norm(x):
-        return float(np.sqrt((x * x).sum(axis=-1)).max()) if x.size else 0.0
+        return float(_np.sqrt((x * x).sum(axis=-1)).max()) if x.size else 0.0
 
-    with np.errstate(over="ignore", invalid="ignore"):
-        bound = factor * row_norm(q) * row_norm(k)
+    with _np.errstate(over="ignore", invalid="ignore"):
+        bound = _factor(scale, q.shape[-1]) * row_norm(q) * row_norm(k)
     return bound + _largest(_f64(mask)) + _largest(_f64(sinks)) + (float(softcap) if softcap else 0.0)
 
 
+def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset):
+    """Per query row, over the keys that row sees: (max|logit|, max|v|, number of keys),
+    each of shape (*B, H_q, L) (or (L,) for rank-2 operands). Inputs float64."""
+    all_rank_2 = q.ndim == k.ndim == v.ndim == 2
+    q, k, v = (x[None] if x.ndim == 2 else x for x in (q, k, v))
+    H_q, L, D = q.shape[-3:]
+    H_kv, S = k.shape[-3], k.shape[-2]
+    n_rep = H_q // H_kv if H_kv else 0
+    # The keys each row sees: the positions' rule, and a bool or -inf mask.
+    visible = reference.visible_keys(L, S, mask, window, q_offset, k_offset)
+    bias = _np.zeros((L, S))
+    if mask is not None and not isinstance(mask, str):
+        m = _np.asarray(mask)
+        if m.dtype == bool:
+            visible = visible & m
+        else:
+            visible = visible & ~(m == -_np.inf)
+            bias = _finite(m)
+
+    def per_key(x, norm):  # (*B, H_kv, S) -> (*B, H_q, 1, S): a query head's view of its group's keys
+        a = _finite(x)
+        a = _np.sqrt((a * a).sum(axis=-1)) if norm else a.max(axis=-1, initial=0.0)
+        return _np.repeat(a, n_rep, axis=-2)[..., None, :]
+
+    with _np.errstate(over="ignore", invalid="ignore"):
+        q_norm = _np.sqrt((_finite(q) ** 2).sum(axis=-1))  # (*B, H_q, L)
+        k_row = _np.where(visible, per_key(k, True), 0.0).max(axis=-1, initial=0.0)
+        v_row = _np.where(visible, per_key(v, False), 0.0).max(axis=-1, initial=0.0)
+        bias_row = _np.where(visible, bias, 0.0).max(axis=-1, initial=0.0)
+        n_row = _np.broadcast_to(visible, _np.broadcast_shapes(visible.shape, (H_q, L, S))).sum(axis=-1)
+        sink = _finite(_np.asarray(sinks, dtype=_np.float64)).reshape(H_q, 1) if sinks is not None else 0.0
+        logit = _factor(scale, D) * q_norm * k_row + bias_row + sink + (abs(float(softcap)) if softcap else 0.0)
+    logit, v_row, n_row = _np.broadcast_arrays(logit, v_row, n_row)
+    if all_rank_2:
+        logit, v_row, n_row = logit[0], v_row[0], n_row[0]
+    return logit, v_row, n_row
+
+
+def _row_tolerance(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision):
+    """(atol per row, its parts (max|logit|, max|v|, n)) for a result of dtype `name`."""
+    logit, v_row, n_row = _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset)
+    ulps = ULPS[name] if ulps is None else ulps
+    spread = 1.0 + logit + _np.sqrt(n_row)
+    with _np.errstate(over="ignore", invalid="ignore"):
+        # the relative bound, and the roundings of subnormal terms (where it vanishes)
+        atol = ulps * EPS[name] * spread * v_row + ulps * (1 + _np.sqrt(n_row)) * TINY[name]
+        if name in ("float16", "bfloat16"):
+            # the float32 computation the half result is rounded from
+            atol = atol + 4 * EPS["float32"] * spread * v_row + 4 * (1 + _np.sqrt(n_row)) * TINY["float32"]
+            if precision == "fast":
+                atol = atol + FAST_HALF_ULPS * EPS[name] * v_row  # the weights rounded to the half type
+    return atol, (logit, v_row, n_row)
+
+
 def tolerance(
-    q: Any, k: Any, v: Any, scale=None, mask=None, *, sinks=None, softcap=None, dtype=None, ulps=None
-) -> float:
+    q: _Any,
+    k: _Any,
+    v: _Any,
+    scale: _Any = None,
+    mask: _Any = None,
+    *,
+    sinks: _Any = None,
+    window: _Any = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
+    k_offset: int = 0,
+    dtype: _Any = None,
+    ulps: float | None = None,
+    precision: str = "highest",
+    rows: bool = False,
+) -> _Any:
     """The absolute tolerance for an attention output of ``dtype`` on these inputs.
 
-    ``atol = ulps * eps * (1 + max|logit| + sqrt(S)) * max|v|`` (see the
-    module's docstring); for float16 and bfloat16 the float32 bound is added.
-    ``dtype`` defaults to the inputs' result dtype, ``ulps`` to
-    ``ULPS[dtype]``.
+    ``atol_i = ulps * eps * (1 + max|logit_i| + sqrt(n_i)) * max|v|_i + floor``
+    for each query row ``i``, over the ``n_i`` keys it sees (see the module's
+    docstring); for float16 and bfloat16 the float32 bound is added, and with
+    ``precision="fast"`` two ulps of the half type. ``mask``, ``window`` and
+    the offsets say which keys a row sees, as in :func:`npattn.sdpa` (``mask``
+    defaults to None here: every key). ``dtype`` defaults to the inputs'
+    result dtype, ``ulps`` to ``ULPS[dtype]``.
+
+    Returns the largest ``atol_i`` (a bound for every row), or with
+    ``rows=True`` the array of them, shaped ``(*B, H_q, L, 1)`` to broadcast
+    against the output.
     """
+    precision = _check_precision("tolerance", precision)
     if dtype is None:
         dtype = _args.result_dtype(*(_interop.asarray(x).dtype for x in (q, k, v)))
-    name = np.dtype(dtype).name
+    name = _np.dtype(dtype).name
     if name not in ULPS:
         raise TypeError(f"tolerance: no tolerance for dtype {name}; float16, bfloat16, float32 or float64")
-    scale_of = 1.0 + max_logit(q, k, scale, mask, sinks, softcap) + np.sqrt(_interop.asarray(k).shape[-2])
-    v_size = _largest(_f64(v)) or 1.0
-    atol = (ULPS[name] if ulps is None else ulps) * EPS[name] * scale_of * v_size
-    if name in ("float16", "bfloat16"):
-        atol += 4 * EPS["float32"] * scale_of * v_size
-    return float(atol)
+    q, k, v, mask, sinks = (_f64(x) for x in (q, k, v, mask, sinks))
+    atol, _ = _row_tolerance(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision)
+    if rows:
+        return atol[..., None]
+    floor = (ULPS[name] if ulps is None else ulps) * TINY[name]
+    return float(atol.max(initial=floor))
+
+
+# ---- the backward pass ----
+
+
+def _backward_magnitudes(q, k, v, dout, **options):
+    """What each gradient's rounding errors scale with, in float64: every product of
+    the backward pass taken in absolute values, with the reference's weights W
+    (npattn.reference.sdpa_backward's steps; e_ij a bound on |ds_ij|):
+
+        e_ij  = W_ij (|g_i|.|v_j| + |g_i|.(W|v|)_i)    |dp_ij| + |D_i|
+        dq_i ~ |scale| sum_j e_ij |k_j|    dk_j ~ |scale| sum_i e_ij |q_i|
+        dv_j ~ sum_i W_ij |g_i|            dsink ~ sum_i p_sink,i |g_i|.(W|v|)_i
+
+    dk and dv summed over the group and broadcast batch dims, as the gradients are."""
+    shapes = _np.shape(q), _np.shape(k), _np.shape(v)
+    batch = _np.shape(dout)[:-3]  # the whole batch, v's dims included
+
+    def whole(x):  # x broadcast along the whole batch
+        return x if x.ndim == 2 else _np.broadcast_to(x, (*batch, *x.shape[-3:]))
+
+    with _np.errstate(all="ignore"):
+        W = reference.attention_weights(whole(q), whole(k), **options)
+        lse = None
+        if options.get("sinks") is not None:
+            zeros = _np.zeros((*whole(k).shape[:-1], 1))
+            lse = reference.sdpa(whole(q), whole(k), zeros, return_lse=True, **options)[1]
+    q, k, v, g = (_np.abs(x) for x in (q, k, v, dout))
+    q, k, v, g, W = (x[None] if x.ndim == 2 else x for x in (q, k, v, g, W))
+    H_q, H_kv = q.shape[-3], k.shape[-3]
+    n_rep = H_q // max(H_kv, 1)
+    k_all, v_all = (_np.repeat(x, n_rep, axis=-3) for x in (k, v))
+    g_dot_o = (g * (W @ v_all)).sum(axis=-1, keepdims=True)
+    e = W * (g @ v_all.swapaxes(-1, -2) + g_dot_o)
+    f = _factor(options.get("scale"), q.shape[-1])
+
+    def grouped(full):  # (*B, H_q, S, w) -> (*B, H_kv, S, w), the group summed
+        return full.reshape(*full.shape[:-3], H_kv, n_rep, *full.shape[-2:]).sum(axis=-3)
+
+    dk = grouped(f * (e.swapaxes(-1, -2) @ q))
+    dv = grouped(W.swapaxes(-1, -2) @ g)
+    dsinks = _np.zeros(H_q)
+    if lse is not None:  # the sink's weight exp(sink - lse)
+        per_row = _np.exp(_np.asarray(options["sinks"])[:, None] - lse) * g_dot_o[..., 0]  # (*B, H_q, L)
+        per_head = per_row.sum(axis=-1)
+        dsinks = per_head.sum(axis=tuple(range(per_head.ndim - 1)))
+    return {
+        "dq": reference._unbroadcast(f * (e @ k_all), shapes[0]),
+        "dk": reference._unbroadcast(dk, shapes[1]),
+        "dv": reference._unbroadcast(dv, shapes[2]),
+        "dsinks": dsinks,
+    }
+
+
+def backward_tolerance(
+    q: _Any,
+    k: _Any,
+    v: _Any,
+    dout: _Any,
+    dtype: _Any,
+    scale: _Any = None,
+    mask: _Any = "causal",
+    *,
+    sinks: _Any = None,
+    window: _Any = None,
+    softcap: float | None = None,
+    q_offset: int | None = None,
+    k_offset: int = 0,
+    ulps: float | None = None,
+    **ignored: _Any,
+) -> dict[str, tuple[float, _np.ndarray]]:
+    """``{gradient: (rtol, atol)}`` for the gradients of :func:`npattn.sdpa_backward`
+    (``"dq"``, ``"dk"``, ``"dv"``, ``"dsinks"``) against the float64 reference, ``atol``
+    an array of the gradient's shape; ``dtype`` is the forward result's. The keywords are
+    those of the ``sdpa`` call (``mask`` defaults to ``"causal"``, as there); its other
+    keywords (``threads``, ``return_lse``, ``out``) are accepted and ignored.
+
+    The derivation. A weight recomputed from the saved lse is off by
+    ``u = ulps eps (1 + m + log(S+1) + sqrt(n))`` relative, ``m`` the logit bound of
+    :func:`max_logit` (``log(S+1)`` bounds how far lse exceeds it), ``n`` the longest
+    sum (rows, keys, widths), ``ulps`` ``OWN_ULPS`` of the dtype computed in (float32
+    for the half dtypes). Every product of the pass then adds ulps of its terms, so
+    each gradient is off by ``u`` times its magnitude: the same products taken in
+    absolute values (``|dp_ij| + |D_i|`` through the softmax, then the sums over keys
+    for dq and over rows for dk and dv); the cap's slope is at most 1. A float16 or
+    bfloat16 result adds half its ulp to the terms through ``D_i = dout_i . o_i`` (the
+    saved output is rounded to it). A weight below the computed dtype's smallest
+    normal number may be lost (underflow): that adds, per weight, the most one weight
+    moves a gradient, times the number of weights summed. A sum of subnormal terms
+    rounds each: half a subnormal ulp per term summed. A gradient in a narrower dtype
+    than the one computed in is correctly rounded to it: ``rtol`` eps/2, and half its
+    smallest subnormal.
+    """
+    dtype = _np.dtype(dtype)
+    computed = "float64" if dtype == _np.float64 else "float32"
+    ulps = OWN_ULPS[computed] if ulps is None else ulps
+    q64, k64, v64, g64 = (_f64(x) for x in (q, k, v, dout))
+    options = {"scale": scale, "mask": _f64(mask), "sinks": _f64(sinks), "window": window, "softcap": softcap}
+    options.update(q_offset=q_offset, k_offset=k_offset)
+    L, S, D, D_v = q64.shape[-2], k64.shape[-2], q64.shape[-1], v64.shape[-1]
+    m = max_logit(q64, k64, scale, options["mask"], options["sinks"], softcap)
+    n = max(L * (q64.size // max(L * D, 1)), S, D, D_v)
+    u = ulps * EPS[computed] * (1 + m + _np.log1p(S) + _np.sqrt(n))
+    via_d = u + (EPS[dtype.name] / 2 if dtype.name != computed else 0.0)
+    normal = float(_np.finfo(computed).smallest_normal)
+    rows = _math.prod(_np.shape(dout)[:-1])  # every query row of the whole batch
+    f = _factor(scale, D)
+
+    def largest(x):
+        return float(_np.abs(x).max(initial=0.0))
+
+    g_size, v_size = float(_np.abs(g64).sum(axis=-1).max(initial=0.0)), largest(v64)
+    per_weight = {  # the most one weight moves each gradient, times the weights summed
+        "dq": f * 2 * g_size * v_size * largest(k64) * S,
+        "dk": f * 2 * g_size * v_size * largest(q64) * rows,
+        "dv": largest(g64) * rows,
+        "dsinks": g_size * v_size * rows,
+    }
+    per_d = {  # what D_i = dout_i . o_i moves each gradient by, per unit of |o_i|, summed
+        "dq": f * g_size * largest(k64),
+        "dk": f * g_size * largest(q64) * rows,
+        "dv": 0.0,
+        "dsinks": g_size * rows,
+    }
+    tolerances = {}
+    mags = _backward_magnitudes(q64, k64, v64, g64, **options)
+    for name, operand in (("dq", q), ("dk", k), ("dv", v), ("dsinks", None)):
+        own = computed if operand is None else _interop.asarray(operand).dtype.name
+        rtol = EPS[own] / 2 if own != computed else 0.0
+        floor = 2 * normal * per_weight[name]  # weights lost to underflow
+        floor += TINY[dtype.name] / 2 * per_d[name]  # an output underflowing in its dtype
+        # a sum of subnormal terms rounds each: half an ulp per term summed (keys for dq,
+        # rows for dk and dv), times the copies a broadcast operand's gradient adds up
+        width = 1 if operand is None else max(_np.shape(operand)[-1], 1)
+        copies = 1 if operand is None else max(1.0, rows / max(_np.size(operand) // width, 1))
+        terms = {"dq": S, "dk": rows, "dv": rows, "dsinks": 0}[name]
+        floor += TINY[computed] / 2 * (terms + 1) * copies
+        floor += TINY[own] / 2  # the gradient's own rounding
+        tolerances[name] = (rtol, (u if name == "dv" else via_d) * mags[name] + floor)
+    return tolerances
+
+
+# ---- the checker ----
+
+
+def _beyond(got: _np.ndarray, want: _np.ndarray, atol: _Any, rtol: float) -> _np.ndarray:
+    """Where got is not want within atol + rtol |want|: NaN exactly where want has NaN,
+    an infinity exactly where want has it (inf - inf is no error)."""
+    with _np.errstate(invalid="ignore", over="ignore"):
+        err = _np.abs(got - want)
+        nan_wrong = _np.isnan(got) != _np.isnan(want)
+        return nan_wrong | (~_np.isnan(want) & ~(err <= atol + rtol * _np.abs(want)) & ~(got == want))
 
 
 def _where(index: tuple, ndim: int) -> str:
-    """An element's index named by the shape legend: (batch..., head, row, column)."""
-    names = ["row", "column"] if ndim == 2 else ["head", "row", "column"]
+    """An element's index named by the shape legend: (batch..., head, row, D_v index)."""
+    names = ["row", "D_v index"] if ndim == 2 else ["head", "row", "D_v index"]
     batch = [f"batch {i}" for i in index[: ndim - len(names)]] if ndim > 3 else []
     parts = batch + [f"{n} {i}" for n, i in zip(names, index[-len(names) :])]
     return ", ".join(parts)
 
 
+def _per_index(counts: _np.ndarray, total: int, most: int = 12) -> str:
+    """'0-2: 45/45, 3: 0/45': the count of failing elements at each index, runs of
+    equal counts joined."""
+    runs: list[tuple[int, int, int]] = []
+    for i, c in enumerate(int(x) for x in counts):
+        if runs and runs[-1][2] == c:
+            runs[-1] = (runs[-1][0], i, c)
+        else:
+            runs.append((i, i, c))
+    text = [f"{a}: {c}/{total}" if a == b else f"{a}-{b}: {c}/{total}" for a, b, c in runs[:most]]
+    return ", ".join(text) + (f", ... ({len(runs) - most} more runs)" if len(runs) > most else "")
+
+
+def _describe_mask(mask: _Any, L: int, S: int, q_offset: _Any, k_offset: int) -> str:
+    """What the checker takes the mask to mean, in words."""
+    if mask is None:
+        return "None (every key visible)"
+    if isinstance(mask, str):
+        if mask == "causal_top_left":
+            return '"causal_top_left" (top-left: query i sees key j iff j <= i, as PyTorch\'s is_causal=True)'
+        qo = S - L if q_offset is None else int(q_offset)
+        where = "default S - L" if q_offset is None else "q_offset"
+        return (
+            f'"causal" (bottom-right: query i sits at position {qo} + i ({where}), key j at {int(k_offset)} + j; '
+            f"i sees j iff j <= i + {qo - int(k_offset)}; npattn's default, where MLX and PyTorch default to none)"
+        )
+    m = _np.asarray(mask)
+    if m.dtype == bool:
+        return f"a bool array of shape {m.shape}, True = visible ({int(m.sum())} of {m.size} True)"
+    return f"an additive float array of shape {m.shape} ({int((m == -_np.inf).sum())} of {m.size} entries -inf)"
+
+
+def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset):
+    """(what the mistake is, its keyword changes or a result) for each usual mistake
+    that differs from the call: the results computed by npattn.reference in float64."""
+    D, D_v = q.shape[-1], v.shape[-1]
+    f = D**-0.5 if scale is None else float(_args.check_scale("assert_attention_close", scale, D))
+    given = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap}
+    given.update(q_offset=q_offset, k_offset=k_offset)
+    positions = {"q_offset": None} if q_offset is not None else {}
+    if isinstance(mask, str) or mask is None:
+        if mask != "causal":
+            yield 'the bottom-right causal mask (mask="causal")', {"mask": "causal", **positions}
+        if mask != "causal_top_left":
+            what = "top-left instead of bottom-right causal alignment" if mask == "causal" else "a top-left causal mask"
+            change = {"mask": "causal_top_left", **positions}
+            yield f'{what} (mask="causal_top_left", PyTorch\'s is_causal=True)', change
+    else:
+        yield 'the bottom-right causal mask (mask="causal") instead of the array mask', {"mask": "causal"}
+        yield 'a top-left causal mask (mask="causal_top_left") instead of the array mask', {"mask": "causal_top_left"}
+        if mask.dtype == bool:
+            yield "the bool mask inverted (True read as hidden)", {"mask": ~mask}
+        elif f != 1 and _np.any(_np.isfinite(mask) & (mask != 0)):
+            yield "the mask added before the scale (scale * (q @ k^T + mask))", {"mask": mask * f}
+    if mask is not None:
+        yield "no mask (mask=None): was the mask forgotten?", {"mask": None}
+    if window is not None:
+        yield "no window (window=None)", {"window": None}
+    if f != 1:
+        yield "the scale missing (scale 1)", {"scale": 1.0}
+        yield f"the scale applied twice (scale {f:.4g}**2 = {f * f:.4g})", {"scale": f * f}
+    if scale is None and D_v != D:
+        yield f"1/sqrt(D_v) instead of 1/sqrt(D) (D_v = {D_v}, D = {D})", {"scale": D_v**-0.5}
+    if scale is None and D > 1:
+        yield f"sqrt(D) instead of 1/sqrt(D) (scale {D**0.5:.4g})", {"scale": D**0.5}
+    if softcap is not None:
+        yield "no softcap (softcap=None)", {"softcap": None}
+    if sinks is not None:
+        yield "the sink missing (sinks=None)", {"sinks": None}
+    H_q, H_kv = q.shape[-3] if q.ndim > 2 else 1, k.shape[-3] if k.ndim > 2 else 1
+    if H_kv > 1 and H_q > H_kv:
+        heads = _np.arange(H_q) % H_kv  # query head h reads key/value head h % H_kv
+        yield (
+            f"GQA groups interleaved: query head h reading key/value head h % H_kv instead of h // {H_q // H_kv} "
+            "(contiguous groups)",
+            {"k": _np.take(k, heads, axis=-3), "v": _np.take(v, heads, axis=-3)},
+        )
+    if k.shape == v.shape:
+        yield "keys and values swapped (sdpa(q, v, k))", {"k": v, "v": k}
+    yield "softmax over the query axis instead of the key axis", _wrong_axis(**{"q": q, "k": k, "v": v, **given})
+
+
+def _wrong_axis(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset):
+    """The result of a softmax taken over the queries (axis -2 of the scores) instead of
+    the keys: the reference's logits (log of its weights plus lse), normalised per key."""
+    options = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap}
+    options.update(q_offset=q_offset, k_offset=k_offset)
+    with _np.errstate(all="ignore"):
+        weights = reference.attention_weights(q, k, **options)
+        _, lse = reference.sdpa(q, k, _np.zeros((*k.shape[:-1], 1)), return_lse=True, **options)
+        logits = _np.log(weights) + lse[..., None]
+        top = logits.max(axis=-2, keepdims=True, initial=-_np.inf)
+        e = _np.exp(logits - _np.where(top == -_np.inf, 0.0, top))
+        total = e.sum(axis=-2, keepdims=True)
+        p = e / _np.where(total == 0, 1.0, total)
+        v_all = v if v.ndim == 2 else _np.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
+        return p @ v_all
+
+
 def assert_attention_close(
-    actual: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    scale: float | None = None,
-    mask: Any = "causal",
+    actual: _Any,
+    q: _Any,
+    k: _Any,
+    v: _Any,
+    scale: _Any = None,
+    mask: _Any = "causal",
     *,
-    sinks: Any = None,
-    window=None,
+    sinks: _Any = None,
+    window: _Any = None,
     softcap: float | None = None,
     q_offset: int | None = None,
     k_offset: int = 0,
     peer: str | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    precision: str = "highest",
 ) -> None:
-    """Asserts that ``actual`` is attention over q, k, v, within tolerance.
+    """Asserts that ``actual`` is attention over q, k, v, within tolerance; if it is
+    not, says where, and which usual mistake it matches.
 
     Parameters
     ----------
@@ -143,13 +535,29 @@ def assert_attention_close(
         message (MLX's CPU path on rows that see no key).
     rtol, atol : float, optional
         The tolerance, instead of the one derived by :func:`tolerance`.
+    precision : {"highest", "fast"}, default "highest"
+        The ``precision=`` ``actual`` was computed with (SPEC section 11).
+        ``"fast"`` widens the derived tolerance of a float16 or bfloat16
+        result by two ulps of its type times the row's ``max|v|`` (the
+        weights rounded to the half type before ``P @ V``: half an ulp
+        relative each, half an ulp of ``max|v|`` on the output, as much again
+        for a sum of unrounded weights, doubled for margin); for float32 and
+        float64 results it changes nothing.
 
     Raises
     ------
     AssertionError
-        Saying where the worst element is (batch, head, row, column) with both
-        values, the tolerance and how it was derived, how many elements fail,
-        and whether the failing rows see no key.
+        On failure, the message says what was checked against (mask and its
+        alignment, scale, GQA grouping, dtype, tolerance and how it was
+        derived); where the worst element is (batch, head, row, D_v index)
+        with both values; how many elements fail, per head and per query row;
+        whether the failing rows see no key; and which of the usual mistakes
+        (no or the wrong mask, top-left instead of bottom-right, the scale
+        missing, applied twice or ``1/sqrt(D_v)``, GQA groups interleaved,
+        softmax over the wrong axis, keys and values swapped, a missing sink)
+        the result matches within tolerance, if one does.
+    ValueError
+        ``precision`` is neither ``"highest"`` nor ``"fast"``.
 
     Examples
     --------
@@ -163,61 +571,83 @@ def assert_attention_close(
     ...
     AssertionError: attention output differs from the float64 reference at ...
     """
+    precision = _check_precision("assert_attention_close", precision)
     got = _interop.asarray(actual, "actual")
     if not _args.is_float(got.dtype):
         raise AssertionError(f"actual must be an array of floats, got dtype {got.dtype}")
     q64, k64, v64 = (_f64(x) for x in (q, k, v))
     mask64, sinks64 = _f64(mask), _f64(sinks)
-    with np.errstate(all="ignore"):
-        want, lse = reference.sdpa(
-            q64,
-            k64,
-            v64,
-            scale,
-            mask64,
-            sinks=sinks64,
-            window=window,
-            softcap=softcap,
-            q_offset=q_offset,
-            k_offset=k_offset,
-            return_lse=True,
-        )
+    if scale is not None:
+        scale = _args.check_scale("assert_attention_close", scale, q64.shape[-1])
+    options = {"scale": scale, "mask": mask64, "sinks": sinks64, "window": window, "softcap": softcap}
+    options.update(q_offset=q_offset, k_offset=k_offset)
+    with _np.errstate(all="ignore"):
+        want, lse = reference.sdpa(q64, k64, v64, return_lse=True, **options)
     if got.shape != want.shape:
         raise AssertionError(f"actual has shape {got.shape}, but attention over these inputs has shape {want.shape}")
-    name = got.dtype.name
-    if atol is None:
-        atol = tolerance(q64, k64, v64, scale, mask64, sinks=sinks64, softcap=softcap, dtype=got.dtype)
-        ulps = ULPS.get(name)
-        how = (
-            f"atol {atol:.3g} = {ulps} * eps({name}) * (1 + max|logit| "
-            f"{max_logit(q64, k64, scale, mask64, sinks64, softcap):.4g} + sqrt(S) {np.sqrt(k64.shape[-2]):.3g})"
-            f" * max|v| {_largest(v64) or 1.0:.4g}"
-            + (" + the float32 bound" if name in ("float16", "bfloat16") else "")
-            + " (npattn.testing.tolerance)"
-        )
-    else:
-        how = f"atol {atol:.3g} (given)"
+    # the coarser of the result's dtype and the inputs': a float64 result computed from
+    # float32 inputs carries float32 rounding
+    inputs = _args.result_dtype(*(_interop.asarray(x).dtype for x in (q, k, v))).name
+    name = got.dtype.name if EPS.get(got.dtype.name, 0) >= EPS.get(inputs, 0) else inputs
+    given = atol is not None
+    if not given:
+        atol_rows, parts = _row_tolerance(q64, k64, v64, **options, name=name, ulps=None, precision=precision)
+        atol = atol_rows[..., None]
     rtol = 0.0 if rtol is None else float(rtol)
-    got64 = np.asarray(got, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        err = np.abs(got64 - want)
-        allowed = atol + rtol * np.abs(want)
-        nan_wrong = np.isnan(got64) != np.isnan(want)
-        bad = nan_wrong | (~np.isnan(want) & ~(err <= allowed))
+    got64 = _np.asarray(got, dtype=_np.float64)
+    bad = _beyond(got64, want, atol, rtol)
     n_bad = int(bad.sum())
     if n_bad == 0:
         return
-    excess = np.where(nan_wrong, np.inf, np.where(bad, err - allowed, -np.inf))
-    worst = np.unravel_index(int(np.argmax(excess)), got.shape)
+
+    with _np.errstate(invalid="ignore", over="ignore"):
+        excess = _np.abs(got64 - want) - (atol + rtol * _np.abs(want))
+    excess = _np.where(_np.isnan(got64) != _np.isnan(want), _np.inf, _np.where(bad, excess, -_np.inf))
+    worst = _np.unravel_index(int(_np.argmax(_np.nan_to_num(excess, nan=_np.inf))), got.shape)
+    L, S, D = q64.shape[-2], k64.shape[-2], q64.shape[-1]
+    H_q, H_kv = (q64.shape[-3], k64.shape[-3]) if got.ndim > 2 else (1, 1)
+    if given:
+        how = f"atol {atol:.3g} (given)"
+    else:
+        row = worst[:-1]
+        logit, v_row, n_row = (float(x[row]) for x in parts)
+        how = (
+            f"atol {float(atol_rows[row]):.3g} = {ULPS[name]} * eps({name}) * (1 + max|logit| {logit:.4g} "
+            f"+ sqrt(keys seen) {_np.sqrt(n_row):.3g}) * max|v| {v_row:.4g}"
+            + (" + the float32 bound" if name in ("float16", "bfloat16") else "")
+            + (" + 2 ulps of the half type (precision='fast')" if precision == "fast" and "16" in name else "")
+            + " + the subnormal floor, over the keys the worst element's row sees (npattn.testing.tolerance)"
+        )
+    factor = D**-0.5 if scale is None else float(scale)
+    checked = [
+        f"checked against npattn.reference.sdpa in float64: a {got.dtype.name} result of {inputs} inputs, "
+        f"precision {precision!r}",
+        f"  mask {_describe_mask(mask64, L, S, q_offset, k_offset)}",
+        f"  scale {factor:.6g}" + (f" (the default 1/sqrt(D), D = {D})" if scale is None else " (given)"),
+        f"  GQA: {H_q} query heads in {H_kv} contiguous groups; query head h reads key/value head "
+        f"h // {max(H_q // max(H_kv, 1), 1)}",
+    ]
+    extras = [f"{key} {val!r}" for key, val in (("window", window), ("softcap", softcap)) if val is not None]
+    if sinks64 is not None:
+        extras.append(f"sinks {_np.round(sinks64, 4).tolist()}")
+    if extras:
+        checked.append("  " + ", ".join(extras))
+
+    with _np.errstate(invalid="ignore"):
+        diff = _np.abs(got64 - want)
     lines = [
         f"attention output differs from the float64 reference at {n_bad} of {got.size} elements "
         f"({100 * n_bad / got.size:.3g}%)",
         f"worst at {_where(worst, got.ndim)}: actual {float(got64[worst])!r}, reference {float(want[worst])!r}"
-        + ("" if np.isnan(got64[worst]) or np.isnan(want[worst]) else f" (|diff| {err[worst]:.3g})"),
+        + ("" if _np.isnan(got64[worst]) or _np.isnan(want[worst]) else f" (|diff| {diff[worst]:.3g})"),
         f"tolerance: {how}, rtol {rtol:g}",
     ]
+    per_head = bad.reshape(-1, H_q, L, got.shape[-1]).sum(axis=(0, 2, 3))
+    per_row = bad.reshape(-1, H_q, L, got.shape[-1]).sum(axis=(0, 1, 3))
+    lines.append(f"failing elements per head: {_per_index(per_head, got.size // max(H_q, 1))}")
+    lines.append(f"failing elements per query row: {_per_index(per_row, got.size // max(L, 1))}")
     bad_rows = bad.any(axis=-1)
-    no_key = np.broadcast_to(lse == -np.inf, bad_rows.shape)
+    no_key = _np.broadcast_to(lse == -_np.inf, bad_rows.shape)
     n_rows, n_empty = int(bad_rows.sum()), int((bad_rows & no_key).sum())
     if n_empty == 0:
         lines.append("the failing row sees" if n_rows == 1 else f"the {n_rows} failing rows all see")
@@ -232,4 +662,29 @@ def assert_attention_close(
                 "MLX's CPU path gives such rows the mean of V (a bool mask, or its causal mask with L > S) "
                 "or NaN (a -inf mask): a known difference of MLX, not an error in the rest of the output"
             )
+    lines.insert(1, _diagnosis(got64, q64, k64, v64, options, name, atol if given else None, rtol, precision))
+    lines += checked
     raise AssertionError("\n".join(lines))
+
+
+def _diagnosis(got, q, k, v, options, name, atol, rtol, precision) -> str:
+    """Which of the usual mistakes `got` matches within tolerance, in one sentence."""
+    matched, tried = [], []
+    for what, change in _mistakes(q, k, v, **options):
+        tried.append(what.split(" (")[0].split(":")[0])
+        with _np.errstate(all="ignore"):
+            if isinstance(change, dict):
+                call = {"q": q, "k": k, "v": v, **options, **change}
+                result = reference.sdpa(**call)
+            else:
+                call, result = {"q": q, "k": k, "v": v, **options}, change
+            if result.shape != got.shape:
+                continue
+            allowed = atol
+            if allowed is None:
+                allowed = _row_tolerance(**call, name=name, ulps=None, precision=precision)[0][..., None]
+            if not _beyond(got, result, allowed, rtol).any():
+                matched.append(what)
+    if matched:
+        return "the result matches, within tolerance, " + "; and also ".join(matched)
+    return "the result matches none of the usual mistakes tried: " + "; ".join(tried)

@@ -1,0 +1,67 @@
+"""The core's test hooks: kernel tables, the pool's modes, failing allocations; and
+scripts in a fresh interpreter."""
+
+import contextlib
+import subprocess
+import sys
+
+import pytest
+
+from npattn import _core
+
+KERNELS = ["portable", "avx2", "avx512", "neon"]
+
+
+def runnable_kernels():
+    """The kernel tables this CPU runs (the first is the best)."""
+    names = []
+    for name in KERNELS:
+        try:
+            _core.debug_force_simd(name)
+            names.append(name)
+        except ValueError:
+            pass
+        finally:
+            _core.debug_force_simd("")
+    best = _core.simd()
+    return [best] + [n for n in names if n != best]
+
+
+@contextlib.contextmanager
+def kernels(name):
+    """Runs the block with the named kernel table (skips the test if this CPU lacks it)."""
+    try:
+        _core.debug_force_simd(name)
+    except ValueError:
+        pytest.skip(f"this CPU cannot run the {name} kernels")
+    try:
+        yield name
+    finally:
+        _core.debug_force_simd("")
+
+
+@contextlib.contextmanager
+def pool_mode(mode):
+    """Runs the block with the pool's test mode: 1 no helper starts, 2 helpers for any work."""
+    _core.debug_pool_mode(mode)
+    try:
+        yield
+    finally:
+        _core.debug_pool_mode(0)
+
+
+@contextlib.contextmanager
+def failing_allocations(after):
+    """Allocations in the core fail after `after` more, within the block."""
+    _core.debug_fail_alloc_after(after)
+    try:
+        yield
+    finally:
+        _core.debug_fail_alloc_after(-1)
+
+
+def run_script(script, timeout=180, env=None):
+    """Runs a Python script in a fresh interpreter; returns its CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )

@@ -1,0 +1,114 @@
+"""Random problems of npattn.sdpa's whole contract: the property tests and the
+differential fuzzer (fuzz/differential.py) draw the same ones."""
+
+import numpy as np
+
+from .inputs import LAYOUTS, dtype_of, layout, layout_fits, make_mask
+
+SPECIAL_SIZE = 1.5  # |finite value| in a problem with NaN and infinities (see random_problem)
+
+
+def _operand_batch(rng, batch):
+    """A batch shape that broadcasts to `batch`: some dims 1, some leading dims dropped."""
+    dims = [int(b) if rng.random() < 0.7 else 1 for b in batch]
+    return tuple(dims[rng.integers(0, len(dims) + 1) :])
+
+
+def _values(rng, shape, dtype, kind, specials):
+    """Values of `shape` in `dtype`, laid out as `kind`, with `specials` NaN or infinities
+    (and the finite values then within SPECIAL_SIZE)."""
+    a = layout(rng, shape, dtype, kind)
+    scale = 10.0 ** rng.choice([0, 0, 0, -3, 3]) if dtype != np.float16 else 1.0
+    if scale != 1.0 or specials:
+        a = np.array(a, dtype=np.dtype(dtype).newbyteorder("="))  # writeable and native
+        if specials:
+            np.clip(a, -SPECIAL_SIZE, SPECIAL_SIZE, out=a)
+        else:
+            a *= a.dtype.type(scale)
+        for _ in range(specials):
+            if a.size:
+                a.flat[rng.integers(0, a.size)] = rng.choice([np.nan, np.inf, -np.inf])
+    return a
+
+
+def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), specials=False, large=False):
+    """(q, k, v, kwargs) for one random problem of npattn.sdpa's whole contract:
+    ranks 2 to 6 with broadcast batch dims, GQA groups, empty sizes, every layout
+    of helpers.LAYOUTS, float dtypes (mixed now and then), every mask kind and
+    broadcast shape, sinks, scale (extremes included), window, softcap,
+    positions, return_lse and threads. `large`: now and then model-sized decode and
+    prefill.
+
+    `specials`: NaN and infinities in q, k, v, and every key visible. So that each
+    result has one right answer, every finite logit then lies within 2 * 1.5**2 *
+    sqrt(D) <= 51 of its row's largest (finite values within SPECIAL_SIZE, |scale| at
+    most 1/sqrt(D), sinks within 4): no weight comes near float32's underflow (e**-87),
+    where a weight of 0 times an infinity of v would give NaN in one precision and
+    inf in the other."""
+    names = [n for n in dtypes if n != "bfloat16" or _has_ml_dtypes()]
+    dtype = np.dtype(dtype_of(rng.choice(names)))
+    mixed = rng.random() < 0.15
+    batch = tuple(int(b) for b in rng.integers(0, 4, size=rng.integers(0, 3)))
+    H_kv = int(rng.integers(1, 4))
+    H_q = H_kv * int(rng.integers(0, 4))
+    L, S = int(rng.integers(0, 12)), int(rng.integers(0, 12))
+    D, D_v = int(rng.integers(1, 12)), int(rng.integers(0, 9))
+    if large and rng.random() < 0.2:
+        H_kv, H_q = 2, 14
+        L, S = (1, int(rng.integers(100, 3000))) if rng.random() < 0.5 else (int(rng.integers(30, 150)),) * 2
+        D = D_v = int(rng.choice([64, 128]))
+    shapes = {
+        "q": (*_operand_batch(rng, batch), H_q, L, D),
+        "k": (*_operand_batch(rng, batch), H_kv, S, D),
+        "v": (*_operand_batch(rng, batch), H_kv, S, D_v),
+    }
+    if not batch and H_q == H_kv == 1 and rng.random() < 0.3:
+        shapes = {name: shape[-2:] for name, shape in shapes.items()}  # the rank-2 form
+    arrays = []
+    for name in "qkv":
+        dt = np.dtype(dtype_of(rng.choice(names))) if mixed else dtype
+        kind = rng.choice(["contiguous", "contiguous", *(k for k in LAYOUTS if layout_fits(k, len(shapes[name])))])
+        arrays.append(_values(rng, shapes[name], dt, kind, int(rng.integers(1, 3)) if specials else 0))
+    q, k, v = arrays
+
+    kwargs = {}
+    kind = None if specials else rng.choice(["causal", "causal_top_left", None, "bool", "additive", "default"])
+    if kind in ("bool", "additive"):
+        full = np.broadcast_shapes(shapes["q"][:-3], shapes["k"][:-3], shapes["v"][:-3]) + (H_q, L, S)
+        shape = [n if rng.random() < 0.6 else 1 for n in full]
+        shape = tuple(shape[rng.integers(0, len(shape)) :])  # an array, never a scalar
+        mask_dtype = dtype_of(rng.choice(names + ["float64"]))
+        kwargs["mask"] = make_mask(rng, kind, shape, mask_dtype)
+        if rng.random() < 0.3 and len(shape) >= 2:
+            kwargs["mask"] = kwargs["mask"].swapaxes(-1, -2).copy().swapaxes(-1, -2)  # Fortran-like strides
+    elif kind != "default":
+        kwargs["mask"] = kind
+    if rng.random() < 0.3:
+        kwargs["sinks"] = rng.uniform(-4, 4, H_q).astype(rng.choice([np.float32, np.float64]))
+    r = rng.random()
+    if r < 0.3:
+        kwargs["scale"] = float(rng.uniform(-3, 3))
+    elif r < 0.35:
+        kwargs["scale"] = float(rng.choice([0.0, 1e-40, -1e-30, 1e30, 3e38, 1e-300]))
+    if rng.random() < 0.3:
+        left, right = (None if rng.random() < 0.3 else int(rng.integers(0, 12)) for _ in range(2))
+        kwargs["window"] = (left, right)
+    if specials and "scale" in kwargs:
+        kwargs["scale"] = float(np.clip(kwargs["scale"], -1, 1)) / np.sqrt(D)
+    if rng.random() < 0.2:
+        kwargs["softcap"] = float(rng.choice([0.5, 5.0, 30.0, 1e6]))
+    if rng.random() < 0.3 and not (isinstance(kwargs.get("mask"), str) and kwargs["mask"] == "causal_top_left"):
+        kwargs["q_offset"] = int(rng.integers(-20, 20)) if rng.random() < 0.9 else int(rng.choice([-(2**62), 2**62]))
+    if rng.random() < 0.2:
+        kwargs["k_offset"] = int(rng.integers(-20, 20))
+    kwargs["return_lse"] = bool(rng.random() < 0.3)
+    kwargs["threads"] = int(rng.integers(1, 5))
+    return q, k, v, kwargs
+
+
+def _has_ml_dtypes():
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return False
+    return True
