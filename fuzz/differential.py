@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
 
 import numpy as np
 
-if not __package__:  # run by path (python fuzz/differential.py): the root, as python -m puts it on the path
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import npattn
 from tests.helpers import (
     check,
