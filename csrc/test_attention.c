@@ -266,7 +266,7 @@ static void test_stream_kernels(void) {
                                 }
                                 close &= fabs(o[r * D + e] - want) <= size * (double)(nk + 1) * 0x1p-24;
                             }
-                        snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: bits of float32 rows",
+                        snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: float32 bits",
                                  kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
                         expect(same, msg);
                         snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: the sums",

@@ -233,7 +233,8 @@ INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D
     for (; j + 4 <= nk; j += 4) {
         const void *kr = npattn_stream_at(kt, k, j * ldk);
         int64_t r = 0;
-        for (; r + 2 <= M; r += 2) scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
+        for (; r + 2 <= M; r += 2)
+            scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
         if (r < M) scores_block(kt, q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
     }
     if (j < nk)
