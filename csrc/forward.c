@@ -45,7 +45,7 @@ struct fwd_plan {
     int64_t max_m;                /* bh * bq: the most stacked rows */
     int64_t n_unit, n_split;      /* units, and tasks per unit (split-K) */
     int stream;                   /* decode-sized float tiles: the streaming kernels */
-    int k_direct, v_direct;       /* BLAS reads K / V in place */
+    int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
     int64_t ldk, ldv;             /* their leading dimensions then */
     int64_t out_size;             /* bytes per element of out */
     struct layout lay, lay64;     /* a slot's scratch in the computed type, and in double */
@@ -209,8 +209,12 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     pl.stream = !pl.f64 && pl.max_m <= STREAM_ROWS;
     if (pl.stream) pl.bk = STREAM_KEYS;
     enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
-    pl.k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl.ldk);
-    pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, computed, S, Dv, &pl.ldv);
+    /* gemms read K and V in place in the computed type; the streaming
+     * kernels read float, float16 and bfloat16 rows in place as stored */
+    enum npattn_dtype k_in = pl.stream && p->k.dtype != NPATTN_DTYPE_F64 ? p->k.dtype : computed;
+    enum npattn_dtype v_in = pl.stream && p->v.dtype != NPATTN_DTYPE_F64 ? p->v.dtype : computed;
+    pl.k_direct = npattn_blas_direct(&p->k, k_in, S, D, &pl.ldk);
+    pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, v_in, S, Dv, &pl.ldv);
     pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
 
     /* The work, and the threads it repays: each beyond the caller must get

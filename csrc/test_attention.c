@@ -201,6 +201,134 @@ static void test_conversions(void) {
            "float64 -> float32 keeps finite values finite");
 }
 
+/* The streaming kernels read float16 and bfloat16 rows as stored: the same
+ * bits as the float32 copies of those rows, and the double-precision sums
+ * within float32's rounding (n + 8 roundings of 2^-24 of the sum of |terms|
+ * for n terms), subnormal elements included, every width's tail, every table. */
+static void test_stream_kernels(void) {
+    enum { MAX_M = 16, MAX_N = 67, MAX_D = 130 };
+    static const enum npattn_dtype types[3] = {NPATTN_DTYPE_F32, NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
+    static const int64_t widths[] = {1, 5, 8, 15, 16, 24, 63, 64, 128, 130};
+    static const int64_t rows[] = {1, 2, 3, 4, 5, 7, 8, 16}, keys[] = {1, 2, 3, 4, 64, 67};
+    static float q[MAX_M * MAX_D], kf[MAX_N * (MAX_D + 3)], st[MAX_M * MAX_N], o[MAX_M * MAX_D], of[MAX_M * MAX_D];
+    static float sf[MAX_M * MAX_N], o0[MAX_M * MAX_D];
+    static uint16_t kh[MAX_N * (MAX_D + 3)];
+    char msg[200];
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+        const struct npattn_kernels *kt = npattn_kernels();
+        for (int ty = 1; ty < 3; ty++)
+            for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++)
+                for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri += 1 + (wi % 2))
+                    for (size_t ni = 0; ni < sizeof keys / sizeof *keys; ni++) {
+                        const int64_t D = widths[wi], M = rows[ri], nk = keys[ni], ld = D + 3; /* padded rows */
+                        for (int64_t i = 0; i < M * D; i++) q[i] = (float)(uniform() * 2);
+                        for (int64_t i = 0; i < nk * ld; i++) {
+                            /* one element in eight subnormal in the half type */
+                            double x = uniform() * (i % 8 == 3 ? (ty == 1 ? 6e-5 : 1e-38) : 2.0);
+                            float f = (float)x;
+                            npattn_store_f32(types[ty], &f, 1, kh + i, 1);
+                            npattn_load_f32(types[ty], kh + i, 1, 1, kf + i);
+                        }
+                        /* scores: as stored against the float32 copy, and against double */
+                        kt->scores(q, M, D, types[ty], kh, ld, nk, st, MAX_N);
+                        kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, sf, MAX_N);
+                        int same = 1, close = 1;
+                        for (int64_t r = 0; r < M; r++)
+                            for (int64_t j = 0; j < nk; j++) {
+                                double want = 0, size = 0;
+                                for (int64_t d = 0; d < D; d++) {
+                                    want += (double)q[r * D + d] * kf[j * ld + d];
+                                    size += fabs((double)q[r * D + d] * kf[j * ld + d]);
+                                }
+                                same &= memcmp(&st[r * MAX_N + j], &sf[r * MAX_N + j], sizeof(float)) == 0;
+                                close &= fabs(st[r * MAX_N + j] - want) <= size * (double)(D + 8) * 0x1p-24;
+                            }
+                        snprintf(msg, sizeof msg, "%s stream scores %s M=%lld D=%lld nk=%lld: bits of float32 rows",
+                                 kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
+                        expect(same, msg);
+                        snprintf(msg, sizeof msg, "%s stream scores %s M=%lld D=%lld nk=%lld: the sums",
+                                 kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
+                        expect(close, msg);
+                        /* accumulate: P (M, nk) in st against the rows as values, width D */
+                        for (int64_t i = 0; i < M * MAX_N; i++) st[i] = (float)fabs(uniform());
+                        for (int64_t i = 0; i < M * D; i++) o[i] = of[i] = o0[i] = (float)uniform();
+                        kt->accumulate(st, MAX_N, M, nk, types[ty], kh, ld, D, o);
+                        kt->accumulate(st, MAX_N, M, nk, NPATTN_DTYPE_F32, kf, ld, D, of);
+                        same = memcmp(o, of, sizeof(float) * (size_t)(M * D)) == 0;
+                        close = 1;
+                        for (int64_t r = 0; r < M; r++)
+                            for (int64_t e = 0; e < D; e++) {
+                                double want = o0[r * D + e], size = fabs(want);
+                                for (int64_t j = 0; j < nk; j++) {
+                                    want += (double)st[r * MAX_N + j] * kf[j * ld + e];
+                                    size += fabs((double)st[r * MAX_N + j] * kf[j * ld + e]);
+                                }
+                                close &= fabs(o[r * D + e] - want) <= size * (double)(nk + 1) * 0x1p-24;
+                            }
+                        snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: float32 bits",
+                                 kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
+                        expect(same, msg);
+                        snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: the sums",
+                                 kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
+                        expect(close, msg);
+                    }
+    }
+    npattn_kernels_force("");
+}
+
+/* A float32 q over float16 and bfloat16 K and V, decode (streamed) and
+ * split-K: the naive loop on the values as stored, to float32's bound. */
+static void test_half_cache(void) {
+    const int64_t U = NPATTN_UNBOUNDED, BR = INT64_MIN;
+    static const struct case_ cases[] = {
+        {1, 8, 2, 1, 300, 64, 40, 1, U, U, BR, 0, MASK_NONE, 0, 1, 1},
+        {2, 6, 3, 2, 77, 63, 63, 1, 20, 0, BR, 0, MASK_NONE, 2.0, 0, 2},
+        {1, 4, 1, 1, 9000, 128, 128, 1, U, U, BR, 0, MASK_NONE, 0, 1, 3}, /* split-K */
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const struct case_ *c = &cases[ci];
+        const int64_t nq = c->B * c->Hq * c->L * c->D, nk = c->B * c->Hkv * c->S * c->D;
+        const int64_t nv = c->B * c->Hkv * c->S * c->Dv, no = c->B * c->Hq * c->L * c->Dv, nl = c->B * c->Hq * c->L;
+        double *q = malloc(8 * (size_t)nq), *k = malloc(8 * (size_t)nk), *v = malloc(8 * (size_t)nv);
+        double *want = malloc(8 * (size_t)no), *want_lse = malloc(8 * (size_t)nl), *got = malloc(8 * (size_t)no);
+        double *want_w = malloc(8 * (size_t)(nl * c->S)), sinks[8];
+        struct buffers x = {{0}, malloc(4 * (size_t)nq), malloc(2 * (size_t)nk), malloc(2 * (size_t)nv),
+                            malloc(4 * (size_t)no), malloc(4 * (size_t)nl), NULL, NULL};
+        for (int i = 0; i < 8; i++) sinks[i] = uniform() * 3;
+        for (int ty = 2; ty < N_DTYPES; ty++) {
+            for (int64_t i = 0; i < nq; i++) q[i] = uniform() * 2;
+            for (int64_t i = 0; i < nk; i++) k[i] = uniform() * 2;
+            for (int64_t i = 0; i < nv; i++) v[i] = uniform();
+            from_double(NPATTN_DTYPE_F32, q, nq, x.q);
+            from_double(test_dtypes[ty], k, nk, x.k);
+            from_double(test_dtypes[ty], v, nv, x.v);
+            naive(c, q, k, v, NULL, NULL, c->sinks ? sinks : NULL, want, want_lse, want_w);
+            for (int t = 0; t < N_KERNEL_TABLES; t++) {
+                if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+                struct npattn_problem p;
+                int64_t bshape[1];
+                fill_problem(&p, c, NPATTN_DTYPE_F32, &x, c->sinks ? sinks : NULL, bshape);
+                p.k.dtype = p.v.dtype = test_dtypes[ty];
+                p.weights.data = NULL;
+                enum npattn_status st = npattn_sdpa(&p);
+                to_double(NPATTN_DTYPE_F32, x.out, no, got);
+                char msg[200];
+                snprintf(msg, sizeof msg, "%s float32 q over a %s cache, case %zu: out", kernel_tables[t],
+                         dtype_names[ty], ci);
+                expect(st == NPATTN_STATUS_OK && max_err(want, got, no, 0) < 2e-5, msg);
+                to_double(NPATTN_DTYPE_F32, x.lse, nl, got);
+                snprintf(msg, sizeof msg, "%s float32 q over a %s cache, case %zu: lse", kernel_tables[t],
+                         dtype_names[ty], ci);
+                expect(max_err(want_lse, got, nl, 1) < 2e-5 * 16, msg);
+            }
+        }
+        npattn_kernels_force("");
+        free(q), free(k), free(v), free(want), free(want_lse), free(got), free(want_w);
+        free(x.q), free(x.k), free(x.v), free(x.out), free(x.lse);
+    }
+}
+
 static void test_invalid(void) {
     struct case_ c = {1, 4, 2, 3, 5, 8, 8, 0, NPATTN_UNBOUNDED, NPATTN_UNBOUNDED, INT64_MIN, 0, MASK_NONE, 0, 0, 1};
     float buf[4096];
@@ -304,6 +432,8 @@ int main(void) {
     test_cancel();
     test_pool_modes();
     test_extremes();
+    test_stream_kernels();
+    test_half_cache();
     test_conversions();
     test_invalid();
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -20,15 +20,16 @@ void npattn_pool_dgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBL
 #define GEMM npattn_pool_sgemm
 #endif
 
-/* Rows j0 .. j0+nk of an operand (k or v of one head, at base) as REAL: the
- * rows in place when BLAS reads them (direct, leading dimension ld_direct),
- * else converted or gathered into buf (leading dimension width). */
-static const REAL *CAT(kv_rows_, SFX)(const struct npattn_tensor *t, const char *base, int64_t j0, int64_t nk,
+/* Rows j0 .. j0+nk of an operand (k or v of one head, at base): the rows in
+ * place, in t's own dtype, when they are read directly (direct, leading
+ * dimension ld_direct: by BLAS as REAL, or by the streaming kernels), else
+ * converted or gathered into buf as REAL (leading dimension width). */
+static const void *CAT(kv_rows_, SFX)(const struct npattn_tensor *t, const char *base, int64_t j0, int64_t nk,
                                       int64_t width, int direct, int64_t ld_direct, REAL *buf, int64_t *ld) {
     const int64_t es = (int64_t)npattn_dtype_size(t->dtype);
     if (direct) {
         *ld = ld_direct;
-        return (const REAL *)(base + j0 * t->row_stride * es);
+        return base + j0 * t->row_stride * es;
     }
     for (int64_t j = 0; j < nk; j++) LOAD(t->dtype, base + (j0 + j) * t->row_stride * es, t->col_stride, width, buf + j * width);
     *ld = width > 0 ? width : 1;

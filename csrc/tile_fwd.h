@@ -74,14 +74,17 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             if (npattn_run_stopped(&pl->run, slot)) return 0;
             const int64_t j0 = u.j0 + t * pl->bk, nk = u.j1 - j0 < pl->bk ? u.j1 - j0 : pl->bk;
 
-            /* K and V tiles: in place where BLAS can read them, else converted here */
+            /* K and V tiles: in place where BLAS, or the streaming kernels in
+             * K's and V's own type, can read them; else converted here */
             int64_t ldk, ldv = 1;
-            const REAL *ktile = CAT(kv_rows_, SFX)(&p->k, kbase, j0, nk, D, k_direct, pl->ldk, kt, &ldk), *vtile = vt;
+            const void *ktile = CAT(kv_rows_, SFX)(&p->k, kbase, j0, nk, D, k_direct, pl->ldk, kt, &ldk), *vtile = vt;
             if (pass == 0 && Dv > 0) vtile = CAT(kv_rows_, SFX)(&p->v, vbase, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv);
+            const enum npattn_dtype ktype = k_direct ? p->k.dtype : NPATTN_DTYPE_F32;
+            const enum npattn_dtype vtype = v_direct ? p->v.dtype : NPATTN_DTYPE_F32;
 
             /* scores^T (nk, M) = K_tile (nk, D) @ Q^T (D, M) */
             if (stream)
-                npattn_kernels()->scores_f32((const float *)qt, M, D, (const float *)ktile, ldk, nk, (float *)st, sld);
+                npattn_kernels()->scores((const float *)qt, M, D, ktype, ktile, ldk, nk, (float *)st, sld);
             else
                 GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile, (int)ldk, qt,
                      (int)M, (REAL)0, st, (int)M);
@@ -119,7 +122,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 
             /* O (M, D_v) += P (M, nk) @ V_tile (nk, D_v), P stored as st */
             if (stream)
-                npattn_kernels()->accumulate_f32((const float *)st, sld, M, nk, (const float *)vtile, ldv, Dv, (float *)ot);
+                npattn_kernels()->accumulate((const float *)st, sld, M, nk, vtype, vtile, ldv, Dv, (float *)ot);
             else if (Dv > 0)
                 GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)Dv, (int)nk, (REAL)1, st, (int)M, vtile,
                      (int)ldv, (REAL)1, ot, (int)Dv);

@@ -123,6 +123,10 @@ MIXED = [  # (q, k, v) dtypes and the result's
     (("bfloat16", "float32", "bfloat16"), "float32"),
     (("bfloat16", "bfloat16", "float64"), "float64"),
     (("float16", "bfloat16", "bfloat16"), "float32"),  # NumPy cannot promote these two
+    (("float32", "bfloat16", "bfloat16"), "float32"),  # a float32 model over a half cache
+    (("float32", "float16", "bfloat16"), "float32"),
+    (("bfloat16", "float16", "float16"), "float32"),
+    (("float16", "float32", "float16"), "float32"),
 ]
 
 

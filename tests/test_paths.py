@@ -13,7 +13,9 @@ import npattn
 from helpers import (
     KERNELS,
     check,
+    dtype_of,
     kernels,
+    layout,
     make_mask,
     own_tolerance,
     pool_mode,
@@ -85,6 +87,127 @@ def test_float16_conversions_in_each_kernel_table(variant, rng):
     portable): the reference correctly rounded."""
     q, k, v = (randn(rng, s, np.float16) for s in [(1, 4, 33, 64), (1, 2, 50, 64), (1, 2, 50, 64)])
     check(q, k, v)
+
+
+# ---- half-precision caches on the streaming path, read as stored ----
+
+HALF_PAIRS = [  # (q, k and v) dtypes: each half cache under each q, and half q over float32
+    pytest.param(q_name, kv_name, id=f"{q_name}-{kv_name}")
+    for q_name in ("float32", "float16", "bfloat16")
+    for kv_name in ("float16", "bfloat16", "float32")
+    if (q_name, kv_name) != ("float32", "float32")
+]
+STREAM_SIZES = [  # (H_q, H_kv, L, S, D, D_v): at most 16 stacked rows, so streamed
+    pytest.param(14, 2, 1, 333, 64, 64, id="qwen2-D64"),
+    pytest.param(32, 8, 1, 150, 128, 128, id="qwen3-D128"),
+    pytest.param(4, 1, 2, 101, 5, 5, id="D5"),
+    pytest.param(6, 2, 1, 70, 63, 63, id="D63"),
+    pytest.param(5, 1, 3, 66, 24, 40, id="Dv-wider"),
+    pytest.param(2, 2, 1, 97, 128, 9, id="Dv-narrower"),
+]
+
+
+@pytest.mark.parametrize("q_name, kv_name", HALF_PAIRS)
+@pytest.mark.parametrize("H_q, H_kv, L, S, D, D_v", STREAM_SIZES)
+def test_half_cache_streamed_matches_reference(variant, rng, H_q, H_kv, L, S, D, D_v, q_name, kv_name):
+    """Every pair of q and K/V dtypes on the streaming (decode) path, odd widths and
+    D_v != D, in every kernel table: the reference within the result dtype's bound,
+    and the same bits as K and V given as their float32 values (the kernels convert
+    exactly, in registers)."""
+    q_dtype, kv_dtype = dtype_of(q_name), dtype_of(kv_name)
+    q, k, v = qkv(rng, (1,), H_q, H_kv, L, S, D, D_v, dtypes=(q_dtype, kv_dtype, kv_dtype))
+    got = check(q, k, v, threads=1)
+    as_f32 = npattn.sdpa(q, k.astype(np.float32), v.astype(np.float32), threads=1)
+    np.testing.assert_array_equal(got, as_f32.astype(got.dtype))
+
+
+@pytest.mark.parametrize("kv_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mask", ["causal", "causal_top_left", None, "bool", "additive"])
+def test_half_cache_streamed_every_mask_kind(variant, rng, mask, kv_name):
+    """A float32 q over a half cache, decode and a few stacked query rows, every mask
+    kind: the reference, in float32."""
+    kv_dtype = dtype_of(kv_name)
+    for L in (1, 3):
+        q, k, v = qkv(rng, (2,), 6, 2, L, 130, 64, dtypes=(np.dtype(np.float32), kv_dtype, kv_dtype))
+        assert check(q, k, v, mask=make_mask(rng, mask, (6, L, 130))).dtype == np.float32
+
+
+@pytest.mark.parametrize("q_name, kv_name", [("float32", "float16"), ("bfloat16", "bfloat16"), ("float16", "float16")])
+def test_half_cache_streamed_sinks_window_softcap(variant, rng, q_name, kv_name):
+    """Sinks, a sliding window, softcap and offsets with a half cache: the reference."""
+    q_dtype, kv_dtype = dtype_of(q_name), dtype_of(kv_name)
+    q, k, v = qkv(rng, (1,), 8, 2, 2, 300, 64, dtypes=(q_dtype, kv_dtype, kv_dtype))
+    sinks = rng.standard_normal(8) * 2
+    check(q, k, v, sinks=sinks, return_lse=True)
+    check(q, k, v, window=(40, 0), softcap=5.0)
+    check(q, k, v, q_offset=250, k_offset=10, sinks=sinks, window=(100, 0))
+    check(q, k, v, mask=None, softcap=2.0, sinks=sinks)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "padded_rows",
+        "reversed_rows",
+        "strided_last",
+        "every_other_head",
+        "byteswapped",
+        "unaligned",
+        "zero_stride_rows",
+    ],
+)
+@pytest.mark.parametrize("kv_name", ["float16", "bfloat16"])
+def test_half_cache_streamed_layouts(variant, rng, kv_name, kind):
+    """Half caches in other memory layouts (rows read in place at their stride, or
+    gathered when they cannot be), byte-swapped and unaligned ones included: the
+    reference, and the same bits as the contiguous copy."""
+    kv_dtype = dtype_of(kv_name)
+    q = randn(rng, (1, 8, 1, 64))
+    k, v = (layout(rng, (1, 2, 200, 64), kv_dtype, kind) for _ in range(2))
+    got = check(q, k, v, threads=1)
+    native = kv_dtype.newbyteorder("=")
+    contiguous = npattn.sdpa(q, np.ascontiguousarray(k, native), np.ascontiguousarray(v, native), threads=1)
+    np.testing.assert_array_equal(got, contiguous)
+
+
+@pytest.mark.parametrize("kv_name", ["float16", "bfloat16"])
+def test_half_cache_subnormal_and_extreme_values(variant, rng, kv_name):
+    """Half caches at the ends of their range are read exactly: float16 subnormal
+    values (6e-8 .. 6e-5, normal in float32) average to their float32 answer, not to 0;
+    subnormal keys; the largest finite values, whose float32 sums overflow and are
+    recomputed in double."""
+    kv_dtype = dtype_of(kv_name)
+    info = pytest.importorskip("ml_dtypes").finfo(kv_dtype) if kv_name == "bfloat16" else np.finfo(kv_dtype)
+    tiny, big = float(info.smallest_subnormal), float(info.max)
+    q, k, v = qkv(rng, (1,), 8, 2, 1, 200, 64, dtypes=(np.dtype(np.float32), kv_dtype, kv_dtype))
+    # values and keys all subnormal: whole units of the smallest subnormal, each sign
+    units = rng.integers(1, 2 ** int(info.nmant), size=v.shape) * rng.choice([-1, 1], size=v.shape)
+    sub = (units * tiny).astype(kv_dtype)
+    assert (np.abs(sub.astype(np.float64)) < float(info.smallest_normal)).all()
+    got = check(q, k, sub)
+    if kv_name == "float16":  # normal in float32: a flush to zero would be far off
+        assert np.abs(got).max() > 0
+    check(q, sub, v)
+    # mixed with normal values; the largest finite values, and their negatives
+    mixed = np.where(rng.random(v.shape) < 0.3, sub, v)
+    check(q, mixed, mixed)
+    extreme = np.where(rng.random(v.shape) < 0.5, big, -big).astype(kv_dtype)
+    got = check(q, k, extreme)
+    assert np.isfinite(got).all()
+    check(q, extreme, v, scale=1.0 / big)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("q_name, kv_name", [("float32", "float16"), ("bfloat16", "bfloat16"), ("float16", "float16")])
+def test_half_cache_streamed_repeats_bitwise(variant, rng, q_name, kv_name, threads):
+    """Same inputs, same threads: the same bits, split-K decode included."""
+    q_dtype, kv_dtype = dtype_of(q_name), dtype_of(kv_name)
+    q, k, v = qkv(rng, (1,), 4, 1, 1, 6000, 64, dtypes=(q_dtype, kv_dtype, kv_dtype))
+    first, lse = check(q, k, v, threads=threads, return_lse=True)
+    for _ in range(2):
+        again, lse_again = npattn.sdpa(q, k, v, threads=threads, return_lse=True)
+        np.testing.assert_array_equal(again, first)
+        np.testing.assert_array_equal(lse_again, lse)
 
 
 def test_simd_reports_the_table_in_use():

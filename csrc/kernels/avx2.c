@@ -185,92 +185,150 @@ AVX2 INLINE __m256 sum8(const __m256 v[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* Scores of nr <= 2 query rows against nkb <= 4 keys, into st (nr, ldst):
- * 8 products per loaded pair of vectors, one reduction tree. */
-AVX2 INLINE void scores_block(const float *qr, int nr, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
-                              int64_t ldst, int64_t pf) {
-    __m256 acc[8]; /* acc[4 * row + key] */
-    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+/* 8 elements of a row of type t at p, as floats: float16 through F16C,
+ * bfloat16 widened into a float's top half; both exact. */
+AVX2 INLINE __m256 load8(enum npattn_dtype t, const void *p) {
+    if (t == NPATTN_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    if (t == NPATTN_DTYPE_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    return _mm256_loadu_ps((const float *)p);
+}
+
+/* The n bytes from p, into L2. */
+AVX2 INLINE void prefetch_row(const void *p, int64_t n) {
+    for (int64_t b = 0; b < n; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
+}
+
+/* Scores of nr <= 4 query rows against nkb <= 3 keys (rows of type kt at
+ * kr), into st (nr, ldst), a small GEMM's microkernel for 16 registers: 12
+ * accumulators, 3 key vectors (converted once, used 4 times) and a query
+ * vector; then one reduction tree per 8 scores. pf: the offset (in elements)
+ * of the rows to prefetch, or 0. */
+AVX2 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
+                              int nkb, float *st, int64_t ldst, int64_t pf) {
+    __m256 acc[16]; /* acc[3 * row + key]; 12 .. 15 stay zero, for the reduction */
+    for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();
     int64_t d = 0;
-    if (pf) /* the rows pf floats ahead, into L2 */
-        for (int a = 0; a < nkb; a++)
-            for (int64_t e = 0; e < D; e += 16) _mm_prefetch((const char *)(kr + a * ldk + e + pf), _MM_HINT_T1);
+    if (pf) /* the rows pf elements ahead, into L2 */
+        for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, kr, a * ldk + pf), D * npattn_stream_size(kt));
     for (; d + 8 <= D; d += 8) {
-        __m256 kv[4], qv[2];
-        for (int a = 0; a < nkb; a++) kv[a] = _mm256_loadu_ps(kr + a * ldk + d);
-        for (int b = 0; b < nr; b++) qv[b] = _mm256_loadu_ps(qr + b * D + d);
-        for (int b = 0; b < nr; b++)
-            for (int a = 0; a < nkb; a++) acc[4 * b + a] = _mm256_fmadd_ps(kv[a], qv[b], acc[4 * b + a]);
+        __m256 kv[3];
+        for (int a = 0; a < nkb; a++) kv[a] = load8(kt, npattn_stream_at(kt, kr, a * ldk + d));
+        for (int b = 0; b < nr; b++) {
+            __m256 qv = _mm256_loadu_ps(qr + b * D + d);
+            for (int a = 0; a < nkb; a++) acc[3 * b + a] = _mm256_fmadd_ps(kv[a], qv, acc[3 * b + a]);
+        }
     }
-    float out[8];
+    float out[16];
     _mm256_storeu_ps(out, sum8(acc));
+    if (nr * 3 > 8) _mm256_storeu_ps(out + 8, sum8(acc + 8));
     for (int b = 0; b < nr; b++)
         for (int a = 0; a < nkb; a++) {
-            float s = out[4 * b + a];
-            for (int64_t e = d; e < D; e++) s += qr[b * D + e] * kr[a * ldk + e];
+            float s = out[3 * b + a];
+            for (int64_t e = d; e < D; e++) s += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
             st[b * ldst + a] = s;
         }
 }
 
-AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk,
-                             float *st, int64_t ldst) {
-    const int64_t pf = npattn_prefetch_rows(ldk * 4) * ldk; /* the first row block prefetches */
+/* Keys j .. j+nkb-1 against every row, 4 rows at a time, the row count of
+ * the last block specialised. */
+AVX2 INLINE void scores_keys(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *kr, int64_t ldk,
+                             int nkb, float *st, int64_t ldst, int64_t pf) {
+    int64_t r = 0;
+    for (; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, nkb, st + r * ldst, ldst, r == 0 ? pf : 0);
+    int64_t pr = r == 0 ? pf : 0;
+    switch (M - r) {
+    case 3: scores_block(kt, q + r * D, 3, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
+    case 2: scores_block(kt, q + r * D, 2, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
+    case 1: scores_block(kt, q + r * D, 1, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
+    default: break;
+    }
+}
+
+AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
+                           int64_t nk, float *st, int64_t ldst) {
+    const int64_t pf = npattn_prefetch_rows(ldk * npattn_stream_size(kt)) * ldk; /* the first row block prefetches */
     int64_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        int64_t r = 0;
-        for (; r + 2 <= M; r += 2)
-            scores_block(q + r * D, 2, D, k + j * ldk, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
-        if (r < M) scores_block(q + r * D, 1, D, k + j * ldk, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
-    }
-    if (j < nk)
-        for (int64_t r = 0; r < M; r += 2)
-            scores_block(q + r * D, (int)(M - r < 2 ? M - r : 2), D, k + j * ldk, ldk, (int)(nk - j),
-                         st + r * ldst + j, ldst, 0);
+    for (; j + 3 <= nk; j += 3) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 3, st + j, ldst, pf);
+    if (nk - j == 2) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 2, st + j, ldst, 0);
+    if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, st + j, ldst, 0);
 }
 
-/* o (nr <= 4 rows, 32 columns from e0) += P @ v, o in registers. */
-AVX2 INLINE void accumulate_block(const float *st, int64_t ldst, int nr, int64_t nk, const float *v, int64_t ldv,
-                                  int64_t Dv, int64_t e0, float *o, int64_t pf) {
-    __m256 acc[16]; /* acc[4 * row + chunk] */
+/* One copy of the loops per key type, its conversion inlined. */
+AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
+                             int64_t nk, float *st, int64_t ldst) {
+    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, st, ldst);
+    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, st, ldst);
+}
+
+/* o (nr <= 6 rows, 8 * nc <= 16 columns from e0) += P @ v, o in registers
+ * while the value rows (type vt) stream past: 12 accumulators, 2 value
+ * vectors (converted once, used 6 times) and a broadcast weight. pf: as for
+ * scores_block, whole rows. */
+AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
+                                  const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf) {
+    __m256 acc[12]; /* acc[2 * row + chunk] */
     for (int a = 0; a < nr; a++)
-        for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm256_loadu_ps(o + a * Dv + e0 + 8 * c);
+        for (int c = 0; c < nc; c++) acc[2 * a + c] = _mm256_loadu_ps(o + a * Dv + e0 + 8 * c);
     for (int64_t j = 0; j < nk; j++) {
-        const float *vr = v + j * ldv + e0;
-        if (pf) /* whole rows pf floats ahead, into L2 */
-            for (int64_t e = 0; e < Dv; e += 16) _mm_prefetch((const char *)(v + j * ldv + e + pf), _MM_HINT_T1);
-        __m256 vv[4];
-        for (int c = 0; c < 4; c++) vv[c] = _mm256_loadu_ps(vr + 8 * c);
+        if (pf) /* whole rows pf elements ahead, into L2 */
+            prefetch_row(npattn_stream_at(vt, v, j * ldv + pf), Dv * npattn_stream_size(vt));
+        __m256 vv[2];
+        for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, j * ldv + e0 + 8 * c));
         for (int a = 0; a < nr; a++) {
-            __m256 pa = _mm256_set1_ps(st[a * ldst + j]);
-            for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm256_fmadd_ps(pa, vv[c], acc[4 * a + c]);
+            __m256 pa = _mm256_broadcast_ss(st + a * ldst + j);
+            for (int c = 0; c < nc; c++) acc[2 * a + c] = _mm256_fmadd_ps(pa, vv[c], acc[2 * a + c]);
         }
     }
     for (int a = 0; a < nr; a++)
-        for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + a * Dv + e0 + 8 * c, acc[4 * a + c]);
+        for (int c = 0; c < nc; c++) _mm256_storeu_ps(o + a * Dv + e0 + 8 * c, acc[2 * a + c]);
 }
 
-AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, int64_t nk, const float *v, int64_t ldv,
-                                 int64_t Dv, float *o) {
-    const int64_t pf = npattn_prefetch_rows(ldv * 4) * ldv; /* the first block of the first pass prefetches */
-    int64_t e0 = 0;
-    for (; e0 + 32 <= Dv; e0 += 32) {
-        int64_t r = 0;
-        for (; r + 4 <= M; r += 4)
-            accumulate_block(st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0 ? pf : 0);
-        int64_t pr = r == 0 && e0 == 0 ? pf : 0;
-        switch (M - r) {
-        case 3: accumulate_block(st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 2: accumulate_block(st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 1: accumulate_block(st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
-        default: break;
-        }
+/* Columns e0 .. e0 + 8 * nc - 1 of every row, 6 rows at a time, the row
+ * count of the last block specialised. */
+AVX2 INLINE void accumulate_columns(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int nc,
+                                    int64_t nk, const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o,
+                                    int64_t pf) {
+    int64_t r = 0;
+    for (; r + 6 <= M; r += 6)
+        accumulate_block(vt, st + r * ldst, ldst, 6, nc, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 ? pf : 0);
+    int64_t pr = r == 0 ? pf : 0;
+    switch (M - r) {
+    case 5: accumulate_block(vt, st + r * ldst, ldst, 5, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+    case 4: accumulate_block(vt, st + r * ldst, ldst, 4, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+    case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+    case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+    case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+    default: break;
     }
-    if (e0 < Dv) /* columns left over, fewer than 32 */
+}
+
+AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
+                               const void *v, int64_t ldv, int64_t Dv, float *o) {
+    /* the first block of the first pass prefetches */
+    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt)) * ldv;
+    int64_t e0 = 0;
+    for (; e0 + 16 <= Dv; e0 += 16) accumulate_columns(vt, st, ldst, M, 2, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0);
+    if (e0 + 8 <= Dv) {
+        accumulate_columns(vt, st, ldst, M, 1, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0);
+        e0 += 8;
+    }
+    if (e0 < Dv) /* columns left over, fewer than 8 */
         for (int64_t r = 0; r < M; r++)
             for (int64_t j = 0; j < nk; j++) {
                 float p = st[r * ldst + j];
-                for (int64_t e = e0; e < Dv; e++) o[r * Dv + e] += p * v[j * ldv + e];
+                const void *vr = npattn_stream_at(vt, v, j * ldv);
+                for (int64_t e = e0; e < Dv; e++) o[r * Dv + e] += p * npattn_stream_elem(vt, vr, e);
             }
+}
+
+/* One copy of the loops per value type, its conversion inlined. */
+AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt,
+                                 const void *v, int64_t ldv, int64_t Dv, float *o) {
+    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, v, ldv, Dv, o);
+    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, v, ldv, Dv, o);
+    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, v, ldv, Dv, o);
 }
 
 AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) {
@@ -284,8 +342,8 @@ const struct npattn_kernels npattn_kernels_avx2 = {
     .name = "avx2",
     .softmax_f32 = softmax_avx2,
     .softmax_rows_f32 = softmax_rows_avx2,
-    .scores_f32 = scores_avx2,
-    .accumulate_f32 = accumulate_avx2,
+    .scores = scores_avx2,
+    .accumulate = accumulate_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
 };
 #endif

@@ -179,19 +179,44 @@ AVX512 INLINE __m512 sum16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD));
 }
 
-/* Scores of nr <= 4 query rows (at qr) against nkb <= 4 keys (rows of k at
- * kr), into st (nr, ldst): 16 products per pair of loaded vectors, one
- * reduction tree. pf: the offset (in floats) of the rows to prefetch, or 0. */
-AVX512 INLINE void scores_block(const float *qr, int nr, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
-                                int64_t ldst, int64_t pf) {
+/* Chunk c (16 elements) of a row of n elements of type t at p, as floats,
+ * lanes beyond n zero: float16 through vcvtph2ps, bfloat16 widened into a
+ * float's top half; both exact. A half chunk cut short is copied out first,
+ * since masked 16-bit loads need AVX512BW. */
+AVX512 INLINE __m512 load16(enum npattn_dtype t, const void *p, int64_t n, int64_t c) {
+    if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(lanes(n, c), (const float *)p + 16 * c);
+    const uint16_t *h = (const uint16_t *)p + 16 * c;
+    __m256i x;
+    if (n - 16 * c >= 16) {
+        x = _mm256_loadu_si256((const __m256i *)h);
+    } else {
+        uint16_t part[16] = {0};
+        for (int64_t i = 0; i < n - 16 * c; i++) part[i] = h[i];
+        x = _mm256_loadu_si256((const __m256i *)part);
+    }
+    if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+/* The n bytes from p, into L2. */
+AVX512 INLINE void prefetch_row(const void *p, int64_t n) {
+    for (int64_t b = 0; b < n; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
+}
+
+/* Scores of nr <= 4 query rows (at qr) against nkb <= 4 keys (rows of type
+ * kt at kr), into st (nr, ldst): 16 products per pair of loaded vectors, one
+ * reduction tree. pf: the offset (in elements) of the rows to prefetch, or 0. */
+AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
+                                int nkb, float *st, int64_t ldst, int64_t pf) {
     __m512 acc[16]; /* acc[4 * row + key] */
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    const int64_t es = npattn_stream_size(kt);
     for (int64_t c = 0; 16 * c < D; c++) {
         __mmask16 m = lanes(D, c);
         __m512 kv[4], qv[4];
-        if (pf)
-            for (int a = 0; a < nkb; a++) _mm_prefetch((const char *)(kr + a * ldk + 16 * c + pf), _MM_HINT_T1);
-        for (int a = 0; a < nkb; a++) kv[a] = _mm512_maskz_loadu_ps(m, kr + a * ldk + 16 * c);
+        if (pf && (16 * c * es) % 64 == 0) /* one prefetch per cache line */
+            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, kr, a * ldk + 16 * c + pf), 1);
+        for (int a = 0; a < nkb; a++) kv[a] = load16(kt, npattn_stream_at(kt, kr, a * ldk), D, c);
         for (int b = 0; b < nr; b++) qv[b] = _mm512_maskz_loadu_ps(m, qr + b * D + 16 * c);
         for (int b = 0; b < nr; b++)
             for (int a = 0; a < nkb; a++) acc[4 * b + a] = _mm512_fmadd_ps(kv[a], qv[b], acc[4 * b + a]);
@@ -210,46 +235,53 @@ AVX512 INLINE void scores_block(const float *qr, int nr, int64_t D, const float 
         for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[4 * b + a];
 }
 
-AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk,
-                                 float *st, int64_t ldst) {
-    const int64_t pf = npattn_prefetch_rows(ldk * 4) * ldk; /* the first row block prefetches */
+AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
+                             int64_t nk, float *st, int64_t ldst) {
+    const int64_t pf = npattn_prefetch_rows(ldk * npattn_stream_size(kt)) * ldk; /* the first row block prefetches */
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
-        const float *kr = k + j * ldk;
+        const void *kr = npattn_stream_at(kt, k, j * ldk);
         int64_t r = 0;
         if (M >= 4) {
-            scores_block(q, 4, D, kr, ldk, 4, st + j, ldst, pf);
-            for (r = 4; r + 4 <= M; r += 4) scores_block(q + r * D, 4, D, kr, ldk, 4, st + r * ldst + j, ldst, 0);
+            scores_block(kt, q, 4, D, kr, ldk, 4, st + j, ldst, pf);
+            for (r = 4; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, 4, st + r * ldst + j, ldst, 0);
         }
         int64_t pr = r == 0 ? pf : 0;
         switch (M - r) { /* the rows left, each count specialised */
-        case 3: scores_block(q + r * D, 3, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
-        case 2: scores_block(q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
-        case 1: scores_block(q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
+        case 3: scores_block(kt, q + r * D, 3, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
+        case 2: scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
+        case 1: scores_block(kt, q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
         default: break;
         }
     }
     if (j < nk)
         for (int64_t r = 0; r < M; r += 4)
-            scores_block(q + r * D, (int)(M - r < 4 ? M - r : 4), D, k + j * ldk, ldk, (int)(nk - j),
-                         st + r * ldst + j, ldst, 0);
+            scores_block(kt, q + r * D, (int)(M - r < 4 ? M - r : 4), D, npattn_stream_at(kt, k, j * ldk), ldk,
+                         (int)(nk - j), st + r * ldst + j, ldst, 0);
+}
+
+/* One copy of the loops per key type, its conversion inlined. */
+AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k,
+                                 int64_t ldk, int64_t nk, float *st, int64_t ldst) {
+    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, st, ldst);
+    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, st, ldst);
 }
 
 /* o (nr <= 4 rows, 64 columns from e0) += P @ v: o in registers while the
- * value rows stream past. pf: as for scores_block, whole rows. */
-AVX512 INLINE void accumulate_block(const float *st, int64_t ldst, int nr, int64_t nk, const float *v, int64_t ldv,
-                                    int64_t Dv, int64_t e0, float *o, int64_t pf) {
+ * value rows (type vt) stream past. pf: as for scores_block, whole rows. */
+AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int64_t nk,
+                                    const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf) {
     __mmask16 m[4];
     for (int c = 0; c < 4; c++) m[c] = lanes(Dv - e0, c);
     __m512 acc[16]; /* acc[4 * row + chunk] */
     for (int a = 0; a < nr; a++)
         for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_maskz_loadu_ps(m[c], o + a * Dv + e0 + 16 * c);
     for (int64_t j = 0; j < nk; j++) {
-        const float *vr = v + j * ldv + e0;
-        if (pf)
-            for (int64_t e = 0; e < Dv; e += 16) _mm_prefetch((const char *)(v + j * ldv + e + pf), _MM_HINT_T1);
+        const void *vr = npattn_stream_at(vt, v, j * ldv + e0);
+        if (pf) prefetch_row(npattn_stream_at(vt, v, j * ldv + pf), Dv * npattn_stream_size(vt));
         __m512 vv[4];
-        for (int c = 0; c < 4; c++) vv[c] = _mm512_maskz_loadu_ps(m[c], vr + 16 * c);
+        for (int c = 0; c < 4; c++) vv[c] = load16(vt, vr, Dv - e0, c);
         for (int a = 0; a < nr; a++) {
             __m512 pa = _mm512_set1_ps(st[a * ldst + j]);
             for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_fmadd_ps(pa, vv[c], acc[4 * a + c]);
@@ -259,23 +291,33 @@ AVX512 INLINE void accumulate_block(const float *st, int64_t ldst, int nr, int64
         for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + a * Dv + e0 + 16 * c, m[c], acc[4 * a + c]);
 }
 
-AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, int64_t nk, const float *v,
-                                     int64_t ldv, int64_t Dv, float *o) {
-    const int64_t pf = npattn_prefetch_rows(ldv * 4) * ldv; /* the first block of each pass prefetches */
+AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
+                                 const void *v, int64_t ldv, int64_t Dv, float *o) {
+    /* the first block of each pass prefetches */
+    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt)) * ldv;
     for (int64_t e0 = 0; e0 < Dv; e0 += 64) {
         int64_t r = 0;
         if (M >= 4) {
-            accumulate_block(st, ldst, 4, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0);
-            for (r = 4; r + 4 <= M; r += 4) accumulate_block(st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, 0);
+            accumulate_block(vt, st, ldst, 4, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0);
+            for (r = 4; r + 4 <= M; r += 4)
+                accumulate_block(vt, st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, 0);
         }
         int64_t pr = r == 0 && e0 == 0 ? pf : 0;
         switch (M - r) {
-        case 3: accumulate_block(st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 2: accumulate_block(st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 1: accumulate_block(st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
         default: break;
         }
     }
+}
+
+/* One copy of the loops per value type, its conversion inlined. */
+AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt,
+                                     const void *v, int64_t ldv, int64_t Dv, float *o) {
+    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, v, ldv, Dv, o);
+    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, v, ldv, Dv, o);
+    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, v, ldv, Dv, o);
 }
 
 AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst) {
@@ -289,8 +331,8 @@ const struct npattn_kernels npattn_kernels_avx512 = {
     .name = "avx512",
     .softmax_f32 = softmax_avx512,
     .softmax_rows_f32 = softmax_rows_avx512,
-    .scores_f32 = scores_avx512,
-    .accumulate_f32 = accumulate_avx512,
+    .scores = scores_avx512,
+    .accumulate = accumulate_avx512,
     .f16_to_f32 = f16_to_f32_avx512,
 };
 #endif

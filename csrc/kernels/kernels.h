@@ -45,14 +45,17 @@ struct npattn_kernels {
      * query row r's nk scores, as the streaming kernels leave them. */
     int (*softmax_rows_f32)(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha);
 
-    /* Decode-sized tiles, which read each key and value row once.
+    /* Decode-sized tiles, which read each key and value row once, in its
+     * own type: kt and vt are F32, F16 or BF16, converted in registers
+     * (exactly), so that a half-precision cache is read at half the bytes.
      * scores: st (M, ldst) = raw scores of the M rows of q (M, D),
-     * row-major, against nk rows of k. accumulate: o (M, Dv) row-major +=
-     * P @ v, P (M, nk) given as st (M, ldst). */
-    void (*scores_f32)(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk, float *st,
-                       int64_t ldst);
-    void (*accumulate_f32)(const float *st, int64_t ldst, int64_t M, int64_t nk, const float *v, int64_t ldv,
-                           int64_t Dv, float *o);
+     * row-major, against nk rows of k (ldk elements apart). accumulate:
+     * o (M, Dv) row-major += P @ v, P (M, nk) given as st (M, ldst). The
+     * arithmetic is the same, in float, whatever the types. */
+    void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk, int64_t nk,
+                   float *st, int64_t ldst);
+    void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt, const void *v,
+                       int64_t ldv, int64_t Dv, float *o);
 
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
@@ -109,6 +112,22 @@ void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void
 void npattn_store_f64(enum npattn_dtype dtype, const double *src, int64_t n, void *dst, int64_t stride);
 
 /* ---- shared by the tables ---- */
+
+/* Bytes per element of a row the streaming kernels read (F32, F16, BF16). */
+static inline int64_t npattn_stream_size(enum npattn_dtype t) { return t == NPATTN_DTYPE_F32 ? 4 : 2; }
+
+/* Element i of a row of type t (F32, F16, BF16) as float, exactly: the
+ * kernels' scalar tails. */
+static inline float npattn_stream_elem(enum npattn_dtype t, const void *row, int64_t i) {
+    if (t == NPATTN_DTYPE_F32) return ((const float *)row)[i];
+    if (t == NPATTN_DTYPE_F16) return npattn_f16_to_f32(((const uint16_t *)row)[i]);
+    return npattn_bf16_to_f32(((const uint16_t *)row)[i]);
+}
+
+/* Element i of a row of type t, by address. */
+static inline const void *npattn_stream_at(enum npattn_dtype t, const void *row, int64_t i) {
+    return (const char *)row + i * npattn_stream_size(t);
+}
 
 /* Streaming kernels prefetch rows this far ahead into L2 while they read a
  * row: about 8 KiB, more than a DRAM latency's worth of the stream, so that

@@ -188,19 +188,32 @@ static int softmax_rows_neon(float *st, const struct npattn_score_tile *t, float
     return 0;
 }
 
-/* Scores of nr <= 2 query rows against nkb <= 4 keys, into st (nr, ldst):
- * 8 products per loaded pair of vectors, then one reduction per score. */
-INLINE void scores_block(const float *qr, int nr, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
-                         int64_t ldst, int64_t pf) {
+/* 4 elements of a row of type t at p, as floats: float16 through fcvtl,
+ * bfloat16 widened into a float's top half (shll); both exact. */
+INLINE float32x4_t load4(enum npattn_dtype t, const void *p) {
+    if (t == NPATTN_DTYPE_F16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p)));
+    if (t == NPATTN_DTYPE_BF16) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)p), 16));
+    return vld1q_f32((const float *)p);
+}
+
+/* The n bytes from p, into L2. */
+INLINE void prefetch_row(const void *p, int64_t n) {
+    for (int64_t b = 0; b < n; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
+}
+
+/* Scores of nr <= 2 query rows against nkb <= 4 keys (rows of type kt at
+ * kr), into st (nr, ldst): 8 products per loaded pair of vectors, then one
+ * reduction per score. pf: the offset (in elements) of the rows to prefetch, or 0. */
+INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
+                         int nkb, float *st, int64_t ldst, int64_t pf) {
     float32x4_t acc[8]; /* acc[4 * row + key] */
     for (int i = 0; i < 8; i++) acc[i] = vdupq_n_f32(0.0f);
     int64_t d = 0;
-    if (pf) /* the rows pf floats ahead, into L2 */
-        for (int a = 0; a < nkb; a++)
-            for (int64_t e = 0; e < D; e += 16) __builtin_prefetch(kr + a * ldk + e + pf, 0, 2);
+    if (pf) /* the rows pf elements ahead, into L2 */
+        for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, kr, a * ldk + pf), D * npattn_stream_size(kt));
     for (; d + 4 <= D; d += 4) {
         float32x4_t kv[4], qv[2];
-        for (int a = 0; a < nkb; a++) kv[a] = vld1q_f32(kr + a * ldk + d);
+        for (int a = 0; a < nkb; a++) kv[a] = load4(kt, npattn_stream_at(kt, kr, a * ldk + d));
         for (int b = 0; b < nr; b++) qv[b] = vld1q_f32(qr + b * D + d);
         for (int b = 0; b < nr; b++)
             for (int a = 0; a < nkb; a++) acc[4 * b + a] = vfmaq_f32(acc[4 * b + a], kv[a], qv[b]);
@@ -208,39 +221,48 @@ INLINE void scores_block(const float *qr, int nr, int64_t D, const float *kr, in
     for (int b = 0; b < nr; b++)
         for (int a = 0; a < nkb; a++) {
             float s = vaddvq_f32(acc[4 * b + a]);
-            for (int64_t e = d; e < D; e++) s += qr[b * D + e] * kr[a * ldk + e];
+            for (int64_t e = d; e < D; e++) s += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
             st[b * ldst + a] = s;
         }
 }
 
-static void scores_neon(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk, float *st,
-                        int64_t ldst) {
-    const int64_t pf = npattn_prefetch_rows(ldk * 4) * ldk; /* the first row block prefetches */
+INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
+                      int64_t nk, float *st, int64_t ldst) {
+    const int64_t pf = npattn_prefetch_rows(ldk * npattn_stream_size(kt)) * ldk; /* the first row block prefetches */
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
+        const void *kr = npattn_stream_at(kt, k, j * ldk);
         int64_t r = 0;
         for (; r + 2 <= M; r += 2)
-            scores_block(q + r * D, 2, D, k + j * ldk, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
-        if (r < M) scores_block(q + r * D, 1, D, k + j * ldk, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
+            scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
+        if (r < M) scores_block(kt, q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
     }
     if (j < nk)
         for (int64_t r = 0; r < M; r += 2)
-            scores_block(q + r * D, (int)(M - r < 2 ? M - r : 2), D, k + j * ldk, ldk, (int)(nk - j),
-                         st + r * ldst + j, ldst, 0);
+            scores_block(kt, q + r * D, (int)(M - r < 2 ? M - r : 2), D, npattn_stream_at(kt, k, j * ldk), ldk,
+                         (int)(nk - j), st + r * ldst + j, ldst, 0);
 }
 
-/* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers. */
-INLINE void accumulate_block(const float *st, int64_t ldst, int nr, int64_t nk, const float *v, int64_t ldv,
-                             int64_t Dv, int64_t e0, float *o, int64_t pf) {
+/* One copy of the loops per key type, its conversion inlined. */
+static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
+                        int64_t nk, float *st, int64_t ldst) {
+    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, st, ldst);
+    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, st, ldst);
+}
+
+/* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers while the
+ * value rows (type vt) stream past. pf: as for scores_block, whole rows. */
+INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int64_t nk, const void *v,
+                             int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf) {
     float32x4_t acc[16]; /* acc[4 * row + chunk] */
     for (int a = 0; a < nr; a++)
         for (int c = 0; c < 4; c++) acc[4 * a + c] = vld1q_f32(o + a * Dv + e0 + 4 * c);
     for (int64_t j = 0; j < nk; j++) {
-        const float *vr = v + j * ldv + e0;
-        if (pf) /* whole rows pf floats ahead, into L2 */
-            for (int64_t e = 0; e < Dv; e += 16) __builtin_prefetch(v + j * ldv + e + pf, 0, 2);
+        if (pf) /* whole rows pf elements ahead, into L2 */
+            prefetch_row(npattn_stream_at(vt, v, j * ldv + pf), Dv * npattn_stream_size(vt));
         float32x4_t vv[4];
-        for (int c = 0; c < 4; c++) vv[c] = vld1q_f32(vr + 4 * c);
+        for (int c = 0; c < 4; c++) vv[c] = load4(vt, npattn_stream_at(vt, v, j * ldv + e0 + 4 * c));
         for (int a = 0; a < nr; a++) {
             float32x4_t pa = vdupq_n_f32(st[a * ldst + j]);
             for (int c = 0; c < 4; c++) acc[4 * a + c] = vfmaq_f32(acc[4 * a + c], pa, vv[c]);
@@ -250,19 +272,20 @@ INLINE void accumulate_block(const float *st, int64_t ldst, int nr, int64_t nk, 
         for (int c = 0; c < 4; c++) vst1q_f32(o + a * Dv + e0 + 4 * c, acc[4 * a + c]);
 }
 
-static void accumulate_neon(const float *st, int64_t ldst, int64_t M, int64_t nk, const float *v, int64_t ldv,
-                            int64_t Dv, float *o) {
-    const int64_t pf = npattn_prefetch_rows(ldv * 4) * ldv; /* the first block of the first pass prefetches */
+INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk, const void *v,
+                          int64_t ldv, int64_t Dv, float *o) {
+    /* the first block of the first pass prefetches */
+    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt)) * ldv;
     int64_t e0 = 0;
     for (; e0 + 16 <= Dv; e0 += 16) {
         int64_t r = 0;
         for (; r + 4 <= M; r += 4)
-            accumulate_block(st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0 ? pf : 0);
+            accumulate_block(vt, st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0 ? pf : 0);
         int64_t pr = r == 0 && e0 == 0 ? pf : 0;
         switch (M - r) {
-        case 3: accumulate_block(st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 2: accumulate_block(st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 1: accumulate_block(st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr); break;
         default: break;
         }
     }
@@ -270,8 +293,17 @@ static void accumulate_neon(const float *st, int64_t ldst, int64_t M, int64_t nk
         for (int64_t r = 0; r < M; r++)
             for (int64_t j = 0; j < nk; j++) {
                 float p = st[r * ldst + j];
-                for (int64_t e = e0; e < Dv; e++) o[r * Dv + e] += p * v[j * ldv + e];
+                const void *vr = npattn_stream_at(vt, v, j * ldv);
+                for (int64_t e = e0; e < Dv; e++) o[r * Dv + e] += p * npattn_stream_elem(vt, vr, e);
             }
+}
+
+/* One copy of the loops per value type, its conversion inlined. */
+static void accumulate_neon(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt, const void *v,
+                            int64_t ldv, int64_t Dv, float *o) {
+    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, v, ldv, Dv, o);
+    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, v, ldv, Dv, o);
+    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, v, ldv, Dv, o);
 }
 
 static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {
@@ -284,8 +316,8 @@ const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",
     .softmax_f32 = softmax_neon,
     .softmax_rows_f32 = softmax_rows_neon,
-    .scores_f32 = scores_neon,
-    .accumulate_f32 = accumulate_neon,
+    .scores = scores_neon,
+    .accumulate = accumulate_neon,
     .f16_to_f32 = f16_to_f32_neon,
 };
 #endif

@@ -145,23 +145,24 @@ static int softmax_rows_portable(float *st, const struct npattn_score_tile *t, f
     return 0;
 }
 
-static void scores_portable(const float *q, int64_t M, int64_t D, const float *k, int64_t ldk, int64_t nk,
-                            float *st, int64_t ldst) {
+static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
+                            int64_t nk, float *st, int64_t ldst) {
     for (int64_t r = 0; r < M; r++)
         for (int64_t j = 0; j < nk; j++) {
+            const void *kr = npattn_stream_at(kt, k, j * ldk);
             float acc = 0.0f;
-            for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * k[j * ldk + d];
+            for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * npattn_stream_elem(kt, kr, d);
             st[r * ldst + j] = acc;
         }
 }
 
-static void accumulate_portable(const float *st, int64_t ldst, int64_t M, int64_t nk, const float *v, int64_t ldv,
-                                int64_t Dv, float *o) {
+static void accumulate_portable(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt,
+                                const void *v, int64_t ldv, int64_t Dv, float *o) {
     for (int64_t r = 0; r < M; r++)
         for (int64_t j = 0; j < nk; j++) {
             float p = st[r * ldst + j];
-            const float *vr = v + j * ldv;
-            for (int64_t e = 0; e < Dv; e++) o[r * Dv + e] += p * vr[e];
+            const void *vr = npattn_stream_at(vt, v, j * ldv);
+            for (int64_t e = 0; e < Dv; e++) o[r * Dv + e] += p * npattn_stream_elem(vt, vr, e);
         }
 }
 
@@ -173,8 +174,8 @@ const struct npattn_kernels npattn_kernels_portable = {
     .name = "portable",
     .softmax_f32 = softmax_portable,
     .softmax_rows_f32 = softmax_rows_portable,
-    .scores_f32 = scores_portable,
-    .accumulate_f32 = accumulate_portable,
+    .scores = scores_portable,
+    .accumulate = accumulate_portable,
     .f16_to_f32 = f16_to_f32_portable,
 };
 
