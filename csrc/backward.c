@@ -104,8 +104,7 @@ static void reduce_task(void *arg, int64_t unit, int32_t slot) {
 }
 
 enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp) {
-    if (!bp) return NPATTN_STATUS_INVALID;
-    enum npattn_status status = npattn_check_backward(bp);
+    enum npattn_status status = npattn_check_backward(bp, NULL);
     if (status != NPATTN_STATUS_OK) return status;
     if (!npattn_blas_ok()) return NPATTN_STATUS_BLAS_WRONG;
     const struct npattn_problem *p = &bp->fwd;

@@ -171,7 +171,7 @@ static void merge_task(void *arg, int64_t unit, int32_t slot) {
 }
 
 enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
-    enum npattn_status status = npattn_check(p);
+    enum npattn_status status = npattn_check(p, NULL);
     if (status != NPATTN_STATUS_OK) return status;
     if (!npattn_blas_ok()) return NPATTN_STATUS_BLAS_WRONG;
     const int64_t n_batch = npattn_n_batch(p), D = p->n_embd_k, Dv = p->n_embd_v, S = p->n_key;

@@ -8,14 +8,11 @@
 
 #include "attention.h"
 
-/* ---- core.c: checked allocation (with the test hook), the problem's rules ---- */
+/* ---- core.c: checked allocation (with the test hook), batch offsets ---- */
+/* (rules.c checks the rules of attention.h: npattn_check, npattn_check_backward) */
 
 void *npattn_alloc(size_t n_bytes); /* 64-byte aligned, NULL on failure */
 void npattn_free(void *p);
-
-/* NPATTN_STATUS_OK if the problem keeps every rule of attention.h. */
-enum npattn_status npattn_check(const struct npattn_problem *p);
-enum npattn_status npattn_check_backward(const struct npattn_backward_problem *bp);
 
 /* Product of the batch shape (checked by npattn_check not to overflow). */
 int64_t npattn_n_batch(const struct npattn_problem *p);
@@ -66,8 +63,8 @@ int npattn_band_clip(const struct npattn_band *b, int64_t i0, int64_t nq, int64_
 
 /* ---- pool.c: the calling thread and helper threads run the tasks of a job ---- */
 
-/* The most threads one job runs on; asking for more runs on this many. */
-#define NPATTN_POOL_MAX_THREADS 256
+/* The most threads one job runs on: the most a problem may ask for. */
+#define NPATTN_POOL_MAX_THREADS NPATTN_MAX_THREADS
 
 /* One call's shared state, polled by its tiles. */
 struct npattn_run {

@@ -22,8 +22,6 @@
 #include <string.h>
 
 #include "attention.h"
-#include "blas.h"
-#include "kernels/kernels.h"
 
 static int bfloat16_type = -1; /* ml_dtypes.bfloat16's type number, once Python has seen it */
 static atomic_int shutting_down; /* _core.shutdown() ran: the interpreter is exiting */
@@ -265,7 +263,7 @@ static int read_options(struct call *c, PyObject *scale, PyObject *mask, PyObjec
     return READY;
 }
 
-/* threads: an int from 1 to 4096; None: NPATTN_NUM_THREADS if set, else 0
+/* threads: an int from 1 to NPATTN_MAX_THREADS; None: NPATTN_NUM_THREADS if set, else 0
  * (the core's default). */
 static int read_threads(struct call *c, PyObject *threads) {
     int64_t n;
@@ -277,11 +275,11 @@ static int read_threads(struct call *c, PyObject *threads) {
         }
         char *end;
         long v = strtol(env, &end, 10);
-        if (end == env || *end != '\0' || v < 1 || v > 4096) return NOT_READY;
+        if (end == env || *end != '\0' || v < 1 || v > NPATTN_MAX_THREADS) return NOT_READY;
         c->p.n_threads = (int32_t)v;
         return READY;
     }
-    if (!int64_of(threads, &n) || n < 1 || n > 4096) return NOT_READY;
+    if (!int64_of(threads, &n) || n < 1 || n > NPATTN_MAX_THREADS) return NOT_READY;
     c->p.n_threads = (int32_t)n;
     return READY;
 }
@@ -526,13 +524,8 @@ static PyObject *core_shutdown(PyObject *self, PyObject *args) {
 
 static PyObject *core_blas_info(PyObject *self, PyObject *args) {
     (void)self, (void)args;
-    const char *config = npattn_blas_get_config();
-#ifdef NPATTN_BLAS_SCIPY
-    const char *source = "scipy-openblas32 (bundled)";
-#else
-    const char *source = "system OpenBLAS";
-#endif
-    return PyUnicode_FromFormat("%s: %s", source, config ? config : "?");
+    const char *config = npattn_blas_config();
+    return PyUnicode_FromFormat("%s: %s", npattn_blas_library(), config ? config : "?");
 }
 
 static PyObject *core_debug_fail_alloc_after(PyObject *self, PyObject *arg) {
@@ -553,14 +546,14 @@ static PyObject *core_debug_pool_mode(PyObject *self, PyObject *arg) {
 
 static PyObject *core_simd(PyObject *self, PyObject *args) {
     (void)self, (void)args;
-    return PyUnicode_FromString(npattn_kernels()->name);
+    return PyUnicode_FromString(npattn_simd());
 }
 
 static PyObject *core_debug_force_simd(PyObject *self, PyObject *arg) {
     (void)self;
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
-    if (npattn_kernels_force(name) != 0) return PyErr_Format(PyExc_ValueError, "this CPU cannot run the %R kernels", arg);
+    if (npattn_debug_force_simd(name) != 0) return PyErr_Format(PyExc_ValueError, "this CPU cannot run the %R kernels", arg);
     Py_RETURN_NONE;
 }
 
@@ -573,7 +566,7 @@ static PyObject *core_set_num_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    npattn_set_num_threads((int)(n > 4096 ? 4096 : n));
+    npattn_set_num_threads((int)(n > NPATTN_MAX_THREADS ? NPATTN_MAX_THREADS : n));
     Py_RETURN_NONE;
 }
 
@@ -619,7 +612,7 @@ PyMODINIT_FUNC PyInit__core(void) {
                             npattn_blas_core());
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
-    if (PyModule_AddIntConstant(m, "BLAS_INT_MAX", 2147483647) || PyModule_AddIntConstant(m, "MAX_THREADS", 4096)) {
+    if (PyModule_AddIntConstant(m, "BLAS_INT_MAX", 2147483647) || PyModule_AddIntConstant(m, "MAX_THREADS", NPATTN_MAX_THREADS)) {
         Py_DECREF(m);
         return NULL;
     }
