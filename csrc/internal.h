@@ -26,6 +26,25 @@ size_t npattn_dtype_size(enum npattn_dtype dtype);
 /* Makes OpenBLAS single-threaded, once: the pool does the threading. */
 void npattn_blas_init(void);
 
+/* ---- core.c: what the forward and backward drivers share ---- */
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Each thread beyond the caller needs this much work (flops) to repay waking it. */
+#define NPATTN_FLOPS_PER_THREAD 4.0e5
+
+/* The threads a driver plans its split for, and the threads that run it
+ * (more only in pool mode 2). */
+struct npattn_threads {
+    int32_t plan, run;
+};
+
+/* The threads `flops` of work repays, at most n_threads resolved (0: the
+ * default). The same work and n_threads always give the same plan,
+ * whatever threads actually start. */
+struct npattn_threads npattn_plan_threads(double flops, int32_t n_threads);
+
 /* ---- core.c: what the forward and backward tiles share ---- */
 
 /* Element [b, h, i, 0] of t, b given by its offset, elements of `size` bytes. */

@@ -130,6 +130,37 @@ static void test_cancel(void) {
     free(x.q), free(x.k), free(x.v), free(x.out);
 }
 
+/* The weights of long rows (4 rows of 2**25 keys, float16) that see one
+ * key each: the cancel flag (first polled 50 ms into a call) is polled while
+ * the rows are zeroed, so a call cancelled then leaves the last row
+ * untouched; the rows used to be zeroed whole before the first poll. */
+static void test_cancel_zeroing_weights(void) {
+    const int64_t L = 4, S = (int64_t)1 << 25;
+    const uint16_t nan16 = 0x7e00, one16 = 0x3c00;
+    struct case_ c = {1, 1, 1, L, S, 4, 0, 0, 0, 0, INT64_MIN, 0, MASK_NONE, 0, 0, 1};
+    struct buffers x;
+    memset(&x, 0, sizeof x);
+    x.q = calloc((size_t)L * 4, 2), x.k = calloc((size_t)S * 4, 2), x.weights = malloc((size_t)(L * S) * 2);
+    uint16_t *w = x.weights;
+    for (int64_t j = 0; j < L * S; j++) w[j] = nan16;
+    struct npattn_problem p;
+    int64_t bshape[1];
+    fill_problem(&p, &c, NPATTN_DTYPE_F16, &x, NULL, bshape);
+    int polls = 0;
+    p.cancel = cancel_now;
+    p.cancel_arg = &polls;
+    expect_status(npattn_sdpa(&p), NPATTN_STATUS_CANCELLED, "cancel while zeroing the weights: CANCELLED");
+    expect(polls == 1 && w[L * S - 1] == nan16, "cancel while zeroing the weights: the last row is left as it was");
+    p.cancel = NULL;
+    expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "the weights of long rows: OK");
+    /* row i sits at position S - L + i and sees that key only */
+    int one_key = 1;
+    for (int64_t i = 0; i < L; i++)
+        one_key &= w[i * S + S - L + i] == one16 && w[i * S] == 0 && w[i * S + S - L + i - 1] == 0;
+    expect(one_key, "the weights of long rows: one key each");
+    free(x.q), free(x.k), free(x.weights);
+}
+
 static void test_pool_modes(void) {
     /* the same plan whoever runs it: caller alone (1), helpers for any work (2) */
     struct case_ c = {2, 8, 2, 150, 300, 32, 32, 1, 40, NPATTN_UNBOUNDED, INT64_MIN, 0, MASK_NONE, 0, 1, 2};
@@ -325,6 +356,7 @@ int main(void) {
     test_allocation_failure(&small, NPATTN_DTYPE_F32, 1e38); /* redone in double: one more */
     test_allocation_failure(&split, NPATTN_DTYPE_F32, 0.5);
     test_cancel();
+    test_cancel_zeroing_weights();
     test_pool_modes();
     test_extremes();
     test_conversions();
