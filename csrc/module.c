@@ -250,9 +250,11 @@ static int raise_with(struct call *c, PyObject *exc, const char *fmt, PyObject *
     return 0;
 }
 
-/* At most n characters of repr(x). */
-static PyObject *short_repr(PyObject *x, Py_ssize_t n) {
-    PyObject *r = PyObject_Repr(x);
+/* At most n characters of repr(x), or of str(x) (a number as it prints). */
+static PyObject *shortened(PyObject *r, Py_ssize_t n);
+static PyObject *short_repr(PyObject *x, Py_ssize_t n) { return shortened(PyObject_Repr(x), n); }
+static PyObject *short_str(PyObject *x, Py_ssize_t n) { return shortened(PyObject_Str(x), n); }
+static PyObject *shortened(PyObject *r, Py_ssize_t n) {
     if (!r || PyUnicode_GET_LENGTH(r) <= n) return r;
     PyObject *cut = PyUnicode_Substring(r, 0, n);
     Py_DECREF(r);
@@ -783,10 +785,10 @@ static PyObject *refused(struct call *c, enum npattn_status status, const struct
     case NPATTN_STATUS_BATCH_OVERFLOW:
         return shapes_break(c, "the batch dims of q, k and v multiply beyond int64"), NULL;
     case NPATTN_STATUS_BAD_SCALE:
-        return raise_with(c, PyExc_ValueError, "scale must be finite, got %U", short_repr(c->opt[OPT_scale], 40)), NULL;
+        return raise_with(c, PyExc_ValueError, "scale must be finite, got %U", short_str(c->opt[OPT_scale], 40)), NULL;
     case NPATTN_STATUS_BAD_SOFTCAP:
         return raise_with(c, PyExc_ValueError, "softcap must be a finite number > 0, got %U",
-                          short_repr(c->opt[OPT_softcap], 40)),
+                          short_str(c->opt[OPT_softcap], 40)),
                NULL;
     case NPATTN_STATUS_OVERLAPS_ITSELF:
         if (why.operand == NPATTN_OPERAND_OUT) {
