@@ -31,7 +31,8 @@ struct CAT(fwd_task_, SFX) {
  * the band where it cuts the tile, then one step of online softmax down each
  * column: st holds the probabilities exp(x - m), m, l and alpha are updated.
  * Returns 1 when a float tile met an extreme. */
-static int CAT(softmax_step_, SFX)(const struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+static inline int CAT(softmax_step_, SFX)(const struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0,
+                                          int64_t nk) {
     const struct npattn_problem *p = pl->p;
     const struct unit *u = &s->u;
     const int64_t D = p->n_embd_k, M = u->M;
@@ -69,8 +70,10 @@ static int CAT(softmax_step_, SFX)(const struct fwd_plan *pl, struct CAT(fwd_tas
 /* The attention weights of a task's rows, once m and l hold each row's
  * final max and sum: every key tile again, against the row's lse, so that
  * exp(x - max(lse, x)) is the probability exp(x - lse); keys the band hides
- * are zeros. Returns 1 when a float tile met an extreme. */
-static int CAT(weights_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t t_begin, int64_t t_end) {
+ * are zeros. Returns 1 when a float tile met an extreme. Out of line: sdpa
+ * never runs it. */
+__attribute__((noinline)) static int CAT(weights_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s,
+                                                        int64_t t_begin, int64_t t_end) {
     const struct npattn_problem *p = pl->p;
     const struct unit *u = &s->u;
     const int64_t M = u->M;
