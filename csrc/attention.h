@@ -77,14 +77,67 @@ enum npattn_mask_kind {
                          the computed dtype's range saturate to its largest finite value */
 };
 
+/* What a call returns. Every rule of this header that the core checks has a
+ * status of its own (one sentence each, npattn_status_string), and
+ * npattn_check names the operand that breaks it. */
 enum npattn_status {
     NPATTN_STATUS_OK = 0,
-    NPATTN_STATUS_NO_MEMORY, /* an allocation failed; nothing leaked */
-    NPATTN_STATUS_CANCELLED, /* the cancel callback asked to stop, or the process is exiting */
-    NPATTN_STATUS_INVALID,   /* the problem breaks a rule of this header */
-    NPATTN_STATUS_TOO_LARGE, /* D or D_v beyond what one BLAS call takes (INT_MAX) */
-    NPATTN_STATUS_BLAS_WRONG, /* the BLAS failed its check (npattn_blas_ok): nothing computed */
+    NPATTN_STATUS_NO_MEMORY,      /* an allocation failed; nothing leaked */
+    NPATTN_STATUS_CANCELLED,      /* the cancel callback asked to stop, or the process is exiting */
+    NPATTN_STATUS_BLAS_WRONG,     /* the BLAS failed its check (npattn_blas_ok): nothing computed */
+    /* the rules */
+    NPATTN_STATUS_NO_PROBLEM,         /* the problem is NULL */
+    NPATTN_STATUS_BAD_BATCH,          /* n_batch_dim < 0, a batch size < 0, or no batch_shape */
+    NPATTN_STATUS_BATCH_OVERFLOW,     /* the batch sizes multiply beyond int64 */
+    NPATTN_STATUS_NO_KV_HEAD,         /* n_head_kv < 1 */
+    NPATTN_STATUS_HEADS_NOT_MULTIPLE, /* n_head_q < 0, or not a multiple of n_head_kv */
+    NPATTN_STATUS_NEGATIVE_SIZE,      /* n_query, n_key or n_embd_v < 0 */
+    NPATTN_STATUS_NO_WIDTH,           /* n_embd_k (D) < 1 */
+    NPATTN_STATUS_TOO_LARGE,          /* D or D_v beyond what one BLAS call takes (INT_MAX) */
+    NPATTN_STATUS_BAD_SCALE,          /* scale not finite */
+    NPATTN_STATUS_BAD_SOFTCAP,        /* softcap negative, NaN or infinite */
+    NPATTN_STATUS_BAD_WINDOW,         /* a window side below NPATTN_UNBOUNDED */
+    NPATTN_STATUS_BAD_MASK_KIND,      /* mask_kind not one of enum npattn_mask_kind */
+    NPATTN_STATUS_BAD_THREADS,        /* n_threads outside 0 .. NPATTN_MAX_THREADS */
+    NPATTN_STATUS_BAD_DTYPE,          /* an operand's dtype is not one of enum npattn_dtype */
+    NPATTN_STATUS_NOT_WIDE,           /* lse, dq, dk or dv neither F32 nor F64 */
+    NPATTN_STATUS_NO_STRIDES,         /* batch dims, but the operand has no batch_stride */
+    NPATTN_STATUS_OUT_OF_RANGE,       /* an operand's elements reach beyond int64 bytes */
+    NPATTN_STATUS_NO_DATA,            /* an operand read or written has no data */
+    NPATTN_STATUS_OVERLAPS_ITSELF,    /* two indices of an output reach one element */
+    NPATTN_STATUS_OVERLAPS,           /* an output shares bytes with another operand */
+    NPATTN_STATUS_COUNT
 };
+
+/* The operands of a problem, as a verdict names them. */
+enum npattn_operand {
+    NPATTN_OPERAND_NONE, /* a rule of the problem's sizes or scalars */
+    NPATTN_OPERAND_Q,
+    NPATTN_OPERAND_K,
+    NPATTN_OPERAND_V,
+    NPATTN_OPERAND_MASK,
+    NPATTN_OPERAND_SINKS,
+    NPATTN_OPERAND_OUT,
+    NPATTN_OPERAND_LSE,
+    NPATTN_OPERAND_WEIGHTS,
+    NPATTN_OPERAND_DOUT, /* the backward's operands */
+    NPATTN_OPERAND_DQ,
+    NPATTN_OPERAND_DK,
+    NPATTN_OPERAND_DV,
+    NPATTN_OPERAND_DSINKS,
+    NPATTN_OPERAND_COUNT
+};
+
+/* Why a problem is refused: the rule (its status), the operand that breaks
+ * it, and for NPATTN_STATUS_OVERLAPS the operand it overlaps. */
+struct npattn_verdict {
+    enum npattn_status status;
+    enum npattn_operand operand, other;
+};
+
+/* The most threads a problem may ask for (n_threads), and the most one call
+ * runs on. */
+#define NPATTN_MAX_THREADS 256
 
 /* window_left / window_right: no bound on that side. */
 #define NPATTN_UNBOUNDED (-1)
@@ -131,7 +184,7 @@ struct npattn_problem {
     const double *sinks;              /* NULL, or [n_head_q] logits: exp(sink) joins the
                                          denominator, unscaled and unmasked */
 
-    int32_t n_threads;                /* >= 1: at most this many threads, the caller included;
+    int32_t n_threads;                /* 1 .. NPATTN_MAX_THREADS: at most this many threads, the caller included;
                                          0: the CPUs this process may run on (capped by
                                          npattn_set_num_threads). It also decides how work
                                          is split, so the same value gives bitwise-identical
@@ -178,8 +231,29 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *p)
 int npattn_blas_ok(void);
 const char *npattn_blas_core(void);
 
-/* A sentence that says what a status means. Never NULL. */
+/* Checks a problem against the rules of this header without computing it:
+ * NPATTN_STATUS_OK, or the status of the first rule it breaks (what
+ * npattn_sdpa and npattn_sdpa_backward would return), with the operand
+ * named in *why when why is not NULL. */
+enum npattn_status npattn_check(const struct npattn_problem *p, struct npattn_verdict *why);
+enum npattn_status npattn_check_backward(const struct npattn_backward_problem *p, struct npattn_verdict *why);
+
+/* A sentence that says what a status means (for a rule: the rule). Never NULL. */
 const char *npattn_status_string(enum npattn_status status);
+
+/* An operand's name as this header spells it ("q", "dsinks"; "" for
+ * NPATTN_OPERAND_NONE). Never NULL. */
+const char *npattn_operand_name(enum npattn_operand operand);
+
+/* The kernel table in use ("avx512", "avx2", "neon" or "portable"); the BLAS
+ * library linked, and its own configuration string (NULL where it has none). */
+const char *npattn_simd(void);
+const char *npattn_blas_library(void);
+const char *npattn_blas_config(void);
+
+/* Forces the named kernel table, for the tests ("" restores the best this
+ * CPU runs); nonzero where this CPU cannot run it. */
+int npattn_debug_force_simd(const char *name);
 
 /* Stops every call in flight (they return NPATTN_STATUS_CANCELLED, as every
  * later call does) and waits, at most 5 s, until none computes: for a

@@ -18,7 +18,6 @@
 #define BWD_KEYS_MIN 16
 #define BWD_KEYS_MAX 256
 #define BWD_CHUNK_BYTES (2 << 20) /* a chunk's K, V (converted) and dK, dV */
-#define FLOPS_PER_THREAD 4.0e5    /* as forward.c: work that repays waking a helper */
 
 struct bwd_layout {
     size_t qrows, dorows, orows, st, dpt, dcap, bias, kt, vt, dk, dv, dq, lse, m, l, alpha, dvec, row, lo, hi, size;
@@ -42,8 +41,6 @@ struct bwd_plan {
     double *dq_parts;          /* split-K: each task's dQ, (group, L, D) */
 };
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 #define TASK "tile_bwd.h"
 #include "reals.h"
@@ -104,8 +101,7 @@ static void reduce_task(void *arg, int64_t unit, int32_t slot) {
 }
 
 enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp) {
-    if (!bp) return NPATTN_STATUS_INVALID;
-    enum npattn_status status = npattn_check_backward(bp);
+    enum npattn_status status = npattn_check_backward(bp, NULL);
     if (status != NPATTN_STATUS_OK) return status;
     if (!npattn_blas_ok()) return NPATTN_STATUS_BLAS_WRONG;
     const struct npattn_problem *p = &bp->fwd;
@@ -148,7 +144,7 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     pl.k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl.ldk);
     pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, computed, S, Dv, &pl.ldv);
 
-    /* Threads as the forward pass decides them; split a unit's key blocks when
+    /* Threads planned as the forward pass plans them; split a unit's key blocks when
      * there are fewer units than threads (each split then keeps its dQ apart). */
     double pairs = 0;
     for (int64_t kb = 0; kb < pl.n_kblock; kb++) {
@@ -157,12 +153,8 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
         pairs += (double)(ib - ia) * (double)min64(pl.bk, S - j0);
     }
     double flops = 10.0 * pairs * (double)width * (double)pl.group * (double)pl.n_unit;
-    int32_t plan_threads = 1, run_threads = 1;
-    if (flops >= 2 * FLOPS_PER_THREAD || npattn_pool_mode() == 2) {
-        int32_t avail = npattn_pool_threads(p->n_threads);
-        plan_threads = flops >= 2 * FLOPS_PER_THREAD ? (int32_t)min64(avail, (int64_t)(flops / FLOPS_PER_THREAD)) : 1;
-        run_threads = npattn_pool_mode() == 2 ? avail : plan_threads;
-    }
+    const struct npattn_threads threads = npattn_plan_threads(flops, p->n_threads);
+    const int32_t plan_threads = threads.plan, run_threads = threads.run;
     pl.n_split = 1;
     if (pl.n_unit < plan_threads && pl.n_kblock > 1)
         pl.n_split = min64(pl.n_kblock, (2 * (int64_t)plan_threads + pl.n_unit - 1) / pl.n_unit);

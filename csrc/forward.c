@@ -26,7 +26,6 @@
 #define STREAM_ROWS 16            /* at most this many stacked rows stream (decode) */
 #define STREAM_KEYS 64            /* keys per streamed tile: its scores stay in L1 */
 #define SPLIT_MIN_KEYS 512        /* split-K gives each part at least this many keys */
-#define FLOPS_PER_THREAD 4.0e5    /* each thread beyond the caller needs this much work to repay waking it */
 
 /* Byte offsets of one slot's scratch regions. */
 struct layout {
@@ -60,8 +59,6 @@ struct unit {
     int64_t off_q, off_k, off_v, off_out, off_mask, off_lse, off_weights; /* batch offsets, in elements */
 };
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     const struct npattn_problem *p = pl->p;
@@ -171,7 +168,7 @@ static void merge_task(void *arg, int64_t unit, int32_t slot) {
 }
 
 enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
-    enum npattn_status status = npattn_check(p);
+    enum npattn_status status = npattn_check(p, NULL);
     if (status != NPATTN_STATUS_OK) return status;
     if (!npattn_blas_ok()) return NPATTN_STATUS_BLAS_WRONG;
     const int64_t n_batch = npattn_n_batch(p), D = p->n_embd_k, Dv = p->n_embd_v, S = p->n_key;
@@ -218,7 +215,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
 
     /* The work, and the threads it repays: each beyond the caller must get
-     * FLOPS_PER_THREAD. The same problem and n_threads always give the same
+     * NPATTN_FLOPS_PER_THREAD. The same problem and n_threads always give the same
      * plan, whatever threads actually start. */
     double flops = 0;
     int64_t most_keys = 0;
@@ -230,12 +227,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     }
     flops *= 2.0 * (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)n_batch *
              (double)p->n_head_kv;
-    int32_t plan_threads = 1, run_threads = 1;
-    if (flops >= 2 * FLOPS_PER_THREAD || npattn_pool_mode() == 2) {
-        int32_t avail = npattn_pool_threads(p->n_threads);
-        plan_threads = flops >= 2 * FLOPS_PER_THREAD ? (int32_t)min64(avail, (int64_t)(flops / FLOPS_PER_THREAD)) : 1;
-        run_threads = npattn_pool_mode() == 2 ? avail : plan_threads;
-    }
+    const struct npattn_threads threads = npattn_plan_threads(flops, p->n_threads);
+    const int32_t plan_threads = threads.plan, run_threads = threads.run;
     /* Split-K when there are fewer units than threads (decode with few heads):
      * each part of a unit's keys is a task, merged by log-sum-exp. */
     pl.n_split = 1;

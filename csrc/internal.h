@@ -8,14 +8,11 @@
 
 #include "attention.h"
 
-/* ---- core.c: checked allocation (with the test hook), the problem's rules ---- */
+/* ---- core.c: checked allocation (with the test hook), batch offsets ---- */
+/* (rules.c checks the rules of attention.h: npattn_check, npattn_check_backward) */
 
 void *npattn_alloc(size_t n_bytes); /* 64-byte aligned, NULL on failure */
 void npattn_free(void *p);
-
-/* NPATTN_STATUS_OK if the problem keeps every rule of attention.h. */
-enum npattn_status npattn_check(const struct npattn_problem *p);
-enum npattn_status npattn_check_backward(const struct npattn_backward_problem *bp);
 
 /* Product of the batch shape (checked by npattn_check not to overflow). */
 int64_t npattn_n_batch(const struct npattn_problem *p);
@@ -28,6 +25,25 @@ size_t npattn_dtype_size(enum npattn_dtype dtype);
 
 /* Makes OpenBLAS single-threaded, once: the pool does the threading. */
 void npattn_blas_init(void);
+
+/* ---- core.c: what the forward and backward drivers share ---- */
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Each thread beyond the caller needs this much work (flops) to repay waking it. */
+#define NPATTN_FLOPS_PER_THREAD 4.0e5
+
+/* The threads a driver plans its split for, and the threads that run it
+ * (more only in pool mode 2). */
+struct npattn_threads {
+    int32_t plan, run;
+};
+
+/* The threads `flops` of work repays, at most n_threads resolved (0: the
+ * default). The same work and n_threads always give the same plan,
+ * whatever threads actually start. */
+struct npattn_threads npattn_plan_threads(double flops, int32_t n_threads);
 
 /* ---- core.c: what the forward and backward tiles share ---- */
 
@@ -59,8 +75,8 @@ int npattn_blas_direct(const struct npattn_tensor *t, enum npattn_dtype dtype, i
 
 /* ---- pool.c: the calling thread and helper threads run the tasks of a job ---- */
 
-/* The most threads one job runs on; asking for more runs on this many. */
-#define NPATTN_POOL_MAX_THREADS 256
+/* The most threads one job runs on: the most a problem may ask for. */
+#define NPATTN_POOL_MAX_THREADS NPATTN_MAX_THREADS
 
 /* One call's shared state, polled by its tiles. */
 struct npattn_run {

@@ -1,32 +1,37 @@
 /* module.c: npattn._core, the CPython + NumPy glue around the C core.
  *
- * npattn.sdpa (python/npattn/_api.py) hands its arguments here first, as
- * given. When they are in a form the core reads directly (NumPy arrays of
- * float16, bfloat16, float32 or float64, aligned and native, any strides; a
- * string or array mask; plain numbers), this file describes them to the core
- * in a struct npattn_problem, without copying, releases the GIL around the
- * call and maps its status to an exception. Anything else, and any argument
- * that breaks a rule, gives NotImplemented: the Python layer then converts
- * what needs converting, or raises the error that names the argument, and
- * calls again with prepared=True.
+ * npattn.sdpa, attention_weights and sdpa_backward (python/npattn/_api.py)
+ * hand every argument here by name, as given, through one keyword set
+ * (OPTIONS below). This file reads each one once: NumPy arrays of float16,
+ * bfloat16, float32 or float64, aligned and native, with any strides, and
+ * plain numbers are described to the core in place, without a copy; an
+ * argument it cannot read in place (a list, an MLX array or torch tensor, a
+ * byte-swapped or misaligned array) goes through the conversion function
+ * that npattn._args registers (set_converter), and is then read the same
+ * way. It releases the GIL around the call and raises the error a broken
+ * rule deserves, naming the argument, the rule and what it got.
  *
- * This file checks only what describing the arrays needs (ranks, and the
- * sizes that two operands share); the core checks the rules of attention.h.
+ * The rules of attention.h are the core's: the core's verdict names the rule
+ * and the operand, and this file only phrases it (refused() below). What is
+ * checked here is what describing the arguments needs: their kinds, ranks,
+ * dtypes, and the sizes that two operands share.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <numpy/arrayobject.h>
+#include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
-#include "blas.h"
-#include "kernels/kernels.h"
 
 static int bfloat16_type = -1; /* ml_dtypes.bfloat16's type number, once Python has seen it */
 static atomic_int shutting_down; /* _core.shutdown() ran: the interpreter is exiting */
+static PyObject *converter;      /* npattn._args.convert(fn, name, x): an array the core reads */
 
 /* ---- Ctrl-C: the computing caller takes the GIL back to check for signals ---- */
 
@@ -45,10 +50,113 @@ static int check_signals(void *arg) {
     return interrupted;
 }
 
-/* ---- reading the arguments ---- */
+/* ---- the keyword set: every option of every entry point, read in one place ---- */
 
-#define NOT_READY 0 /* a form the core does not read, or a broken rule: NotImplemented */
-#define READY 1
+#define OPTIONS(X)                                                                                                     \
+    X(q) X(k) X(v) X(dout) X(out) X(lse) X(scale) X(mask) X(sinks) X(window) X(softcap) X(q_offset) X(k_offset)        \
+        X(return_lse) X(threads)
+#define AS_ENUM(name) OPT_##name,
+#define AS_NAME(name) #name,
+enum option { OPTIONS(AS_ENUM) N_OPTION };
+static const char *const option_names[N_OPTION] = {OPTIONS(AS_NAME)};
+static PyObject *option_strings[N_OPTION]; /* interned at import */
+#undef AS_ENUM
+#undef AS_NAME
+
+#define BIT(name) (1u << OPT_##name)
+/* The options every entry point takes, and each one's own. */
+#define COMMON                                                                                                         \
+    (BIT(q) | BIT(k) | BIT(scale) | BIT(mask) | BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) |              \
+     BIT(k_offset) | BIT(threads))
+#define SDPA_OPTIONS (COMMON | BIT(v) | BIT(return_lse) | BIT(out))
+#define WEIGHTS_OPTIONS COMMON
+#define BACKWARD_OPTIONS (COMMON | BIT(v) | BIT(dout) | BIT(out) | BIT(lse))
+
+/* ---- one call: what it read, what it owns ---- */
+
+/* One operand's array and its element strides, batch dims right-aligned to
+ * the broadcast batch shape (stride 0 where the operand broadcasts). */
+struct operand {
+    PyArrayObject *a;
+    int64_t batch_stride[NPY_MAXDIMS];
+};
+
+#define MAX_OWNED 24
+#define MAX_CONVERTED 8
+
+struct call {
+    const char *fn;                /* "sdpa", "attention_weights", "sdpa_backward": starts each message */
+    PyObject *opt[N_OPTION];       /* the arguments as given (borrowed) */
+    PyObject *owned[MAX_OWNED];    /* converted and new arrays, released at the end */
+    int n_owned;
+    PyObject *converted[MAX_CONVERTED]; /* arrays given that were copied: out must overlap none */
+    int n_converted;
+    int nb;                        /* broadcast batch dims */
+    int64_t batch[NPY_MAXDIMS];
+    int rank2;                     /* all of q, k (and v) rank 2: results without heads */
+    int result;                    /* the result's core dtype */
+    int top_left;                  /* mask="causal_top_left" */
+    struct npattn_problem p;
+    /* last: their strides are written as each is described, never read before */
+    struct operand q, k, v, mask, out, lse, weights, dout, dq, dk, dv;
+};
+
+static void call_init(struct call *c, const char *fn) {
+    memset(c, 0, offsetof(struct call, q));
+    struct operand *ops[] = {&c->q, &c->k, &c->v, &c->mask, &c->out, &c->lse, &c->weights, &c->dout, &c->dq, &c->dk, &c->dv};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) ops[i]->a = NULL;
+    c->fn = fn;
+}
+
+static void call_release(struct call *c) {
+    for (int i = 0; i < c->n_owned; i++) Py_DECREF(c->owned[i]);
+    c->n_owned = 0;
+}
+
+/* Takes the new reference o into the call (NULL passes through). */
+static PyObject *own(struct call *c, PyObject *o) {
+    if (o && c->n_owned == MAX_OWNED) {
+        Py_DECREF(o);
+        return PyErr_Format(PyExc_RuntimeError, "%s: internal error: too many arrays", c->fn);
+    }
+    if (o) c->owned[c->n_owned++] = o;
+    return o;
+}
+
+/* Reads the keywords of an entry point that takes exactly `want`. */
+static int read_keywords(struct call *c, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, unsigned want) {
+    Py_ssize_t n = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    unsigned got = 0;
+    if (nargs != 0) {
+        PyErr_Format(PyExc_TypeError, "_core.%s takes keyword arguments only", c->fn);
+        return 0;
+    }
+    int next = 0; /* keywords mostly come in the order of OPTIONS: look there first */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i);
+        int o = next < N_OPTION && option_strings[next] == key ? next : 0;
+        while (o < N_OPTION && option_strings[o] != key) o++;
+        if (o == N_OPTION) /* not interned: compare the text */
+            for (o = 0; o < N_OPTION && PyUnicode_Compare(key, option_strings[o]) != 0; o++) {
+            }
+        if (o == N_OPTION || !(want & (1u << o))) {
+            PyErr_Format(PyExc_TypeError, "_core.%s got an unexpected keyword argument %R", c->fn, key);
+            return 0;
+        }
+        c->opt[o] = args[i];
+        got |= 1u << o;
+        next = o + 1;
+    }
+    if (got != want) {
+        int o = 0;
+        while (!((want & ~got) & (1u << o))) o++;
+        PyErr_Format(PyExc_TypeError, "_core.%s missing the keyword argument '%s'", c->fn, option_names[o]);
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- describing arrays ---- */
 
 /* The core's dtype of a NumPy array, or -1. */
 static int core_dtype(PyArrayObject *a) {
@@ -88,51 +196,102 @@ static int readable(PyObject *o, int bool_ok) {
     return 1;
 }
 
-/* A finite double from a Python int or float, or a NumPy integer or float
- * scalar (never a bool); 0 if it is none of these or not finite. */
-static int finite_number(PyObject *o, double *x) {
-    if (PyBool_Check(o)) return 0;
-    if (PyFloat_Check(o) || PyLong_Check(o) || PyArray_IsScalar(o, Floating) || PyArray_IsScalar(o, Integer)) {
-        *x = PyFloat_AsDouble(o);
-        if (*x == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return 0;
+/* x as an array: itself where the core reads it in place, else what the
+ * registered conversion function makes of it (a borrowed reference either
+ * way; NULL with the conversion's error). */
+static PyArrayObject *array_of(struct call *c, PyObject *x, const char *name, int bool_ok) {
+    if (readable(x, bool_ok)) return (PyArrayObject *)x;
+    if (!converter) {
+        PyErr_Format(PyExc_RuntimeError, "%s: internal error: no conversion function registered", c->fn);
+        return NULL;
+    }
+    PyObject *a = own(c, PyObject_CallFunction(converter, "ssO", c->fn, name, x));
+    if (!a) return NULL;
+    if (!PyArray_Check(a)) {
+        PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s was not converted to an array", c->fn, name);
+        return NULL;
+    }
+    if (a != x && PyArray_Check(x) && c->n_converted < MAX_CONVERTED) c->converted[c->n_converted++] = x;
+    return (PyArrayObject *)a;
+}
+
+/* The last part of a type's name, as type(x).__name__. */
+static const char *type_name(PyObject *x) {
+    const char *name = Py_TYPE(x)->tp_name, *dot = strrchr(name, '.');
+    return dot ? dot + 1 : name;
+}
+
+static PyObject *tuple_of(const npy_intp *dims, int nd) {
+    PyObject *t = PyTuple_New(nd);
+    for (int d = 0; t && d < nd; d++) {
+        PyObject *n = PyLong_FromSsize_t(dims[d]);
+        if (!n) {
+            Py_CLEAR(t);
+            break;
         }
-        return isfinite(*x);
+        PyTuple_SET_ITEM(t, d, n);
+    }
+    return t;
+}
+
+static PyObject *shape_of(PyArrayObject *a) { return tuple_of(PyArray_DIMS(a), PyArray_NDIM(a)); }
+
+/* Raises exc with "fn: " + the message fmt makes of one object (a new
+ * reference, consumed; NULL passes its error through). Returns 0. */
+static int raise_with(struct call *c, PyObject *exc, const char *fmt, PyObject *x) {
+    if (x) {
+        PyObject *m = PyUnicode_FromFormat(fmt, x);
+        if (m) {
+            PyErr_Format(exc, "%s: %U", c->fn, m);
+            Py_DECREF(m);
+        }
+        Py_DECREF(x);
     }
     return 0;
 }
 
-/* An int64 from a Python or NumPy integer (never a bool); 0 otherwise. */
-static int int64_of(PyObject *o, int64_t *x) {
-    if (PyBool_Check(o) || !(PyLong_Check(o) || PyArray_IsScalar(o, Integer))) return 0;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (v == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (overflow) return 0;
-    *x = (int64_t)v;
-    return 1;
+/* At most n characters of repr(x), or of str(x) (a number as it prints). */
+static PyObject *shortened(PyObject *r, Py_ssize_t n);
+static PyObject *short_repr(PyObject *x, Py_ssize_t n) { return shortened(PyObject_Repr(x), n); }
+static PyObject *short_str(PyObject *x, Py_ssize_t n) { return shortened(PyObject_Str(x), n); }
+static PyObject *shortened(PyObject *r, Py_ssize_t n) {
+    if (!r || PyUnicode_GET_LENGTH(r) <= n) return r;
+    PyObject *cut = PyUnicode_Substring(r, 0, n);
+    Py_DECREF(r);
+    return cut;
 }
 
-/* One operand's element strides, batch dims right-aligned to the broadcast
- * batch shape (stride 0 where the operand broadcasts). */
-struct operand {
-    PyArrayObject *a;
-    int64_t batch_stride[NPY_MAXDIMS];
-};
+/* "got q (..), k (..), v (..)": the shapes of q, k and v, for a message. */
+static PyObject *got_shapes(struct call *c) {
+    PyObject *q = shape_of(c->q.a), *k = shape_of(c->k.a), *v = c->v.a ? shape_of(c->v.a) : NULL, *got = NULL;
+    if (q && k && (v || !c->v.a))
+        got = v ? PyUnicode_FromFormat("got q %S, k %S, v %S", q, k, v) : PyUnicode_FromFormat("got q %S, k %S", q, k);
+    Py_XDECREF(q);
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+    return got;
+}
 
-/* Everything one call describes to the core. */
-struct call {
-    struct operand q, k, v, out, mask, lse, weights;
-    int nb;                        /* broadcast batch dims */
-    int64_t batch[NPY_MAXDIMS];
-    int rank2;                     /* all of q, k (and v) rank 2: results without heads */
-    int result;                    /* the result's core dtype */
-    struct npattn_problem p;
-};
+/* A rule of q's, k's and v's shapes broken: ValueError with their shapes. */
+static int shapes_break(struct call *c, const char *rule) {
+    PyObject *got = got_shapes(c);
+    if (got) {
+        PyErr_Format(PyExc_ValueError, "%s: %s; %U", c->fn, rule, got);
+        Py_DECREF(got);
+    }
+    return 0;
+}
+
+/* An array operand: a TypeError naming it unless its dtype is one the core computes. */
+static int float_dtype(struct call *c, PyArrayObject *a, const char *name) {
+    if (core_dtype(a) >= 0) return 1;
+    PyArray_Descr *d = PyArray_DESCR(a);
+    if (d->kind == 'f' && PyDataType_ELSIZE(d) > 8)
+        PyErr_Format(PyExc_TypeError, "%s: %s has dtype %S; the widest dtype computed is float64", c->fn, name, d);
+    else
+        PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats, got dtype %S", c->fn, name, d);
+    return 0;
+}
 
 /* Fills t from operand o whose last `tail` dims are (heads, rows, cols), or
  * (heads, rows) for tail 2, the rest batch dims broadcast against c->batch.
@@ -147,50 +306,72 @@ static void describe(struct call *c, struct operand *o, struct npattn_tensor *t,
     t->head_stride = STRIDE(nd - tail);
     t->row_stride = STRIDE(nd - tail + 1);
     t->col_stride = tail == 3 ? STRIDE(nd - 1) : 0;
-    int own = nd > tail ? nd - tail : 0;
-    for (int d = 0; d < c->nb; d++) o->batch_stride[d] = STRIDE(d - (c->nb - own));
+    int own_dims = nd > tail ? nd - tail : 0;
+    for (int d = 0; d < c->nb; d++) o->batch_stride[d] = STRIDE(d - (c->nb - own_dims));
 #undef STRIDE
     t->batch_stride = o->batch_stride;
 }
 
-/* Broadcasts `own` leading dims of a (before its last `tail`) into c->batch. */
+/* Broadcasts the leading dims of a (before its last `tail`) into c->batch. */
 static int broadcast_batch(struct call *c, PyArrayObject *a, int tail) {
-    int own = PyArray_NDIM(a) - tail;
-    if (own <= 0) return READY;
-    if (own > c->nb) {
-        for (int d = c->nb - 1; d >= 0; d--) c->batch[d + own - c->nb] = c->batch[d];
-        for (int d = 0; d < own - c->nb; d++) c->batch[d] = 1;
-        c->nb = own;
+    int own_dims = PyArray_NDIM(a) - tail;
+    if (own_dims <= 0) return 1;
+    if (own_dims > c->nb) {
+        for (int d = c->nb - 1; d >= 0; d--) c->batch[d + own_dims - c->nb] = c->batch[d];
+        for (int d = 0; d < own_dims - c->nb; d++) c->batch[d] = 1;
+        c->nb = own_dims;
     }
-    for (int d = 0; d < own; d++) {
+    for (int d = 0; d < own_dims; d++) {
         npy_intp n = PyArray_DIM(a, d);
-        int64_t *b = &c->batch[c->nb - own + d];
+        int64_t *b = &c->batch[c->nb - own_dims + d];
         if (n == *b || n == 1) continue;
-        if (*b != 1) return NOT_READY;
+        if (*b != 1) return shapes_break(c, "the batch dims of q, k and v do not broadcast");
         *b = n;
     }
-    return READY;
+    return 1;
 }
 
-/* Reads q, k and (if has_v) v: readable arrays whose shared sizes agree. */
-static int read_qkv(struct call *c, PyObject *q, PyObject *k, PyObject *v, int has_v) {
-    if (!readable(q, 0) || !readable(k, 0) || (has_v && !readable(v, 0))) return NOT_READY;
-    c->q.a = (PyArrayObject *)q, c->k.a = (PyArrayObject *)k, c->v.a = has_v ? (PyArrayObject *)v : NULL;
+/* ---- reading the arguments ---- */
+
+/* q, k or v: an array of floats of rank >= 2. */
+static int read_operand(struct call *c, enum option o, struct operand *op) {
+    const char *name = option_names[o];
+    PyObject *x = c->opt[o];
+    if (x == Py_None) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats, got None", c->fn, name);
+        return 0;
+    }
+    PyArrayObject *a = array_of(c, x, name, 0);
+    if (!a || !float_dtype(c, a, name)) return 0;
+    if (PyArray_NDIM(a) < 2) {
+        PyObject *got = shape_of(a);
+        if (got) PyErr_Format(PyExc_ValueError, "%s: %s must have rank >= 2 (..., L, D), got shape %S", c->fn, name, got);
+        Py_XDECREF(got);
+        return 0;
+    }
+    op->a = a;
+    return 1;
+}
+
+/* q, k and (if has_v) v, whose shared sizes agree. */
+static int read_qkv(struct call *c, int has_v) {
+    if (!read_operand(c, OPT_q, &c->q) || !read_operand(c, OPT_k, &c->k) || (has_v && !read_operand(c, OPT_v, &c->v)))
+        return 0;
     int nq = PyArray_NDIM(c->q.a), nk = PyArray_NDIM(c->k.a), nv = has_v ? PyArray_NDIM(c->v.a) : 2;
-    if (nq < 2 || nk < 2 || nv < 2) return NOT_READY;
     c->rank2 = nq == 2 && nk == 2 && nv == 2;
     npy_intp *qs = PyArray_DIMS(c->q.a), *ks = PyArray_DIMS(c->k.a);
     npy_intp H_q = nq > 2 ? qs[nq - 3] : 1, H_kv = nk > 2 ? ks[nk - 3] : 1;
-    if (ks[nk - 1] != qs[nq - 1]) return NOT_READY; /* D */
+    if (ks[nk - 1] != qs[nq - 1]) return shapes_break(c, "k's row width D must equal q's");
     c->result = promote(core_dtype(c->q.a), core_dtype(c->k.a));
     if (has_v) {
         npy_intp *vs = PyArray_DIMS(c->v.a);
-        if (vs[nv - 2] != ks[nk - 2] || (nv > 2 ? vs[nv - 3] : 1) != H_kv) return NOT_READY; /* S, H_kv */
+        if (vs[nv - 2] != ks[nk - 2]) return shapes_break(c, "v must have as many rows S as k");
+        if ((nv > 2 ? vs[nv - 3] : 1) != H_kv) return shapes_break(c, "v must have as many heads as k");
         c->result = promote(c->result, core_dtype(c->v.a));
     }
     c->nb = 0;
     if (!broadcast_batch(c, c->q.a, 3) || !broadcast_batch(c, c->k.a, 3) || (has_v && !broadcast_batch(c, c->v.a, 3)))
-        return NOT_READY;
+        return 0;
     struct npattn_problem *p = &c->p;
     p->n_batch_dim = c->nb;
     p->batch_shape = c->batch;
@@ -203,293 +384,571 @@ static int read_qkv(struct call *c, PyObject *q, PyObject *k, PyObject *v, int h
     describe(c, &c->q, &p->q, core_dtype(c->q.a), 3);
     describe(c, &c->k, &p->k, core_dtype(c->k.a), 3);
     if (has_v) describe(c, &c->v, &p->v, core_dtype(c->v.a), 3);
-    return READY;
+    return 1;
 }
 
-/* mask, window, softcap, q_offset, k_offset, scale and sinks. */
-static int read_options(struct call *c, PyObject *scale, PyObject *mask, PyObject *sinks, PyObject *window,
-                        PyObject *softcap, PyObject *q_offset, PyObject *k_offset) {
+static PyObject *numbers_real; /* numbers.Real, imported when first needed */
+
+/* A real number (never a bool) as a double: 1; not a real number: 0; an
+ * error: -1. A value beyond the range of a double reads as infinity. */
+static int real_of(PyObject *x, double *v) {
+    if (PyBool_Check(x) || PyArray_IsScalar(x, Bool)) return 0;
+    if (!(PyFloat_Check(x) || PyLong_Check(x) || PyArray_IsScalar(x, Floating) || PyArray_IsScalar(x, Integer))) {
+        if (PyArray_Check(x) || PyArray_IsScalar(x, Generic)) return 0;
+        if (!numbers_real) {
+            PyObject *m = PyImport_ImportModule("numbers");
+            if (!m) return -1;
+            numbers_real = PyObject_GetAttrString(m, "Real");
+            Py_DECREF(m);
+            if (!numbers_real) return -1;
+        }
+        int real = PyObject_IsInstance(x, numbers_real);
+        if (real <= 0) return real;
+    }
+    *v = PyFloat_AsDouble(x);
+    if (*v == -1.0 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        PyObject *zero = PyLong_FromLong(0);
+        int negative = zero ? PyObject_RichCompareBool(x, zero, Py_LT) : -1;
+        Py_XDECREF(zero);
+        if (negative < 0) return -1;
+        *v = negative ? -INFINITY : INFINITY; /* the core refuses it, by its rule */
+    }
+    return 1;
+}
+
+/* An int64 from a Python or NumPy integer (never a bool), at least `low`
+ * (INT64_MIN or 0); else the error that names it. */
+static int read_int64(struct call *c, PyObject *x, const char *name, int64_t low, int64_t *v) {
+    if (PyBool_Check(x) || !(PyLong_Check(x) || PyArray_IsScalar(x, Integer))) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be an int, got %s", c->fn, name, type_name(x));
+        return 0;
+    }
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (n == -1 && PyErr_Occurred()) return 0;
+    if (overflow || n < low) {
+        PyErr_Format(PyExc_ValueError, "%s: %s must be an int from %s to 2**63 - 1, got %S", c->fn, name,
+                     low == 0 ? "0" : "-2**63", x);
+        return 0;
+    }
+    *v = (int64_t)n;
+    return 1;
+}
+
+/* scale: a real number, a 0-d array of one, or None (1 / sqrt(D)). */
+static int read_scale(struct call *c) {
+    PyObject *x = c->opt[OPT_scale];
     struct npattn_problem *p = &c->p;
-    p->scale = 1.0 / sqrt((double)p->n_embd_k);
-    if (scale != Py_None && !finite_number(scale, &p->scale)) return NOT_READY;
-    int top_left = 0;
+    if (x == Py_None) {
+        p->scale = 1.0 / sqrt((double)p->n_embd_k);
+        return 1;
+    }
+    int real = real_of(x, &p->scale);
+    if (real == 0 && !PyArray_IsScalar(x, Generic) && PyObject_HasAttrString(x, "shape")) {
+        /* a 0-d array of NumPy, MLX or PyTorch */
+        PyArrayObject *a = array_of(c, x, "scale", 1);
+        if (!a) return 0;
+        if (PyArray_NDIM(a) != 0)
+            return raise_with(c, PyExc_TypeError, "scale must be a real number or a 0-d array, got an array of shape %S",
+                              shape_of(a));
+        PyObject *scalar = own(c, PyArray_ToScalar(PyArray_DATA(a), a));
+        if (!scalar) return 0;
+        x = scalar;
+        real = real_of(x, &p->scale);
+    }
+    if (real < 0) return 0;
+    if (real == 0) {
+        PyErr_Format(PyExc_TypeError, "%s: scale must be a real number or None, got %s", c->fn, type_name(x));
+        return 0;
+    }
+    c->opt[OPT_scale] = x; /* as read, for a message */
+    return 1;
+}
+
+/* mask: None, "causal", "causal_top_left", or a bool or float array that
+ * broadcasts to (*B, H_q, L, S) without growing B. */
+static int read_mask(struct call *c) {
+    PyObject *mask = c->opt[OPT_mask];
+    struct npattn_problem *p = &c->p;
     p->mask_kind = NPATTN_MASK_NONE;
+    if (mask == Py_None) return 1;
     if (PyUnicode_Check(mask)) {
-        if (PyUnicode_CompareWithASCIIString(mask, "causal") == 0) p->causal = 1;
-        else if (PyUnicode_CompareWithASCIIString(mask, "causal_top_left") == 0) p->causal = top_left = 1;
-        else return NOT_READY;
-    } else if (mask != Py_None) {
-        if (!readable(mask, 1)) return NOT_READY;
-        PyArrayObject *m = (PyArrayObject *)mask;
-        int nd = PyArray_NDIM(m);
-        /* broadcastable to (*B, H_q, L, S) without growing B */
-        const npy_intp full[3] = {(npy_intp)p->n_head_q, (npy_intp)p->n_query, (npy_intp)p->n_key};
-        if (nd > c->nb + 3) return NOT_READY;
-        for (int d = 0; d < nd; d++) {
-            int fd = c->nb + 3 - nd + d;
-            npy_intp want = fd < c->nb ? (npy_intp)c->batch[fd] : full[fd - c->nb];
-            if (PyArray_DIM(m, d) != want && PyArray_DIM(m, d) != 1) return NOT_READY;
+        if (PyUnicode_CompareWithASCIIString(mask, "causal") == 0) {
+            p->causal = 1;
+        } else if (PyUnicode_CompareWithASCIIString(mask, "causal_top_left") == 0) {
+            p->causal = c->top_left = 1;
+        } else {
+            PyErr_Format(PyExc_ValueError, "%s: mask must be \"causal\", \"causal_top_left\", None or an array, got %R",
+                         c->fn, mask);
+            return 0;
         }
-        c->mask.a = m;
-        int is_bool = PyArray_TYPE(m) == NPY_BOOL;
-        p->mask_kind = is_bool ? NPATTN_MASK_BOOL : NPATTN_MASK_ADD;
-        describe(c, &c->mask, &p->mask, is_bool ? NPATTN_DTYPE_F32 : core_dtype(m), 3);
+        return 1;
     }
-    p->window_left = p->window_right = NPATTN_UNBOUNDED;
-    if (window != Py_None) {
-        if (!PyTuple_Check(window) || PyTuple_GET_SIZE(window) != 2) return NOT_READY;
-        int64_t *side[2] = {&p->window_left, &p->window_right};
-        for (int i = 0; i < 2; i++) {
-            PyObject *w = PyTuple_GET_ITEM(window, i);
-            if (w != Py_None && (!int64_of(w, side[i]) || *side[i] < 0)) return NOT_READY;
-        }
+    if (PyBool_Check(mask) || PyLong_Check(mask) || PyFloat_Check(mask) || PyComplex_Check(mask) || PyBytes_Check(mask) ||
+        PyArray_IsScalar(mask, Generic)) {
+        PyErr_Format(PyExc_TypeError, "%s: mask must be a string, None, or a bool or float array, got %s", c->fn,
+                     type_name(mask));
+        return 0;
     }
-    p->softcap = 0;
-    if (softcap != Py_None && (!finite_number(softcap, &p->softcap) || !(p->softcap > 0))) return NOT_READY;
-    p->k_offset = 0;
-    if (!int64_of(k_offset, &p->k_offset)) return NOT_READY;
-    if (q_offset == Py_None) {
-        p->q_offset = top_left ? 0 : p->n_key - p->n_query;
-    } else if (top_left || !int64_of(q_offset, &p->q_offset)) {
-        return NOT_READY;
+    PyArrayObject *m = array_of(c, mask, "mask", 1);
+    if (!m) return 0;
+    int is_bool = PyArray_TYPE(m) == NPY_BOOL;
+    if (!is_bool && core_dtype(m) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s: mask must be a bool or float array, got dtype %S", c->fn, PyArray_DESCR(m));
+        return 0;
     }
+    int nd = PyArray_NDIM(m), fits = nd <= c->nb + 3;
+    npy_intp full[NPY_MAXDIMS + 3];
+    for (int d = 0; d < c->nb; d++) full[d] = (npy_intp)c->batch[d];
+    full[c->nb] = (npy_intp)p->n_head_q, full[c->nb + 1] = (npy_intp)p->n_query, full[c->nb + 2] = (npy_intp)p->n_key;
+    for (int d = 0; fits && d < nd; d++) {
+        npy_intp n = PyArray_DIM(m, d), want = full[c->nb + 3 - nd + d];
+        fits = n == want || n == 1;
+    }
+    if (!fits) {
+        PyObject *f = tuple_of(full, c->nb + 3), *got = shape_of(m);
+        if (f && got)
+            PyErr_Format(PyExc_ValueError, "%s: mask must broadcast to (*B, H_q, L, S) = %S, got shape %S", c->fn, f, got);
+        Py_XDECREF(f);
+        Py_XDECREF(got);
+        return 0;
+    }
+    c->mask.a = m;
+    p->mask_kind = is_bool ? NPATTN_MASK_BOOL : NPATTN_MASK_ADD;
+    describe(c, &c->mask, &p->mask, is_bool ? NPATTN_DTYPE_F32 : core_dtype(m), 3);
+    return 1;
+}
+
+/* sinks: None, or H_q real numbers, read as float64. */
+static int read_sinks(struct call *c) {
+    PyObject *x = c->opt[OPT_sinks];
+    struct npattn_problem *p = &c->p;
     p->sinks = NULL;
-    if (sinks != Py_None) {
-        if (!PyArray_Check(sinks)) return NOT_READY;
-        PyArrayObject *s = (PyArrayObject *)sinks;
-        if (PyArray_TYPE(s) != NPY_FLOAT64 || PyArray_NDIM(s) != 1 || PyArray_DIM(s, 0) != p->n_head_q ||
-            !PyArray_IS_C_CONTIGUOUS(s) || !PyArray_ISALIGNED(s) || !PyArray_ISNOTSWAPPED(s))
-            return NOT_READY;
-        p->sinks = PyArray_DATA(s);
-    }
-    return READY;
-}
-
-/* threads: an int from 1 to 4096; None: NPATTN_NUM_THREADS if set, else 0
- * (the core's default). */
-static int read_threads(struct call *c, PyObject *threads) {
-    int64_t n;
-    if (threads == Py_None) {
-        const char *env = getenv("NPATTN_NUM_THREADS");
-        if (!env) {
-            c->p.n_threads = 0;
-            return READY;
+    if (x == Py_None) return 1;
+    PyArrayObject *s = (PyArrayObject *)x;
+    if (!(PyArray_Check(x) && PyArray_TYPE(s) == NPY_FLOAT64 && PyArray_NDIM(s) == 1 &&
+          PyArray_DIM(s, 0) == p->n_head_q && PyArray_IS_C_CONTIGUOUS(s) && PyArray_ISALIGNED(s) &&
+          PyArray_ISNOTSWAPPED(s))) {
+        if (!(s = array_of(c, x, "sinks", 1))) return 0;
+        char kind = PyArray_DESCR(s)->kind;
+        if (!(kind == 'f' || kind == 'i' || kind == 'u' || core_dtype(s) == NPATTN_DTYPE_BF16)) {
+            PyErr_Format(PyExc_TypeError, "%s: sinks must be real numbers, got dtype %S", c->fn, PyArray_DESCR(s));
+            return 0;
         }
+        if (PyArray_NDIM(s) != 1 || PyArray_DIM(s, 0) != p->n_head_q) {
+            PyObject *got = shape_of(s);
+            if (got)
+                PyErr_Format(PyExc_ValueError, "%s: sinks must have shape (H_q,) = (%lld,), got %S", c->fn,
+                             (long long)p->n_head_q, got);
+            Py_XDECREF(got);
+            return 0;
+        }
+        /* a small aligned float64 copy the core reads */
+        s = (PyArrayObject *)own(c, PyArray_FromAny((PyObject *)s, PyArray_DescrFromType(NPY_FLOAT64), 1, 1,
+                                                    NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST, NULL));
+        if (!s) return 0;
+    }
+    p->sinks = PyArray_DATA(s);
+    return 1;
+}
+
+/* window: None, or a pair (left, right) of ints >= 0 or None. */
+static int read_window(struct call *c) {
+    PyObject *window = c->opt[OPT_window];
+    struct npattn_problem *p = &c->p;
+    p->window_left = p->window_right = NPATTN_UNBOUNDED;
+    if (window == Py_None) return 1;
+    if (!(PyTuple_Check(window) || PyList_Check(window)) || PySequence_Fast_GET_SIZE(window) != 2)
+        return raise_with(c, PyExc_TypeError, "window must be None or a pair (left, right) of ints >= 0 or None, got %U",
+                          short_repr(window, 60));
+    int64_t *side[2] = {&p->window_left, &p->window_right};
+    for (int i = 0; i < 2; i++) {
+        PyObject *w = PySequence_Fast_GET_ITEM(window, i);
+        if (w != Py_None && !read_int64(c, w, i ? "window[1]" : "window[0]", 0, side[i])) return 0;
+    }
+    return 1;
+}
+
+/* softcap: None (no cap) or a real number > 0 (the core refuses one that is
+ * not finite). */
+static int read_softcap(struct call *c) {
+    PyObject *x = c->opt[OPT_softcap];
+    c->p.softcap = 0;
+    if (x == Py_None) return 1;
+    int real = real_of(x, &c->p.softcap);
+    if (real < 0) return 0;
+    if (real == 0) {
+        PyErr_Format(PyExc_TypeError, "%s: softcap must be a real number > 0 or None, got %s", c->fn, type_name(x));
+        return 0;
+    }
+    if (c->p.softcap <= 0) c->p.softcap = -1; /* 0 means no cap to the core: refused as negative */
+    return 1;
+}
+
+/* q_offset (None: S - L, or 0 top-left) and k_offset. */
+static int read_offsets(struct call *c) {
+    PyObject *q_offset = c->opt[OPT_q_offset];
+    struct npattn_problem *p = &c->p;
+    if (q_offset == Py_None) {
+        p->q_offset = c->top_left ? 0 : p->n_key - p->n_query;
+    } else {
+        if (!read_int64(c, q_offset, "q_offset", INT64_MIN, &p->q_offset)) return 0;
+        if (c->top_left) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: q_offset cannot be given with mask=\"causal_top_left\", which means q_offset=0; "
+                         "use mask=\"causal\" with q_offset=%S",
+                         c->fn, q_offset);
+            return 0;
+        }
+    }
+    return read_int64(c, c->opt[OPT_k_offset], "k_offset", INT64_MIN, &p->k_offset);
+}
+
+/* threads: an int from 1 to NPATTN_MAX_THREADS; None: NPATTN_NUM_THREADS
+ * if set, else 0 (the core's default). */
+static int read_threads(struct call *c) {
+    PyObject *x = c->opt[OPT_threads];
+    int64_t n;
+    if (x == Py_None) {
+        const char *env = getenv("NPATTN_NUM_THREADS");
+        c->p.n_threads = 0;
+        if (!env) return 1;
         char *end;
-        long v = strtol(env, &end, 10);
-        if (end == env || *end != '\0' || v < 1 || v > 4096) return NOT_READY;
+        errno = 0;
+        long long v = strtoll(env, &end, 10);
+        while (end != env && (*end == ' ' || *end == '\t' || *end == '\n')) end++;
+        if (end == env || *end != '\0' || errno || v < 1 || v > NPATTN_MAX_THREADS) {
+            PyObject *text = PyUnicode_DecodeFSDefault(env);
+            if (text)
+                PyErr_Format(PyExc_ValueError, "%s: NPATTN_NUM_THREADS must be an int from 1 to %d, got %R", c->fn,
+                             NPATTN_MAX_THREADS, text);
+            Py_XDECREF(text);
+            return 0;
+        }
         c->p.n_threads = (int32_t)v;
-        return READY;
+        return 1;
     }
-    if (!int64_of(threads, &n) || n < 1 || n > 4096) return NOT_READY;
+    if (PyBool_Check(x) || !(PyLong_Check(x) || PyArray_IsScalar(x, Integer))) {
+        PyErr_Format(PyExc_TypeError, "%s: threads must be an int >= 1 or None, got %s", c->fn, type_name(x));
+        return 0;
+    }
+    int overflow = 0;
+    n = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (n == -1 && PyErr_Occurred()) return 0;
+    if (overflow || n < 1 || n > NPATTN_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "%s: threads must be an int from 1 to %d, got %S", c->fn, NPATTN_MAX_THREADS, x);
+        return 0;
+    }
     c->p.n_threads = (int32_t)n;
-    return READY;
+    return 1;
 }
 
-/* An output operand of `shape` (the result's dims, rank2 dropping batch and
- * heads): the caller's array if it fits exactly, else NOT_READY. */
-static int read_out(struct call *c, PyObject *out, const npy_intp *shape, int nd) {
-    if (!PyArray_Check(out)) return NOT_READY;
-    PyArrayObject *a = (PyArrayObject *)out;
-    if (core_dtype(a) != c->result || !readable(out, 0) || !PyArray_ISWRITEABLE(a) || PyArray_NDIM(a) != nd)
-        return NOT_READY;
-    for (int d = 0; d < nd; d++)
-        if (PyArray_DIM(a, d) != shape[d]) return NOT_READY;
-    c->out.a = a;
-    return READY;
+/* Every option but the arrays of results, in the order the docs list them. */
+static int read_options(struct call *c) {
+    return read_scale(c) && read_mask(c) && read_sinks(c) && read_window(c) && read_softcap(c) && read_offsets(c) &&
+           read_threads(c);
 }
 
-/* A new C-contiguous array; NULL with the error cleared on failure (the
- * Python layer allocates again and names the shape). */
-static PyArrayObject *new_array(const npy_intp *shape, int nd, int npy_type) {
-    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(nd, (npy_intp *)shape, npy_type);
-    if (!a) PyErr_Clear();
-    return a;
-}
+/* ---- results ---- */
 
-/* The result's shape: (*B, H_q, L, last), or (L, last) for rank-2 inputs. */
-static int result_shape(const struct call *c, npy_intp last, int with_last, npy_intp *shape) {
-    int nd = 0;
-    if (!c->rank2) {
-        for (int d = 0; d < c->nb; d++) shape[nd++] = (npy_intp)c->batch[d];
-        shape[nd++] = (npy_intp)c->p.n_head_q;
-    }
-    shape[nd++] = (npy_intp)c->p.n_query;
-    if (with_last) shape[nd++] = last;
-    return nd;
-}
-
-static npy_intp batch_size(const struct call *c) {
-    npy_intp n = 1;
-    for (int d = 0; d < c->nb; d++) n *= (npy_intp)c->batch[d];
-    return n;
-}
-
-/* Maps a core status: 1 done, 0 NotImplemented (a broken rule, unprepared),
- * -1 an exception. */
-static int map_status(enum npattn_status status, int prepared, const char *fn) {
-    switch (status) {
-    case NPATTN_STATUS_OK: return 1;
-    case NPATTN_STATUS_CANCELLED:
-        /* a daemon thread's call stopped by the interpreter's exit ends the thread quietly */
-        if (!PyErr_Occurred() && atomic_load(&shutting_down))
-            PyErr_Format(PyExc_SystemExit, "%s: the interpreter is exiting", fn);
-        else if (!PyErr_Occurred())
-            PyErr_Format(PyExc_KeyboardInterrupt, "%s: cancelled", fn);
-        return -1;
-    case NPATTN_STATUS_NO_MEMORY:
-        PyErr_Format(PyExc_MemoryError, "%s: %s", fn, npattn_status_string(status));
-        return -1;
-    default:
-        if (!prepared) return 0;
-        PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s", fn, npattn_status_string(status));
-        return -1;
-    }
-}
-
-/* Runs the forward core without the GIL, Ctrl-C relayed; maps its status, named fn. */
-static int run(struct call *c, int prepared, const char *fn) {
-    struct wait_state w;
-    c->p.cancel = check_signals;
-    c->p.cancel_arg = &w;
-    w.saved = PyEval_SaveThread();
-    enum npattn_status status = npattn_sdpa(&c->p);
-    PyEval_RestoreThread(w.saved);
-    return map_status(status, prepared, fn);
-}
-
-static PyObject *not_ready(int prepared, const char *fn, const char *what) {
-    if (prepared) return PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s not prepared", fn, what);
-    Py_RETURN_NOTIMPLEMENTED;
-}
-
-/* sdpa(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset,
- *      return_lse, out, threads, prepared) */
-static PyObject *core_sdpa(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 14) return PyErr_Format(PyExc_TypeError, "_core.sdpa takes 14 arguments, got %zd", nargs);
-    int prepared = PyObject_IsTrue(args[13]);
-    if (prepared < 0) return NULL;
-    struct call c;
-    memset(&c, 0, sizeof c);
-    if (!read_qkv(&c, args[0], args[1], args[2], 1)) return not_ready(prepared, "sdpa", "q, k or v");
-    if (!read_options(&c, args[3], args[4], args[5], args[6], args[7], args[8], args[9]))
-        return not_ready(prepared, "sdpa", "an option");
-    if (!read_threads(&c, args[12])) return not_ready(prepared, "sdpa", "threads");
-    int return_lse = args[10] == Py_True;
-    if (!return_lse && args[10] != Py_False) return not_ready(prepared, "sdpa", "return_lse");
-
-    npy_intp shape[NPY_MAXDIMS + 2];
-    int nd = result_shape(&c, (npy_intp)c.p.n_embd_v, 1, shape);
-    if (args[11] != Py_None) {
-        if (!read_out(&c, args[11], shape, nd)) return not_ready(prepared, "sdpa", "out");
-        Py_INCREF(c.out.a);
-    } else if (!(c.out.a = new_array(shape, nd, npy_type_of(c.result)))) {
-        return not_ready(prepared, "sdpa", "the result");
-    }
-    if (return_lse && !(c.lse.a = new_array(shape, nd - 1, c.result == NPATTN_DTYPE_F64 ? NPY_FLOAT64 : NPY_FLOAT32))) {
-        Py_DECREF(c.out.a);
-        return not_ready(prepared, "sdpa", "lse");
-    }
-    describe(&c, &c.out, &c.p.out, c.result, 3);
-    if (c.lse.a) describe(&c, &c.lse, &c.p.lse, c.result == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32, 2);
-
-    int done = run(&c, prepared, "sdpa");
-    if (done <= 0) {
-        Py_DECREF(c.out.a);
-        Py_XDECREF(c.lse.a);
-        if (done == 0) Py_RETURN_NOTIMPLEMENTED;
-        return NULL;
-    }
-    if (!c.lse.a) return (PyObject *)c.out.a;
-    PyObject *pair = PyTuple_Pack(2, c.out.a, c.lse.a);
-    Py_DECREF(c.out.a);
-    Py_DECREF(c.lse.a);
-    return pair;
-}
-
-/* attention_weights(q, k, scale, mask, sinks, window, softcap, q_offset,
- *                   k_offset, weights, threads): arguments prepared by Python. */
-static PyObject *core_attention_weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 11) return PyErr_Format(PyExc_TypeError, "_core.attention_weights takes 11 arguments, got %zd", nargs);
-    struct call c;
-    memset(&c, 0, sizeof c);
-    if (!read_qkv(&c, args[0], args[1], NULL, 0)) return not_ready(1, "attention_weights", "q or k");
-    if (!read_options(&c, args[2], args[3], args[4], args[5], args[6], args[7], args[8]))
-        return not_ready(1, "attention_weights", "an option");
-    if (!read_threads(&c, args[10])) return not_ready(1, "attention_weights", "threads");
-    npy_intp shape[NPY_MAXDIMS + 2];
-    int nd = result_shape(&c, (npy_intp)c.p.n_key, 1, shape);
-    if (!read_out(&c, args[9], shape, nd)) return not_ready(1, "attention_weights", "weights");
-    c.weights.a = c.out.a;
-    c.out.a = NULL;
-    describe(&c, &c.weights, &c.p.weights, c.result, 3);
-    if (run(&c, 1, "attention_weights") <= 0) return NULL;
-    Py_INCREF(c.weights.a);
-    return (PyObject *)c.weights.a;
-}
-
-/* An operand the backward pass reads or writes, of the result's batch shape and
- * logical shape (heads, rows, width) or (rows, width) at rank 2; NOT_READY unless
- * it is exactly so. */
-static int read_full(struct call *c, PyObject *o, struct operand *op, struct npattn_tensor *t, npy_intp heads,
-                     npy_intp rows, npy_intp width, int tail, int core_type) {
-    if (!readable(o, 0)) return NOT_READY;
-    PyArrayObject *a = (PyArrayObject *)o;
-    npy_intp shape[NPY_MAXDIMS + 3];
+/* The result's shape: (*B, H_q, rows, last), or (rows, last) for rank-2
+ * inputs; with_last 0 drops the last axis. */
+static int result_shape(const struct call *c, npy_intp heads, npy_intp rows, npy_intp last, int with_last,
+                        npy_intp *shape) {
     int nd = 0;
     if (!c->rank2) {
         for (int d = 0; d < c->nb; d++) shape[nd++] = (npy_intp)c->batch[d];
         shape[nd++] = heads;
     }
     shape[nd++] = rows;
-    if (tail == 3) shape[nd++] = width;
-    if (PyArray_NDIM(a) != nd || (core_type >= 0 && core_dtype(a) != core_type)) return NOT_READY;
-    for (int d = 0; d < nd; d++)
-        if (PyArray_DIM(a, d) != shape[d]) return NOT_READY;
-    op->a = a;
-    describe(c, op, t, core_dtype(a), tail);
-    return READY;
+    if (with_last) shape[nd++] = last;
+    return nd;
 }
 
-/* sdpa_backward(dout, q, k, v, out, lse, scale, mask, sinks, window, softcap,
- *               q_offset, k_offset, dq, dk, dv, dsinks, threads): arguments
- * prepared by Python; dq, dk, dv of the result's batch shape in the computed
- * dtype, dsinks None or float64 (n_batch, H_q). */
-static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* A new C-contiguous array, owned by the call; NULL with the error naming
+ * `what` and its shape. */
+static PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, int npy_type, const char *what) {
+    PyObject *a = PyArray_SimpleNew(nd, (npy_intp *)shape, npy_type);
+    if (a) return (PyArrayObject *)own(c, a);
+    int memory = PyErr_ExceptionMatches(PyExc_MemoryError);
+    PyErr_Clear();
+    PyObject *t = tuple_of(shape, nd);
+    PyArray_Descr *d = PyArray_DescrFromType(npy_type);
+    if (t && d) {
+        if (memory)
+            PyErr_Format(PyExc_MemoryError, "%s: cannot allocate %s, shape %S of %S", c->fn, what, t, d);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: %s, shape %S of %S, is too large for an array", c->fn, what, t, d);
+    }
+    Py_XDECREF(t);
+    Py_XDECREF(d);
+    return NULL;
+}
+
+/* sdpa's out: the caller's array, of exactly the result's shape and dtype,
+ * writeable and readable in place. */
+static int read_out(struct call *c, const npy_intp *shape, int nd) {
+    PyObject *out = c->opt[OPT_out];
+    if (!PyArray_Check(out)) {
+        PyErr_Format(PyExc_TypeError, "%s: out must be a numpy.ndarray or None, got %s", c->fn, type_name(out));
+        return 0;
+    }
+    PyArrayObject *a = (PyArrayObject *)out;
+    int fits = PyArray_NDIM(a) == nd && core_dtype(a) == c->result;
+    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == shape[d];
+    if (!fits) {
+        PyObject *want = tuple_of(shape, nd), *got = shape_of(a);
+        PyArray_Descr *dt = PyArray_DescrFromType(npy_type_of(c->result));
+        if (want && got && dt)
+            PyErr_Format(PyExc_ValueError, "%s: out must have the result's shape %S and dtype %S, got shape %S and dtype %S",
+                         c->fn, want, dt, got, PyArray_DESCR(a));
+        Py_XDECREF(want);
+        Py_XDECREF(got);
+        Py_XDECREF(dt);
+        return 0;
+    }
+    if (!PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "%s: out must be writeable, got a read-only array", c->fn);
+        return 0;
+    }
+    if (!readable(out, 0)) {
+        PyErr_Format(PyExc_ValueError, "%s: out must be aligned and in native byte order", c->fn);
+        return 0;
+    }
+    c->out.a = a;
+    return 1;
+}
+
+static const char OUT_SHARES[] = "out must not share memory with an input (q, k, v, mask or sinks)";
+
+/* The core sees the copies of converted inputs; out must overlap none of
+ * the arrays given either (numpy.may_share_memory: their byte ranges). */
+static int out_clear_of_given(struct call *c) {
+    static PyObject *may_share;
+    if (!c->n_converted) return 1;
+    if (!may_share) {
+        PyObject *np = PyImport_ImportModule("numpy");
+        if (!np) return 0;
+        may_share = PyObject_GetAttrString(np, "may_share_memory");
+        Py_DECREF(np);
+        if (!may_share) return 0;
+    }
+    for (int i = 0; i < c->n_converted; i++) {
+        PyObject *r = PyObject_CallFunctionObjArgs(may_share, (PyObject *)c->out.a, c->converted[i], NULL);
+        if (!r) return 0;
+        int shares = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (shares < 0) return 0;
+        if (shares) {
+            PyErr_Format(PyExc_ValueError, "%s: %s", c->fn, OUT_SHARES);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ---- running the core, and phrasing its verdict ---- */
+
+/* Raises the exception a refused call deserves; returns NULL. bp: the
+ * backward problem, or NULL for the forward one. */
+static PyObject *refused(struct call *c, enum npattn_status status, const struct npattn_backward_problem *bp) {
+    const struct npattn_problem *p = &c->p;
+    struct npattn_verdict why = {status, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE};
+    char rule[200];
+    switch (status) {
+    case NPATTN_STATUS_CANCELLED:
+        /* a daemon thread's call stopped by the interpreter's exit ends the thread quietly */
+        if (!PyErr_Occurred() && atomic_load(&shutting_down))
+            PyErr_Format(PyExc_SystemExit, "%s: the interpreter is exiting", c->fn);
+        else if (!PyErr_Occurred())
+            PyErr_Format(PyExc_KeyboardInterrupt, "%s: cancelled", c->fn);
+        return NULL;
+    case NPATTN_STATUS_NO_MEMORY:
+        return PyErr_Format(PyExc_MemoryError, "%s: %s", c->fn, npattn_status_string(status));
+    case NPATTN_STATUS_BLAS_WRONG:
+        return PyErr_Format(PyExc_RuntimeError, "%s: %s", c->fn, npattn_status_string(status));
+    default:
+        if (bp) npattn_check_backward(bp, &why);
+        else npattn_check(p, &why);
+    }
+    switch (why.status) {
+    case NPATTN_STATUS_NO_KV_HEAD: return shapes_break(c, "k needs at least one head"), NULL;
+    case NPATTN_STATUS_HEADS_NOT_MULTIPLE:
+        snprintf(rule, sizeof rule, "q has %lld heads, not a multiple of k's %lld heads", (long long)p->n_head_q,
+                 (long long)p->n_head_kv);
+        return shapes_break(c, rule), NULL;
+    case NPATTN_STATUS_NO_WIDTH: return shapes_break(c, "q and k need a row width D >= 1"), NULL;
+    case NPATTN_STATUS_TOO_LARGE:
+        return shapes_break(c, "D and D_v must be at most 2**31 - 1, what one BLAS call takes"), NULL;
+    case NPATTN_STATUS_BATCH_OVERFLOW:
+        return shapes_break(c, "the batch dims of q, k and v multiply beyond int64"), NULL;
+    case NPATTN_STATUS_BAD_SCALE:
+        return raise_with(c, PyExc_ValueError, "scale must be finite, got %U", short_str(c->opt[OPT_scale], 40)), NULL;
+    case NPATTN_STATUS_BAD_SOFTCAP:
+        return raise_with(c, PyExc_ValueError, "softcap must be a finite number > 0, got %U",
+                          short_str(c->opt[OPT_softcap], 40)),
+               NULL;
+    case NPATTN_STATUS_OVERLAPS_ITSELF:
+        if (why.operand == NPATTN_OPERAND_OUT) {
+            PyArrayObject *a = c->out.a;
+            PyObject *strides = tuple_of(PyArray_STRIDES(a), PyArray_NDIM(a)), *shape = shape_of(a);
+            if (strides && shape)
+                PyErr_Format(PyExc_ValueError, "%s: out must not overlap itself, got strides %S for shape %S", c->fn,
+                             strides, shape);
+            Py_XDECREF(strides);
+            Py_XDECREF(shape);
+            return NULL;
+        }
+        break;
+    case NPATTN_STATUS_OVERLAPS:
+        if (why.operand == NPATTN_OPERAND_OUT) return PyErr_Format(PyExc_ValueError, "%s: %s", c->fn, OUT_SHARES);
+        break;
+    default: break;
+    }
+    return PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s (%s)", c->fn, npattn_status_string(why.status),
+                        npattn_operand_name(why.operand));
+}
+
+/* Runs the forward core without the GIL, Ctrl-C relayed. */
+static enum npattn_status run_forward(struct call *c) {
+    struct wait_state w;
+    c->p.cancel = check_signals;
+    c->p.cancel_arg = &w;
+    w.saved = PyEval_SaveThread();
+    enum npattn_status status = npattn_sdpa(&c->p);
+    PyEval_RestoreThread(w.saved);
+    return status;
+}
+
+/* ---- the entry points ---- */
+
+static PyObject *core_sdpa(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    if (nargs != 18) return PyErr_Format(PyExc_TypeError, "_core.sdpa_backward takes 18 arguments, got %zd", nargs);
+    struct call c;
+    PyObject *result = NULL;
+    call_init(&c, "sdpa");
+    if (!read_keywords(&c, args, nargs, kwnames, SDPA_OPTIONS) || !read_qkv(&c, 1) || !read_options(&c)) goto done;
+    PyObject *return_lse = c.opt[OPT_return_lse];
+    if (!PyBool_Check(return_lse) && !PyArray_IsScalar(return_lse, Bool)) {
+        PyErr_Format(PyExc_TypeError, "%s: return_lse must be True or False, got %s", c.fn, type_name(return_lse));
+        goto done;
+    }
+    const int with_lse = PyObject_IsTrue(return_lse);
+    const int wide = c.result == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    npy_intp shape[NPY_MAXDIMS + 2];
+    int nd = result_shape(&c, (npy_intp)c.p.n_head_q, (npy_intp)c.p.n_query, (npy_intp)c.p.n_embd_v, 1, shape);
+    /* the result first: a result too large to allocate fails before the core is asked */
+    if (c.opt[OPT_out] == Py_None) {
+        if (!(c.out.a = new_array(&c, shape, nd, npy_type_of(c.result), "the result"))) goto done;
+    } else if (!read_out(&c, shape, nd) || !out_clear_of_given(&c)) {
+        goto done;
+    }
+    if (with_lse && !(c.lse.a = new_array(&c, shape, nd - 1, npy_type_of(wide), "lse"))) goto done;
+    describe(&c, &c.out, &c.p.out, c.result, 3);
+    if (c.lse.a) describe(&c, &c.lse, &c.p.lse, wide, 2);
+    enum npattn_status status = run_forward(&c);
+    if (status != NPATTN_STATUS_OK) {
+        refused(&c, status, NULL);
+        goto done;
+    }
+    result = c.lse.a ? PyTuple_Pack(2, c.out.a, c.lse.a) : Py_NewRef((PyObject *)c.out.a);
+done:
+    call_release(&c);
+    return result;
+}
+
+static PyObject *core_attention_weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    struct call c;
+    PyObject *result = NULL;
+    call_init(&c, "attention_weights");
+    if (!read_keywords(&c, args, nargs, kwnames, WEIGHTS_OPTIONS) || !read_qkv(&c, 0) || !read_options(&c)) goto done;
+    npy_intp shape[NPY_MAXDIMS + 2];
+    int nd = result_shape(&c, (npy_intp)c.p.n_head_q, (npy_intp)c.p.n_query, (npy_intp)c.p.n_key, 1, shape);
+    if (!(c.weights.a = new_array(&c, shape, nd, npy_type_of(c.result), "the weights"))) goto done;
+    describe(&c, &c.weights, &c.p.weights, c.result, 3);
+    enum npattn_status status = run_forward(&c);
+    if (status != NPATTN_STATUS_OK) {
+        refused(&c, status, NULL);
+        goto done;
+    }
+    result = Py_NewRef((PyObject *)c.weights.a);
+done:
+    call_release(&c);
+    return result;
+}
+
+/* An input of the backward pass (dout, out, lse) of exactly `shape`, `what`
+ * naming that shape; an lse of float16 or bfloat16 is read as float32. */
+static int read_fitting(struct call *c, enum option o, struct operand *op, struct npattn_tensor *t, const npy_intp *shape,
+                        int nd, const char *what) {
+    const char *name = option_names[o];
+    PyObject *x = c->opt[o];
+    if (x == Py_None) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats, got None", c->fn, name);
+        return 0;
+    }
+    PyArrayObject *a = array_of(c, x, name, 0);
+    if (!a || !float_dtype(c, a, name)) return 0;
+    int fits = PyArray_NDIM(a) == nd;
+    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == shape[d];
+    if (!fits) {
+        PyObject *want = tuple_of(shape, nd), *got = shape_of(a);
+        if (want && got) PyErr_Format(PyExc_ValueError, "%s: %s must have %s %S, got %S", c->fn, name, what, want, got);
+        Py_XDECREF(want);
+        Py_XDECREF(got);
+        return 0;
+    }
+    if (o == OPT_lse && (core_dtype(a) == NPATTN_DTYPE_F16 || core_dtype(a) == NPATTN_DTYPE_BF16)) {
+        a = (PyArrayObject *)own(c, PyArray_CastToType(a, PyArray_DescrFromType(NPY_FLOAT32), 0));
+        if (!a) return 0;
+    }
+    op->a = a;
+    describe(c, op, t, core_dtype(a), o == OPT_lse ? 2 : 3);
+    return 1;
+}
+
+/* The gradients (dq, dk, dv, dsinks) at the result's batch shape, in the
+ * computed dtype (dsinks float64, (n_batch, H_q), or None), and the arrays
+ * q, k, v as read, whose shapes and dtypes the gradients go back to. */
+static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
     struct call c;
     struct npattn_backward_problem bp;
-    memset(&c, 0, sizeof c);
+    PyObject *result = NULL;
+    call_init(&c, "sdpa_backward");
     memset(&bp, 0, sizeof bp);
-    if (!read_qkv(&c, args[1], args[2], args[3], 1)) return not_ready(1, "sdpa_backward", "q, k or v");
-    if (!read_options(&c, args[6], args[7], args[8], args[9], args[10], args[11], args[12]))
-        return not_ready(1, "sdpa_backward", "an option");
-    if (!read_threads(&c, args[17])) return not_ready(1, "sdpa_backward", "threads");
+    if (!read_keywords(&c, args, nargs, kwnames, BACKWARD_OPTIONS) || !read_qkv(&c, 1) || !read_options(&c)) goto done;
     const struct npattn_problem *p = &c.p;
     const npy_intp H_q = (npy_intp)p->n_head_q, H_kv = (npy_intp)p->n_head_kv, L = (npy_intp)p->n_query;
     const npy_intp S = (npy_intp)p->n_key, D = (npy_intp)p->n_embd_k, Dv = (npy_intp)p->n_embd_v;
     const int wide = c.result == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
-    struct operand dout, dq, dk, dv;
-    if (!read_full(&c, args[0], &dout, &bp.dout, H_q, L, Dv, 3, -1) ||
-        !read_full(&c, args[4], &c.out, &c.p.out, H_q, L, Dv, 3, -1) ||
-        !read_full(&c, args[5], &c.lse, &c.p.lse, H_q, L, 1, 2, -1) ||
-        !read_full(&c, args[13], &dq, &bp.dq, H_q, L, D, 3, wide))
-        return not_ready(1, "sdpa_backward", "dout, out, lse or dq");
-    /* dk and dv: the kv heads at the result's batch shape */
-    if (!read_full(&c, args[14], &dk, &bp.dk, H_kv, S, D, 3, wide) ||
-        !read_full(&c, args[15], &dv, &bp.dv, H_kv, S, Dv, 3, wide))
-        return not_ready(1, "sdpa_backward", "dk or dv");
-    if (args[16] != Py_None) {
-        PyArrayObject *ds = (PyArrayObject *)args[16];
-        if (!PyArray_Check(args[16]) || PyArray_TYPE(ds) != NPY_FLOAT64 || !PyArray_IS_C_CONTIGUOUS(ds) ||
-            PyArray_SIZE(ds) != batch_size(&c) * H_q || !p->sinks)
-            return not_ready(1, "sdpa_backward", "dsinks");
-        bp.dsinks = PyArray_DATA(ds);
-    } else if (p->sinks) {
-        return not_ready(1, "sdpa_backward", "dsinks");
+    npy_intp shape[NPY_MAXDIMS + 2];
+    int nd = result_shape(&c, H_q, L, Dv, 1, shape);
+    if (!read_fitting(&c, OPT_dout, &c.dout, &bp.dout, shape, nd, "the result's shape") ||
+        !read_fitting(&c, OPT_out, &c.out, &c.p.out, shape, nd, "the result's shape") ||
+        !read_fitting(&c, OPT_lse, &c.lse, &c.p.lse, shape, nd - 1, "the result's shape without its last axis"))
+        goto done;
+    struct {
+        struct operand *op;
+        struct npattn_tensor *t;
+        npy_intp heads, rows, width;
+        const char *what;
+    } grads[3] = {{&c.dq, &bp.dq, H_q, L, D, "dq"}, {&c.dk, &bp.dk, H_kv, S, D, "dk"}, {&c.dv, &bp.dv, H_kv, S, Dv, "dv"}};
+    for (int i = 0; i < 3; i++) {
+        int n = result_shape(&c, grads[i].heads, grads[i].rows, grads[i].width, 1, shape);
+        if (!(grads[i].op->a = new_array(&c, shape, n, npy_type_of(wide), grads[i].what))) goto done;
+        describe(&c, grads[i].op, grads[i].t, wide, 3);
+    }
+    PyArrayObject *dsinks = NULL;
+    if (p->sinks) {
+        npy_intp n_batch = 1;
+        for (int d = 0; d < c.nb; d++) n_batch *= (npy_intp)c.batch[d];
+        const npy_intp ds_shape[2] = {n_batch, H_q};
+        if (!(dsinks = new_array(&c, ds_shape, 2, NPY_FLOAT64, "dsinks"))) goto done;
+        bp.dsinks = PyArray_DATA(dsinks);
     }
     bp.fwd = c.p;
     struct wait_state w;
@@ -498,7 +957,67 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
     w.saved = PyEval_SaveThread();
     enum npattn_status status = npattn_sdpa_backward(&bp);
     PyEval_RestoreThread(w.saved);
-    if (map_status(status, 1, "sdpa_backward") <= 0) return NULL;
+    if (status != NPATTN_STATUS_OK) {
+        refused(&c, status, &bp);
+        goto done;
+    }
+    result = Py_BuildValue("(OOOO(OOO))", c.dq.a, c.dk.a, c.dv.a, dsinks ? (PyObject *)dsinks : Py_None, c.q.a, c.k.a,
+                           c.v.a);
+done:
+    call_release(&c);
+    return result;
+}
+
+/* check_mask(fn, mask, full): the mask as sdpa reads it for a problem of
+ * result shape full = (*B, H_q, L, S): None, a string, or an array. */
+static PyObject *core_check_mask(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *fn;
+    PyObject *mask, *full;
+    if (!PyArg_ParseTuple(args, "sOO!", &fn, &mask, &PyTuple_Type, &full)) return NULL;
+    struct call c;
+    PyObject *result = NULL;
+    call_init(&c, fn);
+    Py_ssize_t n = PyTuple_GET_SIZE(full);
+    if (n < 3 || n > NPY_MAXDIMS + 3) return PyErr_Format(PyExc_ValueError, "check_mask: full must have 3 to %d dims", NPY_MAXDIMS + 3);
+    int64_t dims[NPY_MAXDIMS + 3];
+    for (Py_ssize_t d = 0; d < n; d++)
+        if ((dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(full, d))) == -1 && PyErr_Occurred()) return NULL;
+    c.nb = (int)n - 3;
+    for (int d = 0; d < c.nb; d++) c.batch[d] = dims[d];
+    c.p.n_head_q = dims[n - 3], c.p.n_query = dims[n - 2], c.p.n_key = dims[n - 1];
+    c.opt[OPT_mask] = mask;
+    if (read_mask(&c)) result = Py_NewRef(c.mask.a ? (PyObject *)c.mask.a : mask);
+    call_release(&c);
+    return result;
+}
+
+/* check_scale(fn, scale, D): scale as sdpa reads it, a float. */
+static PyObject *core_check_scale(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *fn;
+    PyObject *scale;
+    long long D;
+    if (!PyArg_ParseTuple(args, "sOL", &fn, &scale, &D)) return NULL;
+    struct call c;
+    PyObject *result = NULL;
+    call_init(&c, fn);
+    c.p.n_embd_k = D;
+    c.p.n_head_kv = 1;
+    c.opt[OPT_scale] = scale;
+    if (read_scale(&c)) {
+        enum npattn_status status = npattn_check(&c.p, NULL);
+        if (status == NPATTN_STATUS_BAD_SCALE) refused(&c, status, NULL);
+        else result = PyFloat_FromDouble(c.p.scale);
+    }
+    call_release(&c);
+    return result;
+}
+
+static PyObject *core_set_converter(PyObject *self, PyObject *fn) {
+    (void)self;
+    if (!PyCallable_Check(fn)) return PyErr_Format(PyExc_TypeError, "set_converter: not callable: %R", fn);
+    Py_XSETREF(converter, Py_NewRef(fn));
     Py_RETURN_NONE;
 }
 
@@ -526,13 +1045,8 @@ static PyObject *core_shutdown(PyObject *self, PyObject *args) {
 
 static PyObject *core_blas_info(PyObject *self, PyObject *args) {
     (void)self, (void)args;
-    const char *config = npattn_blas_get_config();
-#ifdef NPATTN_BLAS_SCIPY
-    const char *source = "scipy-openblas32 (bundled)";
-#else
-    const char *source = "system OpenBLAS";
-#endif
-    return PyUnicode_FromFormat("%s: %s", source, config ? config : "?");
+    const char *config = npattn_blas_config();
+    return PyUnicode_FromFormat("%s: %s", npattn_blas_library(), config ? config : "?");
 }
 
 static PyObject *core_debug_fail_alloc_after(PyObject *self, PyObject *arg) {
@@ -553,14 +1067,14 @@ static PyObject *core_debug_pool_mode(PyObject *self, PyObject *arg) {
 
 static PyObject *core_simd(PyObject *self, PyObject *args) {
     (void)self, (void)args;
-    return PyUnicode_FromString(npattn_kernels()->name);
+    return PyUnicode_FromString(npattn_simd());
 }
 
 static PyObject *core_debug_force_simd(PyObject *self, PyObject *arg) {
     (void)self;
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
-    if (npattn_kernels_force(name) != 0) return PyErr_Format(PyExc_ValueError, "this CPU cannot run the %R kernels", arg);
+    if (npattn_debug_force_simd(name) != 0) return PyErr_Format(PyExc_ValueError, "this CPU cannot run the %R kernels", arg);
     Py_RETURN_NONE;
 }
 
@@ -573,20 +1087,25 @@ static PyObject *core_set_num_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    npattn_set_num_threads((int)(n > 4096 ? 4096 : n));
+    npattn_set_num_threads((int)(n > NPATTN_MAX_THREADS ? NPATTN_MAX_THREADS : n));
     Py_RETURN_NONE;
 }
 
 static PyMethodDef core_methods[] = {
-    {"sdpa", (PyCFunction)(void (*)(void))core_sdpa, METH_FASTCALL,
-     "sdpa(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, out, threads, prepared)\n"
-     "--\n\nPrivate: npattn.sdpa's fast path. NotImplemented means: prepare the arguments."},
-    {"attention_weights", (PyCFunction)(void (*)(void))core_attention_weights, METH_FASTCALL,
-     "attention_weights(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, weights, threads)\n--\n\n"
-     "Private: fills the prepared array weights with npattn.attention_weights's result."},
-    {"sdpa_backward", (PyCFunction)(void (*)(void))core_sdpa_backward, METH_FASTCALL,
-     "sdpa_backward(dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, dq, dk, dv, "
-     "dsinks, threads)\n--\n\nPrivate: fills the prepared dq, dk, dv (and dsinks) for npattn.sdpa_backward."},
+    {"sdpa", (PyCFunction)(void (*)(void))core_sdpa, METH_FASTCALL | METH_KEYWORDS,
+     "sdpa(*, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, out, threads)\n--\n\n"
+     "Private: npattn.sdpa's arguments, by name, as given."},
+    {"attention_weights", (PyCFunction)(void (*)(void))core_attention_weights, METH_FASTCALL | METH_KEYWORDS,
+     "attention_weights(*, q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, threads)\n--\n\n"
+     "Private: npattn.attention_weights's arguments, by name, as given."},
+    {"sdpa_backward", (PyCFunction)(void (*)(void))core_sdpa_backward, METH_FASTCALL | METH_KEYWORDS,
+     "sdpa_backward(*, dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, threads)\n--\n\n"
+     "Private: (dq, dk, dv, dsinks) at the result's batch shape, and (q, k, v) as read."},
+    {"check_mask", core_check_mask, METH_VARARGS,
+     "check_mask(fn, mask, full)\n--\n\nThe mask as sdpa reads it for a result of shape full = (*B, H_q, L, S)."},
+    {"check_scale", core_check_scale, METH_VARARGS, "check_scale(fn, scale, D)\n--\n\nThe scale as sdpa reads it."},
+    {"set_converter", core_set_converter, METH_O,
+     "set_converter(fn)\n--\n\nfn(fn_name, name, x): x as an array the core reads in place."},
     {"set_bfloat16", core_set_bfloat16, METH_O, "set_bfloat16(dtype)\n--\n\nTell the core ml_dtypes.bfloat16's dtype."},
     {"blas_info", core_blas_info, METH_NOARGS, "blas_info()\n--\n\nWhich OpenBLAS npattn runs on."},
     {"shutdown", core_shutdown, METH_NOARGS,
@@ -617,9 +1136,11 @@ PyMODINIT_FUNC PyInit__core(void) {
                             "CPU, so npattn will not run; set OPENBLAS_CORETYPE=NEOVERSEN1 (on ARM) before starting "
                             "Python to use other kernels",
                             npattn_blas_core());
+    for (int o = 0; o < N_OPTION; o++)
+        if (!option_strings[o] && !(option_strings[o] = PyUnicode_InternFromString(option_names[o]))) return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
-    if (PyModule_AddIntConstant(m, "BLAS_INT_MAX", 2147483647) || PyModule_AddIntConstant(m, "MAX_THREADS", 4096)) {
+    if (PyModule_AddIntConstant(m, "MAX_THREADS", NPATTN_MAX_THREADS)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -130,6 +130,37 @@ static void test_cancel(void) {
     free(x.q), free(x.k), free(x.v), free(x.out);
 }
 
+/* The weights of long rows (4 rows of 2**25 keys, float16) that see one
+ * key each: the cancel flag (first polled 50 ms into a call) is polled while
+ * the rows are zeroed, so a call cancelled then leaves the last row
+ * untouched; the rows used to be zeroed whole before the first poll. */
+static void test_cancel_zeroing_weights(void) {
+    const int64_t L = 4, S = (int64_t)1 << 25;
+    const uint16_t nan16 = 0x7e00, one16 = 0x3c00;
+    struct case_ c = {1, 1, 1, L, S, 4, 0, 0, 0, 0, INT64_MIN, 0, MASK_NONE, 0, 0, 1};
+    struct buffers x;
+    memset(&x, 0, sizeof x);
+    x.q = calloc((size_t)L * 4, 2), x.k = calloc((size_t)S * 4, 2), x.weights = malloc((size_t)(L * S) * 2);
+    uint16_t *w = x.weights;
+    for (int64_t j = 0; j < L * S; j++) w[j] = nan16;
+    struct npattn_problem p;
+    int64_t bshape[1];
+    fill_problem(&p, &c, NPATTN_DTYPE_F16, &x, NULL, bshape);
+    int polls = 0;
+    p.cancel = cancel_now;
+    p.cancel_arg = &polls;
+    expect_status(npattn_sdpa(&p), NPATTN_STATUS_CANCELLED, "cancel while zeroing the weights: CANCELLED");
+    expect(polls == 1 && w[L * S - 1] == nan16, "cancel while zeroing the weights: the last row is left as it was");
+    p.cancel = NULL;
+    expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "the weights of long rows: OK");
+    /* row i sits at position S - L + i and sees that key only */
+    int one_key = 1;
+    for (int64_t i = 0; i < L; i++)
+        one_key &= w[i * S + S - L + i] == one16 && w[i * S] == 0 && w[i * S + S - L + i - 1] == 0;
+    expect(one_key, "the weights of long rows: one key each");
+    free(x.q), free(x.k), free(x.weights);
+}
+
 static void test_pool_modes(void) {
     /* the same plan whoever runs it: caller alone (1), helpers for any work (2) */
     struct case_ c = {2, 8, 2, 150, 300, 32, 32, 1, 40, NPATTN_UNBOUNDED, INT64_MIN, 0, MASK_NONE, 0, 1, 2};
@@ -336,40 +367,67 @@ static void test_invalid(void) {
     struct buffers x = {{0}, buf, buf + 1024, buf + 2048, buf + 3072, NULL, NULL, NULL};
     struct npattn_problem p;
     int64_t bshape[1];
-#define INVALID(what, change, status)                                 \
-    do {                                                              \
-        fill_problem(&p, &c, NPATTN_DTYPE_F32, &x, NULL, bshape);     \
-        p.lse.data = p.weights.data = NULL;                           \
-        change;                                                       \
-        expect(npattn_sdpa(&p) == (status), "invalid: " what);        \
+    struct npattn_verdict why;
+    const enum npattn_operand NONE = NPATTN_OPERAND_NONE, Q = NPATTN_OPERAND_Q, K = NPATTN_OPERAND_K,
+                              V = NPATTN_OPERAND_V, OUT = NPATTN_OPERAND_OUT, SINKS = NPATTN_OPERAND_SINKS;
+    /* each change breaks one rule: npattn_sdpa returns its status, npattn_check names the operand */
+#define INVALID(what, change, status, operand, other)                          \
+    do {                                                                       \
+        fill_problem(&p, &c, NPATTN_DTYPE_F32, &x, NULL, bshape);              \
+        p.lse.data = p.weights.data = NULL;                                    \
+        change;                                                                \
+        expect_status(npattn_sdpa(&p), (status), "invalid: " what);            \
+        npattn_check(&p, &why);                                                \
+        expect_verdict(&why, (status), (operand), (other), "verdict: " what);  \
     } while (0)
-    INVALID("a valid problem is OK", (void)0, NPATTN_STATUS_OK);
-    INVALID("heads not a multiple", p.n_head_q = 5, NPATTN_STATUS_INVALID);
-    INVALID("no kv head", p.n_head_kv = 0, NPATTN_STATUS_INVALID);
-    INVALID("D = 0", p.n_embd_k = 0, NPATTN_STATUS_INVALID);
-    INVALID("D beyond INT_MAX", p.n_embd_k = (int64_t)1 << 40, NPATTN_STATUS_TOO_LARGE);
-    INVALID("NaN scale", p.scale = NAN, NPATTN_STATUS_INVALID);
-    INVALID("infinite scale", p.scale = INFINITY, NPATTN_STATUS_INVALID);
-    INVALID("negative softcap", p.softcap = -1, NPATTN_STATUS_INVALID);
-    INVALID("NaN softcap", p.softcap = NAN, NPATTN_STATUS_INVALID);
-    INVALID("window below -1", p.window_left = -2, NPATTN_STATUS_INVALID);
-    INVALID("negative threads", p.n_threads = -1, NPATTN_STATUS_INVALID);
-    INVALID("unknown mask kind", p.mask_kind = (enum npattn_mask_kind)7, NPATTN_STATUS_INVALID);
-    INVALID("unknown dtype", p.q.dtype = (enum npattn_dtype)9, NPATTN_STATUS_INVALID);
-    INVALID("lse of float16", (p.lse.data = buf + 3500, p.lse.dtype = NPATTN_DTYPE_F16), NPATTN_STATUS_INVALID);
-    INVALID("no q data", p.q.data = NULL, NPATTN_STATUS_INVALID);
-    INVALID("no batch strides", p.k.batch_stride = NULL, NPATTN_STATUS_INVALID);
-    INVALID("negative batch size", bshape[0] = -1, NPATTN_STATUS_INVALID);
-    INVALID("out overlapping q", p.out.data = buf + 10, NPATTN_STATUS_INVALID);
-    INVALID("out overlapping v", p.out.data = buf + 2048 + 60, NPATTN_STATUS_INVALID);
-    INVALID("out overlapping itself", p.out.head_stride = 0, NPATTN_STATUS_INVALID);
+    INVALID("a valid problem is OK", (void)0, NPATTN_STATUS_OK, NONE, NONE);
+    INVALID("heads not a multiple", p.n_head_q = 5, NPATTN_STATUS_HEADS_NOT_MULTIPLE, Q, K);
+    INVALID("negative query heads", p.n_head_q = -2, NPATTN_STATUS_HEADS_NOT_MULTIPLE, Q, K);
+    INVALID("no kv head", p.n_head_kv = 0, NPATTN_STATUS_NO_KV_HEAD, K, NONE);
+    INVALID("D = 0", p.n_embd_k = 0, NPATTN_STATUS_NO_WIDTH, Q, K);
+    INVALID("negative L", p.n_query = -1, NPATTN_STATUS_NEGATIVE_SIZE, NONE, NONE);
+    INVALID("D beyond INT_MAX", p.n_embd_k = (int64_t)1 << 40, NPATTN_STATUS_TOO_LARGE, Q, NONE);
+    INVALID("D_v beyond INT_MAX", p.n_embd_v = (int64_t)1 << 40, NPATTN_STATUS_TOO_LARGE, V, NONE);
+    INVALID("NaN scale", p.scale = NAN, NPATTN_STATUS_BAD_SCALE, NONE, NONE);
+    INVALID("infinite scale", p.scale = INFINITY, NPATTN_STATUS_BAD_SCALE, NONE, NONE);
+    INVALID("negative softcap", p.softcap = -1, NPATTN_STATUS_BAD_SOFTCAP, NONE, NONE);
+    INVALID("NaN softcap", p.softcap = NAN, NPATTN_STATUS_BAD_SOFTCAP, NONE, NONE);
+    INVALID("infinite softcap", p.softcap = INFINITY, NPATTN_STATUS_BAD_SOFTCAP, NONE, NONE);
+    INVALID("window below -1", p.window_left = -2, NPATTN_STATUS_BAD_WINDOW, NONE, NONE);
+    INVALID("negative threads", p.n_threads = -1, NPATTN_STATUS_BAD_THREADS, NONE, NONE);
+    INVALID("threads beyond the cap", p.n_threads = NPATTN_MAX_THREADS + 1, NPATTN_STATUS_BAD_THREADS, NONE, NONE);
+    INVALID("threads at the cap", p.n_threads = NPATTN_MAX_THREADS, NPATTN_STATUS_OK, NONE, NONE);
+    INVALID("unknown mask kind", p.mask_kind = (enum npattn_mask_kind)7, NPATTN_STATUS_BAD_MASK_KIND,
+            NPATTN_OPERAND_MASK, NONE);
+    INVALID("unknown dtype", p.q.dtype = (enum npattn_dtype)9, NPATTN_STATUS_BAD_DTYPE, Q, NONE);
+    INVALID("unknown dtype of v", p.v.dtype = (enum npattn_dtype)9, NPATTN_STATUS_BAD_DTYPE, V, NONE);
+    INVALID("lse of float16", (p.lse.data = buf + 3500, p.lse.dtype = NPATTN_DTYPE_F16), NPATTN_STATUS_NOT_WIDE,
+            NPATTN_OPERAND_LSE, NONE);
+    INVALID("no q data", p.q.data = NULL, NPATTN_STATUS_NO_DATA, Q, NONE);
+    INVALID("no batch strides", p.k.batch_stride = NULL, NPATTN_STATUS_NO_STRIDES, K, NONE);
+    INVALID("negative batch size", bshape[0] = -1, NPATTN_STATUS_BAD_BATCH, NONE, NONE);
+    INVALID("no batch shape", p.batch_shape = NULL, NPATTN_STATUS_BAD_BATCH, NONE, NONE);
+    INVALID("out overlapping q", p.out.data = buf + 10, NPATTN_STATUS_OVERLAPS, OUT, Q);
+    INVALID("out overlapping v", p.out.data = buf + 2048 + 60, NPATTN_STATUS_OVERLAPS, OUT, V);
+    INVALID("out overlapping itself", p.out.head_stride = 0, NPATTN_STATUS_OVERLAPS_ITSELF, OUT, NONE);
     INVALID("out overlapping sinks", (p.sinks = (const double *)(buf + 3072), p.out.data = buf + 3072),
-            NPATTN_STATUS_INVALID);
-    INVALID("strides that overflow", p.k.row_stride = INT64_MAX / 2, NPATTN_STATUS_INVALID);
-    INVALID("empty (L = 0) is OK with no data", (p.n_query = 0, p.q.data = NULL), NPATTN_STATUS_OK);
+            NPATTN_STATUS_OVERLAPS, OUT, SINKS);
+    INVALID("strides that overflow", p.k.row_stride = INT64_MAX / 2, NPATTN_STATUS_OUT_OF_RANGE, K, NONE);
+    INVALID("empty (L = 0) is OK with no data", (p.n_query = 0, p.q.data = NULL), NPATTN_STATUS_OK, NONE, NONE);
 #undef INVALID
-    expect(npattn_sdpa(NULL) == NPATTN_STATUS_INVALID, "NULL problem");
-    expect(strlen(npattn_status_string((enum npattn_status)99)) > 0, "status string");
+    expect_status(npattn_sdpa(NULL), NPATTN_STATUS_NO_PROBLEM, "NULL problem");
+    expect(npattn_check(NULL, NULL) == NPATTN_STATUS_NO_PROBLEM, "NULL problem, no verdict asked");
+    /* every status has a sentence of its own, every operand a name */
+    for (int s = 0; s < NPATTN_STATUS_COUNT; s++) {
+        const char *sentence = npattn_status_string((enum npattn_status)s);
+        int distinct = strcmp(sentence, "unknown status") != 0;
+        for (int t = 0; t < s; t++) distinct &= strcmp(sentence, npattn_status_string((enum npattn_status)t)) != 0;
+        expect(distinct, "each status has its own sentence");
+    }
+    expect(strcmp(npattn_status_string((enum npattn_status)99), "unknown status") == 0, "status string");
+    for (int o = 1; o < NPATTN_OPERAND_COUNT; o++)
+        expect(strlen(npattn_operand_name((enum npattn_operand)o)) > 0, "each operand has a name");
+    expect(strcmp(npattn_operand_name(NPATTN_OPERAND_DSINKS), "dsinks") == 0, "operand name");
 }
 
 /* A BLAS that fails its check: every call refused, nothing computed. */
@@ -430,6 +488,7 @@ int main(void) {
     test_allocation_failure(&small, NPATTN_DTYPE_F32, 1e38); /* redone in double: one more */
     test_allocation_failure(&split, NPATTN_DTYPE_F32, 0.5);
     test_cancel();
+    test_cancel_zeroing_weights();
     test_pool_modes();
     test_extremes();
     test_stream_kernels();

@@ -272,9 +272,24 @@ static void test_invalid(void) {
     struct setup s;
     make_setup(&s, &c, NPATTN_DTYPE_F32, 0.5, 1);
     struct npattn_backward_problem saved = s.bp;
-    const char *whats[] = {"no dq", "no dout", "no lse", "dq of float16", "no dsinks with sinks", "dk overlapping q",
-                           "dv overlapping dk", "lse of float16", "dq overlapping itself"};
-    for (int i = 0; i < 9; i++) {
+    const enum npattn_operand NONE = NPATTN_OPERAND_NONE;
+    const struct {
+        const char *what;
+        enum npattn_status status;
+        enum npattn_operand operand, other;
+    } rows[] = {
+        {"no dq", NPATTN_STATUS_NO_DATA, NPATTN_OPERAND_DQ, NONE},
+        {"no dout", NPATTN_STATUS_NO_DATA, NPATTN_OPERAND_DOUT, NONE},
+        {"no lse", NPATTN_STATUS_NO_DATA, NPATTN_OPERAND_LSE, NONE},
+        {"dq of float16", NPATTN_STATUS_NOT_WIDE, NPATTN_OPERAND_DQ, NONE},
+        {"no dsinks with sinks", NPATTN_STATUS_NO_DATA, NPATTN_OPERAND_DSINKS, NONE},
+        {"dk overlapping q", NPATTN_STATUS_OVERLAPS, NPATTN_OPERAND_DK, NPATTN_OPERAND_Q},
+        {"dv overlapping dk", NPATTN_STATUS_OVERLAPS, NPATTN_OPERAND_DK, NPATTN_OPERAND_DV},
+        {"lse of float16", NPATTN_STATUS_NOT_WIDE, NPATTN_OPERAND_LSE, NONE},
+        {"dq overlapping itself", NPATTN_STATUS_OVERLAPS_ITSELF, NPATTN_OPERAND_DQ, NONE},
+        {"dout of an unknown dtype", NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_DOUT, NONE},
+    };
+    for (int i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++) {
         s.bp = saved;
         switch (i) {
         case 0: s.bp.dq.data = NULL; break;
@@ -286,11 +301,18 @@ static void test_invalid(void) {
         case 6: s.bp.dv.data = s.bp.dk.data; break;
         case 7: s.bp.fwd.lse.dtype = NPATTN_DTYPE_F16; break;
         case 8: s.bp.dq.row_stride = 0; break;
+        case 9: s.bp.dout.dtype = (enum npattn_dtype)9; break;
         }
         char msg[120];
-        snprintf(msg, sizeof msg, "backward invalid: %s", whats[i]);
-        expect(npattn_sdpa_backward(&s.bp) == NPATTN_STATUS_INVALID, msg);
+        snprintf(msg, sizeof msg, "backward invalid: %s", rows[i].what);
+        expect_status(npattn_sdpa_backward(&s.bp), rows[i].status, msg);
+        struct npattn_verdict why;
+        npattn_check_backward(&s.bp, &why);
+        expect_verdict(&why, rows[i].status, rows[i].operand, rows[i].other, msg);
     }
+    s.bp = saved;
+    expect_status(npattn_sdpa_backward(&s.bp), NPATTN_STATUS_OK, "backward invalid: the valid problem is OK");
+    expect_status(npattn_sdpa_backward(NULL), NPATTN_STATUS_NO_PROBLEM, "backward: NULL problem");
     free_setup(&s);
 }
 

@@ -23,6 +23,22 @@ static inline void expect(int ok, const char *what) {
     }
 }
 
+/* A status as expected, both named by their sentences where not. */
+static inline void expect_status(enum npattn_status got, enum npattn_status want, const char *what) {
+    if (got != want) printf("  %s: got \"%s\", want \"%s\"\n", what, npattn_status_string(got), npattn_status_string(want));
+    expect(got == want, what);
+}
+
+/* A verdict as expected: the rule and the operand(s) it names. */
+static inline void expect_verdict(const struct npattn_verdict *got, enum npattn_status status, enum npattn_operand operand,
+                                  enum npattn_operand other, const char *what) {
+    expect_status(got->status, status, what);
+    if (got->operand != operand || got->other != other)
+        printf("  %s: names \"%s\" and \"%s\", want \"%s\" and \"%s\"\n", what, npattn_operand_name(got->operand),
+               npattn_operand_name(got->other), npattn_operand_name(operand), npattn_operand_name(other));
+    expect(got->operand == operand && got->other == other, what);
+}
+
 static uint64_t rng = 88172645463325252ull;
 static inline double uniform(void) { /* xorshift64, in [-1, 1) */
     rng ^= rng << 13;

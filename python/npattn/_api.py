@@ -1,10 +1,10 @@
 """The public functions: sdpa, attention_weights, merge (and sdpa_backward).
 
-Each hands its arguments to the C core first, as given; the core computes
-at once when they are NumPy arrays and plain values it reads in place.
-Otherwise (NotImplemented) ``_args.prepare`` checks them, raising the error
-that names the argument, converts what needs converting, and the core is
-called again with the prepared arguments.
+Each hands its arguments to the C glue by name, exactly as given, in one
+call. The glue reads and checks each one, converting through
+``_args.convert`` what it cannot read in place, computes, and raises the
+error that names the argument; an option added to a signature is passed on
+by name here and read in one place there (``OPTIONS`` in csrc/module.c).
 """
 
 from collections.abc import Sequence
@@ -159,42 +159,10 @@ def sdpa(
     >>> lse.shape
     (1, 8, 4)
     """
-    result = _core.sdpa(
-        q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, out, threads, False
-    )
-    if result is NotImplemented:
-        result = _sdpa_prepared(
-            q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, out, threads
-        )
-    return result
-
-
-def _sdpa_prepared(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, out, threads):
-    fn = "sdpa"
-    p = _args.prepare(fn, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, threads)
-    return_lse = _args.check_bool(fn, return_lse, "return_lse")
-    shape = (*p.shape, p.v.shape[-1])
-    # The result first: a result too large to allocate fails before anything else.
-    if out is None:
-        out = _args.empty(fn, shape, p.dtype)
-    else:
-        out = _args.check_out(fn, out, shape, p.dtype, p.inputs)
     return _core.sdpa(
-        p.q,
-        p.k,
-        p.v,
-        p.scale,
-        p.mask,
-        p.sinks,
-        p.window,
-        p.softcap,
-        p.q_offset,
-        p.k_offset,
-        return_lse,
-        out,
-        p.threads,
-        True,
-    )
+        q=q, k=k, v=v, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
+        k_offset=k_offset, return_lse=return_lse, out=out, threads=threads,
+    )  # fmt: skip
 
 
 def attention_weights(
@@ -236,12 +204,10 @@ def attention_weights(
     array([[0.5       , 0.5       , 0.        ],
            [0.33333334, 0.33333334, 0.33333334]], dtype=float32)
     """
-    fn = "attention_weights"
-    p = _args.prepare(fn, q, k, None, scale, mask, sinks, window, softcap, q_offset, k_offset, threads, has_v=False)
-    weights = _args.empty(fn, (*p.shape, p.S), p.dtype, "the weights")
     return _core.attention_weights(
-        p.q, p.k, p.scale, p.mask, p.sinks, p.window, p.softcap, p.q_offset, p.k_offset, weights, p.threads
-    )
+        q=q, k=k, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
+        k_offset=k_offset, threads=threads,
+    )  # fmt: skip
 
 
 def merge(outs: Sequence[Any], lses: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -385,31 +351,16 @@ def sdpa_backward(
     >>> grads.dq.shape, grads.dsinks
     ((1, 2, 4, 8), None)
     """
-    fn = "sdpa_backward"
-    given = {"q": q, "k": k, "v": v}
-    p = _args.prepare(fn, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, threads)
-    D, D_v, H_kv = p.q.shape[-1], p.v.shape[-1], p.k.shape[-3] if p.k.ndim > 2 else 1
-    shape = (*p.shape, D_v)
-    dout = _args.fitting(fn, dout, "dout", shape, "the result's shape")
-    out = _args.fitting(fn, out, "out", shape, "the result's shape")
-    lse = _args.fitting(fn, lse, "lse", p.shape, "the result's shape without its last axis")
-    wide = np.dtype(np.float64 if p.dtype == np.float64 else np.float32)
-    rank2 = len(p.shape) == 1
-    kv_lead = () if rank2 else (*p.batch, H_kv)
-    dq = _args.empty(fn, (*p.shape, D), wide, "dq")
-    dk = _args.empty(fn, (*kv_lead, p.S, D), wide, "dk")
-    dv = _args.empty(fn, (*kv_lead, p.S, D_v), wide, "dv")
-    n_batch = int(np.prod(p.batch, dtype=np.int64))
-    dsinks = None if p.sinks is None else np.empty((n_batch, p.sinks.shape[0]))
-    _core.sdpa_backward(
-        dout, p.q, p.k, p.v, out, lse, p.scale, p.mask, p.sinks, p.window, p.softcap, p.q_offset, p.k_offset,
-        dq, dk, dv, dsinks, p.threads,
+    dq, dk, dv, dsinks, operands = _core.sdpa_backward(
+        dout=dout, q=q, k=k, v=v, out=out, lse=lse, scale=scale, mask=mask, sinks=sinks, window=window,
+        softcap=softcap, q_offset=q_offset, k_offset=k_offset, threads=threads,
     )  # fmt: skip
     grads = []
-    for name, full in (("q", dq), ("k", dk), ("v", dv)):
-        own = _args.operand(fn, given[name], name)
+    for full, own, given in zip((dq, dk, dv), operands, (q, k, v)):
+        # each operand's own dtype: a byte-swapped array's gradient keeps its byte order
+        dtype = given.dtype if isinstance(given, np.ndarray) else own.dtype
         with np.errstate(over="ignore"):  # a gradient beyond a half dtype's range is inf, as sdpa's results
-            grads.append(_args.unbroadcast(full, own.shape).astype(own.dtype, copy=False))
+            grads.append(_args.unbroadcast(full, own.shape).astype(dtype, copy=False))
     if dsinks is not None:
-        dsinks = dsinks.sum(axis=0).astype(wide)
-    return Grads(*grads, dsinks)
+        dsinks = dsinks.sum(axis=0).astype(dq.dtype)
+    return Grads(grads[0], grads[1], grads[2], dsinks)

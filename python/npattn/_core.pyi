@@ -1,20 +1,21 @@
 """Type stub for npattn._core, the private C extension behind npattn's functions.
 
-Call npattn.sdpa, npattn.attention_weights and npattn.sdpa_backward instead:
-they validate and convert the arguments; these functions only re-check the
-layout they rely on.
+Call npattn.sdpa, npattn.attention_weights and npattn.sdpa_backward instead.
+They hand every argument here by name, as given; the glue (csrc/module.c)
+reads and checks each one, converting through the function registered with
+``set_converter`` what it cannot read in place, and raises the error that
+names the argument.
 """
 
 from typing import Any
 
 import numpy as np
 
-#: The largest count one BLAS call takes (32-bit BLAS integers).
-BLAS_INT_MAX: int
-#: The most threads a call may ask for.
+#: The most threads a call may ask for, and the most it runs on.
 MAX_THREADS: int
 
 def sdpa(
+    *,
     q: Any,
     k: Any,
     v: Any,
@@ -28,51 +29,53 @@ def sdpa(
     return_lse: Any,
     out: Any,
     threads: Any,
-    prepared: bool,
-    /,
 ) -> Any:
-    """npattn.sdpa's fast path: the result (and lse), or NotImplemented when the
-    arguments need preparing; with ``prepared`` true, arguments already prepared."""
+    """npattn.sdpa: the result, or the pair (result, lse)."""
 
 def attention_weights(
-    q: np.ndarray,
-    k: np.ndarray,
-    scale: float,
-    mask: str | np.ndarray | None,
-    sinks: np.ndarray | None,
-    window: tuple[int | None, int | None] | None,
-    softcap: float | None,
-    q_offset: int | None,
-    k_offset: int,
-    weights: np.ndarray,
-    threads: int,
-    /,
+    *,
+    q: Any,
+    k: Any,
+    scale: Any,
+    mask: Any,
+    sinks: Any,
+    window: Any,
+    softcap: Any,
+    q_offset: Any,
+    k_offset: Any,
+    threads: Any,
 ) -> np.ndarray:
-    """Fill the prepared array ``weights`` with the probabilities; returns it."""
+    """npattn.attention_weights: the probabilities."""
 
 def sdpa_backward(
-    dout: np.ndarray,
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    out: np.ndarray,
-    lse: np.ndarray,
-    scale: float,
-    mask: str | np.ndarray | None,
-    sinks: np.ndarray | None,
-    window: tuple[int | None, int | None] | None,
-    softcap: float | None,
-    q_offset: int | None,
-    k_offset: int,
-    dq: np.ndarray,
-    dk: np.ndarray,
-    dv: np.ndarray,
-    dsinks: np.ndarray | None,
-    threads: int,
-    /,
-) -> None:
-    """Fill the prepared dq, dk, dv (the result's batch shape, computed dtype) and
-    dsinks (float64, (n_batch, H_q)) with the gradients."""
+    *,
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    scale: Any,
+    mask: Any,
+    sinks: Any,
+    window: Any,
+    softcap: Any,
+    q_offset: Any,
+    k_offset: Any,
+    threads: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(dq, dk, dv, dsinks) at the result's batch shape in the computed dtype (dsinks
+    float64, (n_batch, H_q), or None), and (q, k, v) as read, whose shapes and dtypes
+    the gradients are summed and cast back to."""
+
+def check_mask(fn: str, mask: Any, full: tuple[int, ...], /) -> Any:
+    """The mask as sdpa reads it for a result of shape ``full = (*B, H_q, L, S)``."""
+
+def check_scale(fn: str, scale: Any, D: int, /) -> float:
+    """The scale as sdpa reads it (None: 1 / sqrt(D))."""
+
+def set_converter(fn: Any, /) -> None:
+    """Register ``fn(fn_name, name, x)``: x as an array the core reads in place."""
 
 def set_bfloat16(dtype: np.dtype, /) -> None:
     """Tell the core ml_dtypes.bfloat16's dtype."""
