@@ -122,8 +122,7 @@ def scaled_dot_product_attention(
             raise ValueError(f"{FN}: npattn computes on the CPU; {name} is on {t.device}")
     if not (query.dtype == key.dtype == value.dtype):
         raise TypeError(
-            f"{FN}: query, key and value must have the same dtype, "
-            f"got {query.dtype}, {key.dtype} and {value.dtype}"
+            f"{FN}: query, key and value must have the same dtype, got {query.dtype}, {key.dtype} and {value.dtype}"
         )
     if not isinstance(dropout_p, numbers.Real) or dropout_p != 0:
         raise ValueError(f"{FN}: dropout_p must be 0.0, npattn has no dropout; got {dropout_p!r}")
@@ -169,17 +168,14 @@ def _heads(query, key, value, enable_gqa: bool) -> tuple:
     if enable_gqa:
         if heads[1] != heads[2] or heads[1] < 1 or heads[0] % heads[1]:
             raise ValueError(
-                f"{FN}: with enable_gqa, key and value must have equally many heads that divide "
-                f"query's; {got}"
+                f"{FN}: with enable_gqa, key and value must have equally many heads that divide query's; {got}"
             )
         return query, key, value
     if heads[0] == heads[1] == heads[2] or (heads[1] == heads[2] == 1):
         return query, key, value  # equal heads, or one key/value head for all: npattn's groups
     wide = max(heads)
     if any(h not in (1, wide) for h in heads):
-        raise ValueError(
-            f"{FN}: the head dims of query, key and value must be equal or 1 without enable_gqa; {got}"
-        )
+        raise ValueError(f"{FN}: the head dims of query, key and value must be equal or 1 without enable_gqa; {got}")
 
     def expanded(t, h):  # a zero-stride view; autograd sums its gradient back
         if h == wide:
@@ -224,4 +220,3 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
     if a.dtype.kind == "V":  # ml_dtypes.bfloat16, which torch.from_numpy does not know
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
-
