@@ -619,3 +619,32 @@ def assert_parity(got, want, q, k, v, mask=None, sinks=None, stats=None, dtype_n
     np.testing.assert_allclose(got64, want64, rtol=rtol_n + rtol_p, atol=atol_n + atol_p, err_msg="npattn vs peer")
     if stats is not None:
         stats.record(dtype_name or dtype.name, got64, want64)
+
+
+def assert_gradient_parity(mine, peer, q, k, v, dout, mask=None, sinks=None):
+    """Gradients (dq, dk, dv[, dsinks]) of npattn's adapter (`mine`) and of a peer
+    (`peer`), any library, for sum(dout * sdpa(q, k, v, mask=mask, sinks=sinks)):
+    npattn's against the float64 reference within backward_tolerance; the peer's
+    within a peer's bound, twice that (a peer's float32 is allowed 8 ulps to
+    npattn's 4) plus, for float16 and bfloat16, 2 ulps of the half dtype per unit
+    of the gradient's magnitude (a peer rounds its intermediate products to the
+    half dtype, as the forward's peer bound allows); the two within the sum."""
+    q, k, v, dout = (npattn._interop.asarray(x) for x in (q, k, v, dout))
+    mask = mask if mask is None or isinstance(mask, str) else npattn._interop.asarray(mask)
+    sinks = None if sinks is None else npattn._interop.asarray(sinks)
+    with np.errstate(all="ignore"):
+        want = reference.sdpa_backward(f64(dout), f64(q), f64(k), f64(v), None, None, mask=f64(mask), sinks=f64(sinks))
+    dtype = npattn._args.result_dtype(q.dtype, k.dtype, v.dtype)
+    own = backward_tolerance(q, k, v, dout, dtype, mask=mask, sinks=sinks)
+    magnitude = _backward_magnitudes(q, k, v, dout, mask=mask, sinks=sinks)
+    names = ("dq", "dk", "dv") + (("dsinks",) if sinks is not None else ())
+    for name, got, theirs, expected in zip(names, mine, peer, want):
+        got, theirs = npattn._interop.asarray(got), npattn._interop.asarray(theirs)
+        assert got.shape == theirs.shape and got.dtype == theirs.dtype, (name, got.shape, theirs.shape)
+        expected = representable(expected, got.dtype)
+        rtol, atol = own[name]
+        half = got.dtype.name in ("float16", "bfloat16")
+        peer_atol = 2 * atol + (2 * testing.EPS[got.dtype.name] * magnitude[name] if half else 0.0)
+        assert_within(got, expected, rtol, atol, f"npattn {name} vs reference")
+        assert_within(theirs, expected, rtol, peer_atol, f"peer {name} vs reference")
+        assert_within(got, theirs, 2 * rtol, atol + peer_atol, f"npattn {name} vs peer")

@@ -2,12 +2,8 @@
 called the same way: the same arguments go to both, forward and backward, on the
 parity tests' shapes (helpers.PEER_SHAPES), every mask kind and four dtypes.
 
-Forward: helpers.assert_parity. Backward: the adapter's gradients against the
-float64 reference within npattn's own bound (helpers.backward_tolerance), PyTorch's
-within a peer's (twice that bound, as a peer's float32 forward is allowed 8 ulps to
-npattn's 4; for float16 and bfloat16 also 2 ulps of the half dtype per unit of the
-gradient's magnitude, as the forward's peer bound, since PyTorch rounds its
-intermediate products to the half dtype), and the two within the sum.
+Forward: helpers.assert_parity. Backward: helpers.assert_gradient_parity (the
+adapter's gradients and PyTorch's autograd's against the float64 reference's).
 torch.autograd.gradcheck checks the gradients in float64 by finite differences.
 """
 
@@ -17,18 +13,7 @@ import numpy as np
 import pytest
 
 import npattn
-from helpers import (
-    MASK_KINDS,
-    PEER_SHAPES,
-    ParityStats,
-    _backward_magnitudes,
-    assert_parity,
-    assert_within,
-    backward_tolerance,
-    f64,
-    representable,
-    run_script,
-)
+from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_gradient_parity, assert_parity, f64, run_script
 from npattn import _interop, reference
 
 torch = pytest.importorskip("torch")
@@ -60,30 +45,6 @@ def leaves(*ts):
     return [t.detach().clone().requires_grad_(True) for t in ts]
 
 
-def check_gradients(mine, theirs, leaves_mine, leaves_theirs, dout, mask):
-    """The adapter's and PyTorch's gradients against the float64 reference's (module docstring)."""
-    grads_mine = torch.autograd.grad(mine, leaves_mine, dout)
-    grads_theirs = torch.autograd.grad(theirs, leaves_theirs, dout)
-    q, k, v = (_interop.asarray(t.detach()) for t in leaves_mine)
-    g = _interop.asarray(dout)
-    ref_mask = f64(mask)
-    with np.errstate(all="ignore"):
-        want = reference.sdpa_backward(f64(g), f64(q), f64(k), f64(v), None, None, mask=ref_mask)
-    dtype = q.dtype
-    own = backward_tolerance(q, k, v, g, dtype, mask=mask)
-    magnitude = _backward_magnitudes(q, k, v, g, mask=mask)
-    half = dtype.name in ("float16", "bfloat16")
-    for name, got, peer, expected in zip(("dq", "dk", "dv"), grads_mine, grads_theirs, want):
-        assert got.dtype == peer.dtype and got.shape == peer.shape, name
-        got, peer = _interop.asarray(got), _interop.asarray(peer)
-        expected = representable(expected, dtype)
-        rtol, atol = own[name]
-        peer_atol = 2 * atol + (2 * npattn.testing.EPS[dtype.name] * magnitude[name] if half else 0.0)
-        assert_within(got, expected, rtol, atol, f"npattn.torch {name} vs reference")
-        assert_within(peer, expected, rtol, peer_atol, f"torch {name} vs reference")
-        assert_within(got, peer, 2 * rtol, atol + peer_atol, f"npattn.torch {name} vs torch")
-
-
 # ---- parity: the same call to both, forward and backward ----
 
 
@@ -105,7 +66,9 @@ def test_equals_torch_forward_and_backward(rng, shape, mask_kind, dtype_name):
     assert mine.grad_fn is not None
     assert_parity(_interop.asarray(mine.detach()), theirs.detach(), q, k, v, mask=mask, stats=STATS)
     dout = tensors(rng, batch, H_q, H_q, L, L, D, dtype=dtype)[0]
-    check_gradients(mine, theirs, mine_in, theirs_in, dout, mask)
+    grads_mine = torch.autograd.grad(mine, mine_in, dout)
+    grads_theirs = torch.autograd.grad(theirs, theirs_in, dout)
+    assert_gradient_parity(grads_mine, grads_theirs, q, k, v, dout, mask=mask)
 
 
 # ---- gradcheck in float64 ----
