@@ -18,7 +18,7 @@ MODELS = {  # name: (H_q, H_kv, D)
     "course": (18, 6, 5),
     "one head": (1, 1, 64),
 }
-PEERS = ("numpy", "torch", "mlx", "jax")
+PEERS = ("numpy", "torch", "mlx", "jax", "ort-gqa", "ort-attention", "openvino-sdpa", "openvino-kv")
 
 
 @dataclass(frozen=True)
