@@ -200,11 +200,12 @@ def test_errors_name_the_argument(rng):
 
 
 def test_import_without_mlx_names_it():
-    """import npattn.mlx where MLX cannot be imported: an ImportError naming 'mlx'."""
+    """import npattn.mlx where MLX cannot be imported: a ModuleNotFoundError (an ImportError) naming
+    'mlx'."""
     script = (
         "import sys; sys.modules['mlx'] = None; sys.modules['mlx.core'] = None\n"
-        "try:\n    import npattn.mlx\nexcept ImportError as e:\n    print('ImportError:', e)\n"
+        "try:\n    import npattn.mlx\nexcept ImportError as e:\n    print(type(e).__name__, e.name, e)\n"
     )
     result = run_script(script)
     assert result.returncode == 0, result.stderr
-    assert "ImportError: npattn.mlx needs MLX (the package 'mlx')" in result.stdout
+    assert "ModuleNotFoundError mlx npattn.mlx needs MLX (the package 'mlx')" in result.stdout

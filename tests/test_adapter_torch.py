@@ -255,11 +255,12 @@ def test_errors_name_the_argument(rng):
 
 
 def test_import_without_torch_names_it():
-    """import npattn.torch where torch cannot be imported: an ImportError naming 'torch'."""
+    """import npattn.torch where torch cannot be imported: a ModuleNotFoundError (an ImportError) naming
+    'torch', as a missing optional extra's import is (the README's examples skip on it)."""
     script = (
         "import sys; sys.modules['torch'] = None\n"
-        "try:\n    import npattn.torch\nexcept ImportError as e:\n    print('ImportError:', e)\n"
+        "try:\n    import npattn.torch\nexcept ImportError as e:\n    print(type(e).__name__, e.name, e)\n"
     )
     result = run_script(script)
     assert result.returncode == 0, result.stderr
-    assert "ImportError: npattn.torch needs PyTorch (the package 'torch')" in result.stdout
+    assert "ModuleNotFoundError torch npattn.torch needs PyTorch (the package 'torch')" in result.stdout

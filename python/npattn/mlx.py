@@ -17,8 +17,9 @@ from typing import Any
 try:
     import mlx.core as mx
 except ImportError as e:  # the optional extra is missing
-    raise ImportError(
-        "npattn.mlx needs MLX (the package 'mlx'), which is not installed: pip install mlx (Linux: \"mlx[cpu]\")"
+    raise ModuleNotFoundError(
+        "npattn.mlx needs MLX (the package 'mlx'), which is not installed: pip install mlx (Linux: \"mlx[cpu]\")",
+        name="mlx",
     ) from e
 
 import numpy as np

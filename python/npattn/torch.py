@@ -18,9 +18,10 @@ from typing import Any
 try:
     import torch
 except ImportError as e:  # the optional extra is missing
-    raise ImportError(
+    raise ModuleNotFoundError(
         "npattn.torch needs PyTorch (the package 'torch'), which is not installed: "
-        "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+        name="torch",
     ) from e
 
 import numpy as np
