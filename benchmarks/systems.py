@@ -421,8 +421,11 @@ class OpenvinoKv(System):
 
     Before each timed call, outside the clock, the state is set to the first S - L
     keys and values. Timed: one infer request on q and the last L keys and values:
-    appending them to the state's cache, and attention over all S. Its causal flag
-    counts the cached keys, so it is bottom-right."""
+    appending them to the state's cache, and attention over all S; the plugin also
+    takes the state it was given into its own cache layout there. (Filling the
+    cache through the model instead would be a prefill of S - L queries: the
+    fused node wants as many new keys as queries.) Its causal flag counts the
+    cached keys, so it is bottom-right."""
 
     name, package = "openvino-kv", "openvino"
 
