@@ -80,7 +80,7 @@ def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *, scale
     >>> q = mx.random.normal((1, 8, 4, 64)); k = mx.random.normal((1, 2, 6, 64))
     >>> out = npattn.mlx.scaled_dot_product_attention(q, k, k, scale=0.125, mask="causal")
     >>> out.shape
-    [1, 8, 4, 64]
+    (1, 8, 4, 64)
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, mx.array):
