@@ -264,3 +264,14 @@ def test_import_without_torch_names_it():
     result = run_script(script)
     assert result.returncode == 0, result.stderr
     assert "ModuleNotFoundError torch npattn.torch needs PyTorch (the package 'torch')" in result.stdout
+
+
+def test_parameters_are_tensors(rng):
+    """torch.nn.Parameter, a Tensor subclass (what a model's weights are), is read as a
+    tensor, by npattn.sdpa and through the adapter's autograd."""
+    q, k, v = tensors(rng, (1,), 2, 2, 3, 5, 4)
+    weights = [torch.nn.Parameter(t.clone()) for t in (q, k, v)]
+    np.testing.assert_array_equal(npattn.sdpa(*weights, threads=1), npattn.sdpa(q, k, v, threads=1))
+    out = nt.scaled_dot_product_attention(*weights)
+    out.sum().backward()
+    assert all(w.grad is not None and w.grad.shape == w.shape for w in weights)
