@@ -18,7 +18,7 @@ MODELS = {  # name: (H_q, H_kv, D)
     "course": (18, 6, 5),
     "one head": (1, 1, 64),
 }
-PEERS = ("numpy", "torch", "mlx", "jax")
+PEERS = ("numpy", "torch", "mlx", "jax", "ort-gqa", "ort-attention", "openvino-sdpa", "openvino-kv")
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def suites(quick: bool = False) -> list[Suite]:
     def size(x: int) -> int:
         return max(64, x // 16) if quick else x
 
-    small = ("npattn", "numpy", "torch", "mlx")
+    small = ("npattn", "numpy", "torch", "mlx", "ort-gqa", "ort-attention", "openvino-sdpa", "openvino-kv")
     per_call = Suite("per-call", "Calls of every size: per-call latency")
     per_call.cases.append(Case("course", "course", 2, 3, 7, systems=small))
     per_call.cases.append(Case("one-head-decode-16", "one head", 1, 1, 16, systems=small))

@@ -10,20 +10,23 @@ How each kind is read, and whether it is copied:
   TypeError. bfloat16, which NumPy cannot hold, is viewed as int16 and its bits
   reinterpreted as ``ml_dtypes.bfloat16``: still no copy.
 - MLX arrays: through the buffer protocol, which exports MLX's own CPU memory
-  with its strides (evaluating the array first). bfloat16, which the buffer
-  protocol cannot describe, goes through ``view(mx.uint16)``: the same memory
-  for a contiguous array.
+  with its strides (evaluating the array first). bfloat16, whose buffer format
+  ("bfloat16") NumPy cannot parse: a contiguous array's bytes are read as
+  ``ml_dtypes.bfloat16`` (no copy); a strided one goes through
+  ``view(mx.uint16)``, which MLX may copy.
 - Anything else: ``np.asarray``; an object that NumPy can only wrap as a 0-d
   object array but that speaks DLPack goes through ``np.from_dlpack``.
 
 Nothing here imports torch, MLX or ml_dtypes: a library is looked up in
 ``sys.modules`` (so only when the caller has imported it), and ml_dtypes is
-imported only when a bfloat16 array arrives.
+imported only when a bfloat16 array arrives. Which converter a type takes is
+decided once per type and remembered, so a call costs a dict lookup.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,33 +35,62 @@ import numpy as np
 def asarray(x: Any, name: str = "the array") -> np.ndarray:
     """``x`` as a NumPy array, sharing its memory wherever the layout allows.
     ``name`` (for example "sdpa: q") starts the message of an error."""
-    if isinstance(x, np.ndarray):
+    if type(x) is np.ndarray:
         return x
+    convert = _converters.get(type(x))
+    if convert is None:
+        convert = _converter(type(x))
+    return convert(x, name)
+
+
+def bfloat16(name: str = "a bfloat16 array") -> np.dtype:
+    """ml_dtypes.bfloat16, the dtype NumPy holds bfloat16 in."""
+    global _bfloat16
+    if _bfloat16 is None:
+        try:
+            import ml_dtypes  # an optional extra: only a bfloat16 input needs it
+        except ImportError:
+            raise ImportError(
+                f"{name} is bfloat16, which NumPy holds through ml_dtypes: "
+                'pip install ml_dtypes (or pip install "npattn[bfloat16]")'
+            ) from None
+        _bfloat16 = np.dtype(ml_dtypes.bfloat16)
+    return _bfloat16
+
+
+_bfloat16: np.dtype | None = None
+_converters: dict = {}  # type -> converter, filled as types arrive
+
+
+def _converter(kind: type) -> Callable[[Any, str], np.ndarray]:
+    """The converter for objects of type ``kind``, remembered for the next call."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        return _from_torch(x, torch, name)
     mx = sys.modules.get("mlx.core")
-    if mx is not None and isinstance(x, mx.array):
-        return _from_mlx(x, mx, name)
+    if issubclass(kind, np.ndarray):
+        convert = _as_is
+    elif torch is not None and issubclass(kind, torch.Tensor):
+        convert = _from_torch
+    elif mx is not None and issubclass(kind, mx.array):
+        convert = _from_mlx
+    else:
+        return _from_other  # lists, scalars, other libraries: not remembered, each value may differ
+    _converters[kind] = convert
+    return convert
+
+
+def _as_is(x: np.ndarray, name: str) -> np.ndarray:
+    return x
+
+
+def _from_other(x: Any, name: str) -> np.ndarray:
     a = np.asarray(x)
     if a.dtype == object and a.ndim == 0 and hasattr(x, "__dlpack__"):
         return np.from_dlpack(x)
     return a
 
 
-def bfloat16(name: str = "a bfloat16 array") -> np.dtype:
-    """ml_dtypes.bfloat16, the dtype NumPy holds bfloat16 in."""
-    try:
-        import ml_dtypes  # an optional extra: only a bfloat16 input needs it
-    except ImportError:
-        raise ImportError(
-            f"{name} is bfloat16, which NumPy holds through ml_dtypes: "
-            'pip install ml_dtypes (or pip install "npattn[bfloat16]")'
-        ) from None
-    return np.dtype(ml_dtypes.bfloat16)
-
-
-def _from_torch(x: Any, torch: Any, name: str) -> np.ndarray:
+def _from_torch(x: Any, name: str) -> np.ndarray:
+    torch = sys.modules["torch"]
     if x.device.type == "meta":
         raise TypeError(f"{name} is a torch tensor on the 'meta' device, which holds no data")
     t = x.detach()  # a view without autograd, so .numpy() is allowed
@@ -70,7 +102,11 @@ def _from_torch(x: Any, torch: Any, name: str) -> np.ndarray:
     return t.numpy()
 
 
-def _from_mlx(x: Any, mx: Any, name: str) -> np.ndarray:
-    if x.dtype == mx.bfloat16:
-        return np.asarray(x.view(mx.uint16)).view(bfloat16(name))
-    return np.asarray(x)
+def _from_mlx(x: Any, name: str) -> np.ndarray:
+    mx = sys.modules["mlx.core"]
+    if x.dtype != mx.bfloat16:
+        return np.asarray(x)  # the buffer protocol: MLX's memory, with its strides
+    buffer = memoryview(x)  # evaluates x
+    if buffer.c_contiguous:  # its bytes, read as bfloat16: no copy
+        return np.frombuffer(buffer.cast("B"), bfloat16(name)).reshape(buffer.shape)
+    return np.asarray(x.view(mx.uint16)).view(bfloat16(name))

@@ -44,7 +44,7 @@ from .inputs import (
     read_only,
     unaligned,
 )
-from .peers import PEER_PHASES, PEER_SHAPES, ParityStats, assert_parity, peer_visible
+from .peers import PEER_PHASES, PEER_SHAPES, ParityStats, assert_gradient_parity, assert_parity, peer_visible
 from .problems import SPECIAL_SIZE, random_problem
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "PEER_SHAPES",
     "SPECIAL_SIZE",
     "ParityStats",
+    "assert_gradient_parity",
     "assert_parity",
     "assert_raises_naming",
     "assert_within",

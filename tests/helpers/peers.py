@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 import npattn
-from npattn import testing
+from npattn import reference, testing
 
-from .compare import own_tolerance, reference_call
+from .compare import assert_within, backward_tolerance, own_tolerance, reference_call, representable
 from .inputs import f64
 
 PEER_PHASES = {  # id: (model, (batch, L, S) of prefill, chunked prefill and decode), sized for a fast test
@@ -93,3 +93,37 @@ def assert_parity(got, want, q, k, v, mask=None, sinks=None, stats=None, dtype_n
     np.testing.assert_allclose(got64, want64, rtol=rtol_n + rtol_p, atol=atol_n + atol_p, err_msg="npattn vs peer")
     if stats is not None:
         stats.record(dtype_name or dtype.name, got64, want64)
+
+
+def assert_gradient_parity(mine, peer, q, k, v, dout, mask=None, sinks=None):
+    """Gradients (dq, dk, dv[, dsinks]) of npattn's adapter (`mine`) and of a peer
+    (`peer`), any library, for sum(dout * sdpa(q, k, v, mask=mask, sinks=sinks)):
+    npattn's against the float64 reference within backward_tolerance; the peer's
+    within a peer's bound, twice that (a peer's float32 is allowed 8 ulps to
+    npattn's 4) plus, for float16 and bfloat16, backward_tolerance's relative
+    error u with 2 ulps of the half dtype in place of npattn's 4 of float32, times
+    the gradient's magnitude (a peer rounds its scores, weights and products to
+    the half dtype, as the forward's peer bound allows); the two within the sum."""
+    q, k, v, dout = (npattn._interop.asarray(x) for x in (q, k, v, dout))
+    mask = mask if mask is None or isinstance(mask, str) else npattn._interop.asarray(mask)
+    sinks = None if sinks is None else npattn._interop.asarray(sinks)
+    with np.errstate(all="ignore"):
+        want = reference.sdpa_backward(f64(dout), f64(q), f64(k), f64(v), None, None, mask=f64(mask), sinks=f64(sinks))
+    dtype = npattn._args.result_dtype(q.dtype, k.dtype, v.dtype)
+    own = backward_tolerance(q, k, v, dout, dtype, mask=mask, sinks=sinks)
+    magnitude = testing._backward_magnitudes(q, k, v, dout, mask=mask, sinks=sinks)
+    L, S = q.shape[-2], k.shape[-2]
+    n = max(L * (q.size // max(L * q.shape[-1], 1)), S, q.shape[-1], v.shape[-1])
+    m = testing.max_logit(f64(q), f64(k), mask=f64(mask), sinks=f64(sinks))
+    spread = 1 + m + np.log1p(S) + np.sqrt(n)  # backward_tolerance's factor on the ulps
+    names = ("dq", "dk", "dv") + (("dsinks",) if sinks is not None else ())
+    for name, got, theirs, expected in zip(names, mine, peer, want):
+        got, theirs = npattn._interop.asarray(got), npattn._interop.asarray(theirs)
+        assert got.shape == theirs.shape and got.dtype == theirs.dtype, (name, got.shape, theirs.shape)
+        expected = representable(expected, got.dtype)
+        rtol, atol = own[name]
+        half = got.dtype.name in ("float16", "bfloat16")
+        peer_atol = 2 * atol + (2 * testing.EPS[got.dtype.name] * spread * magnitude[name] if half else 0.0)
+        assert_within(got, expected, rtol, atol, f"npattn {name} vs reference")
+        assert_within(theirs, expected, rtol, peer_atol, f"peer {name} vs reference")
+        assert_within(got, theirs, 2 * rtol, atol + peer_atol, f"npattn {name} vs peer")
