@@ -131,7 +131,7 @@ def _check_precision(fn: str, precision: _Any) -> str:
 def max_logit(q: _Any, k: _Any, scale=None, mask=None, sinks=None, softcap=None) -> float:
     """A bound on the largest logit's error scale: ``|scale| max|q_i| max|k_j|`` (Cauchy-
     Schwarz, which also bounds the sum of ``|q_d k_d|`` a dot product rounds), plus the
-    largest finite |mask| and |sink|, plus the cap (the error of its tanh); over every
+    largest finite ``|mask|`` and ``|sink|``, plus the cap (the error of its tanh); over every
     row and key (:func:`tolerance` takes each row's own keys)."""
     q, k = _f64(q), _f64(k)
 
