@@ -25,4 +25,13 @@
 #define npattn_blas_get_corename openblas_get_corename
 #endif
 
+/* The tiles' products: through the pool (pool.c), which first makes sure
+ * that OpenBLAS has room for the work buffer a product needs, and else fails
+ * the call with NPATTN_STATUS_NO_MEMORY (skipping the product). */
+void npattn_pool_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+                       float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void npattn_pool_dgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+                       double alpha, const double *A, int lda, const double *B, int ldb, double beta, double *C,
+                       int ldc);
+
 #endif /* NPATTN_BLAS_H */

@@ -6,20 +6,6 @@
 #define LOAD CAT(npattn_load_, SFX)
 #define STORE CAT(npattn_store_, SFX)
 
-/* The tiles' products go through the pool (pool.c), which makes sure that
- * OpenBLAS has room for the work buffer each needs before it runs. */
-void npattn_pool_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-                       float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
-void npattn_pool_dgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-                       double alpha, const double *A, int lda, const double *B, int ldb, double beta, double *C,
-                       int ldc);
-#undef GEMM
-#if IS_F64
-#define GEMM npattn_pool_dgemm
-#else
-#define GEMM npattn_pool_sgemm
-#endif
-
 /* Rows j0 .. j0+nk of an operand (k or v of one head, at base): the rows in
  * place, in t's own dtype, when they are read directly (direct, leading
  * dimension ld_direct: by BLAS as REAL, or by the streaming kernels), else
