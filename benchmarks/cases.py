@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MODELS = {  # name: (H_q, H_kv, D)
-    "Qwen3-4B": (32, 8, 128),
-    "Qwen2-0.5B": (14, 2, 64),
-    "GPT-2": (12, 12, 64),
-    "MQA": (16, 1, 128),
-    "course": (18, 6, 5),
-    "one head": (1, 1, 64),
-}
+BENCH_HEADS = {"MQA": (16, 1, 128), "one head": (1, 1, 64)}  # beside npattn.testing.MODEL_HEADS
+
+
+def model_heads(model: str) -> tuple[int, int, int]:
+    """(H_q, H_kv, D) of a model: npattn.testing's table of model heads, and the
+    benchmark's own. Imported when first asked, so that a worker has pinned its
+    threads before numpy loads."""
+    from npattn.testing import MODEL_HEADS
+
+    return {**MODEL_HEADS, **BENCH_HEADS}[model]
+
+
 PEERS = ("numpy", "torch", "mlx", "jax", "ort-gqa", "ort-attention", "openvino-sdpa", "openvino-kv")
 
 
@@ -39,7 +43,7 @@ class Case:
 
     @property
     def heads(self) -> tuple[int, int, int]:
-        return MODELS[self.model]
+        return model_heads(self.model)
 
     @property
     def decode(self) -> bool:

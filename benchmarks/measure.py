@@ -17,7 +17,7 @@ from functools import partial
 
 import numpy as np
 
-from cases import DECODE_LOOP, MODELS, Case
+from cases import DECODE_LOOP, Case, model_heads
 from systems import SYSTEMS
 
 MiB, GiB = 2**20, 2**30
@@ -218,7 +218,7 @@ def decode_loop(system_name: str, threads: int, repeats: int = 3) -> dict:
     the views of the rows written so far. Seconds of attention for the prompt's
     prefill and for the decode steps, the best of `repeats` runs."""
     system = SYSTEMS[system_name]
-    h_q, h_kv, D = MODELS[DECODE_LOOP["model"]]
+    h_q, h_kv, D = model_heads(DECODE_LOOP["model"])
     layers, prompt, new = DECODE_LOOP["layers"], DECODE_LOOP["prompt"], DECODE_LOOP["new_tokens"]
     rng = np.random.default_rng(3)
     total = prompt + new

@@ -13,6 +13,7 @@ import pytest
 import npattn
 from helpers import check, dtype_of, f64, make_mask, qkv, randn, run_script
 from npattn import _interop, reference
+from npattn.testing import MODEL_HEADS
 
 DTYPE_NAMES = ["float16", "bfloat16"]
 
@@ -31,10 +32,10 @@ def test_course_shapes_correctly_rounded(rng, batch, mask, name):
     check(q, k, v, mask=make_mask(rng, mask, (*batch, 18, 3, 7), dtype, empty_rows=False))
 
 
-MODELS = {  # (H_q, H_kv, D) and (batch, L, S): prefill, chunked prefill, decode
-    "qwen2-0.5b": ((14, 2, 64), [((1,), 96, 96), ((1,), 32, 160), ((2,), 1, 200)]),
-    "qwen3-4b": ((32, 8, 128), [((1,), 64, 64), ((1,), 16, 100), ((1,), 1, 150)]),
-    "gpt2": ((12, 12, 64), [((1,), 80, 80), ((2,), 24, 120), ((3,), 1, 129)]),
+MODELS = {  # (batch, L, S): prefill, chunked prefill, decode; heads from npattn.testing.MODEL_HEADS
+    "Qwen2-0.5B": [((1,), 96, 96), ((1,), 32, 160), ((2,), 1, 200)],
+    "Qwen3-4B": [((1,), 64, 64), ((1,), 16, 100), ((1,), 1, 150)],
+    "GPT-2": [((1,), 80, 80), ((2,), 24, 120), ((3,), 1, 129)],
 }
 
 
@@ -44,7 +45,7 @@ MODELS = {  # (H_q, H_kv, D) and (batch, L, S): prefill, chunked prefill, decode
 def test_model_shapes_correctly_rounded(rng, model, phase, name):
     """Model head layouts in prefill, chunked prefill and decode, causal and with sinks."""
     dtype = dtype_of(name)
-    (H_q, H_kv, D), phases = MODELS[model]
+    (H_q, H_kv, D), phases = MODEL_HEADS[model], MODELS[model]
     batch, L, S = phases[phase]
     q, k, v = qkv(rng, batch, H_q, H_kv, L, S, D, dtype=dtype)
     check(q, k, v)

@@ -14,6 +14,7 @@ import pytest
 import npattn
 from helpers import LAYOUTS, MASK_KINDS, layout, make_mask, qkv, randn, run_script
 from npattn import reference
+from npattn.testing import MODEL_HEADS
 
 # ---- the public API ----
 
@@ -52,24 +53,20 @@ def test_course_shapes(rng, check, batch, scale, mask, dtype):
 
 # ---- model shapes: prefill (L = S), chunked prefill (L < S), decode (L = 1) ----
 
-MODELS = {
-    "qwen2-0.5b": (14, 2, 64),
-    "qwen3-4b": (32, 8, 128),
-    "gpt2": (12, 12, 64),
-}
+MODELS = ("Qwen2-0.5B", "Qwen3-4B", "GPT-2")  # heads from npattn.testing.MODEL_HEADS
 PHASES = {  # (batch, L, S) per model, sized to keep each test well under a second
-    "prefill": {"qwen2-0.5b": ((1,), 300, 300), "qwen3-4b": ((1,), 256, 256), "gpt2": ((2,), 129, 129)},
-    "chunked": {"qwen2-0.5b": ((1,), 64, 300), "qwen3-4b": ((1,), 33, 257), "gpt2": ((2,), 100, 228)},
-    "decode": {"qwen2-0.5b": ((4,), 1, 1000), "qwen3-4b": ((2,), 1, 777), "gpt2": ((3,), 1, 513)},
+    "prefill": {"Qwen2-0.5B": ((1,), 300, 300), "Qwen3-4B": ((1,), 256, 256), "GPT-2": ((2,), 129, 129)},
+    "chunked": {"Qwen2-0.5B": ((1,), 64, 300), "Qwen3-4B": ((1,), 33, 257), "GPT-2": ((2,), 100, 228)},
+    "decode": {"Qwen2-0.5B": ((4,), 1, 1000), "Qwen3-4B": ((2,), 1, 777), "GPT-2": ((3,), 1, 513)},
 }
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("phase", list(PHASES))
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model", MODELS)
 def test_model_shapes(rng, check, model, phase, dtype):
     """sdpa == reference on real models' head counts in prefill, chunked prefill and decode."""
-    H_q, H_kv, D = MODELS[model]
+    H_q, H_kv, D = MODEL_HEADS[model]
     batch, L, S = PHASES[phase][model]
     q, k, v = qkv(rng, batch, H_q, H_kv, L, S, D, dtype=dtype)
     check(q, k, v)
