@@ -251,6 +251,12 @@ const char *npattn_simd(void);
 const char *npattn_blas_library(void);
 const char *npattn_blas_config(void);
 
+/* The most bytes this machine could ever hold at once: its physical memory
+ * plus swap, where the system says (Linux); 0 where unknown. A result beyond
+ * it can never be written, whatever the kernel's overcommit policy would let
+ * an allocation promise, so the glue refuses it before allocating. */
+uint64_t npattn_memory_limit(void);
+
 /* Forces the named kernel table, for the tests ("" restores the best this
  * CPU runs); nonzero where this CPU cannot run it. */
 int npattn_debug_force_simd(const char *name);

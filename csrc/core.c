@@ -7,6 +7,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/sysinfo.h>
+#endif
 
 #include "band.h"
 #include "blas.h"
@@ -31,6 +34,16 @@ void *npattn_alloc(size_t n_bytes) {
 }
 
 void npattn_free(void *p) { free(p); }
+
+uint64_t npattn_memory_limit(void) {
+#if defined(__linux__)
+    struct sysinfo si;
+    if (sysinfo(&si) != 0 || si.mem_unit == 0) return 0;
+    return ((uint64_t)si.totalram + (uint64_t)si.totalswap) * si.mem_unit;
+#else
+    return 0; /* macOS grows its swap on demand: no fixed bound */
+#endif
+}
 
 enum npattn_status npattn_slots_alloc(struct npattn_slots *s, int32_t n, size_t size, size_t exact_size) {
     memset(s, 0, sizeof *s);

@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -670,14 +671,34 @@ static int result_shape(const struct call *c, npy_intp heads, npy_intp rows, npy
 /* A new C-contiguous array, owned by the call; NULL with the error naming
  * `what` and its shape. */
 static PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, int npy_type, const char *what) {
-    PyObject *a = PyArray_SimpleNew(nd, (npy_intp *)shape, npy_type);
-    if (a) return (PyArrayObject *)own(c, a);
-    int memory = PyErr_ExceptionMatches(PyExc_MemoryError);
-    PyErr_Clear();
-    PyObject *t = tuple_of(shape, nd);
     PyArray_Descr *d = PyArray_DescrFromType(npy_type);
-    if (t && d) {
-        if (memory)
+    if (!d) return NULL;
+    /* more bytes than the machine's memory and swap: refused before an
+     * overcommitting kernel could promise them (more than an array can
+     * index is NumPy's ValueError, below) */
+    double bytes = (double)PyDataType_ELSIZE(d), limit = (double)npattn_memory_limit();
+    for (int i = 0; i < nd; i++) bytes *= (double)shape[i];
+    const int beyond = limit > 0 && bytes > limit && bytes < 9.2e18;
+    int memory = 1;
+    PyObject *a = NULL;
+    if (!beyond) {
+        Py_INCREF(d); /* PyArray_NewFromDescr steals it */
+        a = PyArray_NewFromDescr(&PyArray_Type, d, nd, (npy_intp *)shape, NULL, NULL, 0, NULL);
+        if (a) {
+            Py_DECREF(d);
+            return (PyArrayObject *)own(c, a);
+        }
+        memory = PyErr_ExceptionMatches(PyExc_MemoryError);
+        PyErr_Clear();
+    }
+    PyObject *t = tuple_of(shape, nd);
+    if (t) {
+        char size[96]; /* PyErr_Format has no %g */
+        snprintf(size, sizeof size, "%.3g GiB, more than this machine's memory and swap (%.3g GiB)",
+                 bytes / 1073741824.0, limit / 1073741824.0);
+        if (beyond)
+            PyErr_Format(PyExc_MemoryError, "%s: cannot allocate %s, shape %S of %S: %s", c->fn, what, t, d, size);
+        else if (memory)
             PyErr_Format(PyExc_MemoryError, "%s: cannot allocate %s, shape %S of %S", c->fn, what, t, d);
         else
             PyErr_Format(PyExc_ValueError, "%s: %s, shape %S of %S, is too large for an array", c->fn, what, t, d);

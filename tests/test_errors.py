@@ -540,6 +540,16 @@ def test_result_too_large(capfd, description, q_shape, k_shape, v_shape, error):
     assert capfd.readouterr().err == ""
 
 
+def test_result_beyond_memory_and_swap_is_refused_before_allocating(capfd):
+    """A 64 TiB result, more than any machine this runs on holds in memory and swap,
+    is a MemoryError that says so, raised before anything is allocated: a kernel
+    that overcommits would otherwise promise it and kill the process once written."""
+    q, k, v = _view((1, 2**44, 1, 1)), _view((1, 1, 1, 1)), _view((1, 1, 1, 1))
+    with pytest.raises(MemoryError, match=r"^sdpa: cannot allocate the result, shape .*more than this machine's memory"):
+        npattn.sdpa(q, k, v)
+    assert capfd.readouterr().err == ""
+
+
 def test_width_beyond_int_max_is_refused():
     """D = 2**31 (k's rows longer than a BLAS int): ValueError naming D, before any copy."""
     D = INT_MAX + 1
