@@ -545,7 +545,9 @@ def test_result_beyond_memory_and_swap_is_refused_before_allocating(capfd):
     is a MemoryError that says so, raised before anything is allocated: a kernel
     that overcommits would otherwise promise it and kill the process once written."""
     q, k, v = _view((1, 2**44, 1, 1)), _view((1, 1, 1, 1)), _view((1, 1, 1, 1))
-    with pytest.raises(MemoryError, match=r"^sdpa: cannot allocate the result, shape .*more than this machine's memory"):
+    with pytest.raises(
+        MemoryError, match=r"^sdpa: cannot allocate the result, shape .*more than this machine's memory"
+    ):
         npattn.sdpa(q, k, v)
     assert capfd.readouterr().err == ""
 

@@ -29,7 +29,7 @@ from .compare import (
     representable,
     snapshot,
 )
-from .core import KERNELS, failing_allocations, kernels, pool_mode, run_script, runnable_kernels
+from .core import KERNELS, assert_sigint_stops, failing_allocations, kernels, pool_mode, run_script, runnable_kernels
 from .inputs import (
     HEAD_LAYOUTS,
     LAYOUTS,
@@ -60,6 +60,7 @@ __all__ = [
     "ParityStats",
     "assert_gradient_parity",
     "assert_parity",
+    "assert_sigint_stops",
     "assert_raises_naming",
     "assert_within",
     "backward_tolerance",

@@ -2,8 +2,10 @@
 scripts in a fresh interpreter."""
 
 import contextlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -65,3 +67,31 @@ def run_script(script, timeout=180, env=None):
     return subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, check=False, env=env
     )
+
+
+def assert_sigint_stops(script, after, within=0.5):
+    """Runs `script` in a fresh interpreter and sends it SIGINT `after` seconds past
+    its "start" line; the script prints "interrupted" (or "finished") with
+    time.monotonic(), then "second" and whether a later call computed right. The
+    KeyboardInterrupt must come within `within` seconds, the second call must be
+    right, and nothing may reach stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        start = proc.stdout.readline().split()
+        assert start and start[0] == "start", start + [proc.stderr.read()]
+        time.sleep(after)
+        sent = time.monotonic()  # CLOCK_MONOTONIC: the same clock in both processes
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    lines = dict(line.split(maxsplit=1) for line in out.splitlines())
+    assert "finished" not in lines, "the long call ended before the signal: make it longer"
+    assert "interrupted" in lines, (out, err)
+    delay = float(lines["interrupted"]) - sent
+    assert delay < within, f"KeyboardInterrupt came {delay:.3f} s after SIGINT"
+    assert lines.get("second") == "True", (out, err)
+    assert proc.returncode == 0
+    assert err == ""
