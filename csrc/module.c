@@ -334,16 +334,24 @@ static int broadcast_batch(struct call *c, PyArrayObject *a, int tail) {
 
 /* ---- reading the arguments ---- */
 
-/* q, k or v: an array of floats of rank >= 2. */
-static int read_operand(struct call *c, enum option o, struct operand *op) {
+/* Option o as an array of floats the core reads (converted where it cannot
+ * read it in place); NULL with the error naming it. */
+static PyArrayObject *float_array(struct call *c, enum option o) {
     const char *name = option_names[o];
     PyObject *x = c->opt[o];
     if (x == Py_None) {
         PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats, got None", c->fn, name);
-        return 0;
+        return NULL;
     }
     PyArrayObject *a = array_of(c, x, name, 0);
-    if (!a || !float_dtype(c, a, name)) return 0;
+    return a && float_dtype(c, a, name) ? a : NULL;
+}
+
+/* q, k or v: an array of floats of rank >= 2. */
+static int read_operand(struct call *c, enum option o, struct operand *op) {
+    const char *name = option_names[o];
+    PyArrayObject *a = float_array(c, o);
+    if (!a) return 0;
     if (PyArray_NDIM(a) < 2) {
         PyObject *got = shape_of(a);
         if (got) PyErr_Format(PyExc_ValueError, "%s: %s must have rank >= 2 (..., L, D), got shape %S", c->fn, name, got);
@@ -906,13 +914,8 @@ done:
 static int read_fitting(struct call *c, enum option o, struct operand *op, struct npattn_tensor *t, const npy_intp *shape,
                         int nd, const char *what) {
     const char *name = option_names[o];
-    PyObject *x = c->opt[o];
-    if (x == Py_None) {
-        PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats, got None", c->fn, name);
-        return 0;
-    }
-    PyArrayObject *a = array_of(c, x, name, 0);
-    if (!a || !float_dtype(c, a, name)) return 0;
+    PyArrayObject *a = float_array(c, o);
+    if (!a) return 0;
     int fits = PyArray_NDIM(a) == nd;
     for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == shape[d];
     if (!fits) {
