@@ -359,8 +359,10 @@ def sdpa_backward(
     for full, own, given in zip((dq, dk, dv), operands, (q, k, v)):
         # each operand's own dtype: a byte-swapped array's gradient keeps its byte order
         dtype = given.dtype if isinstance(given, np.ndarray) else own.dtype
+        # the core summed dk and dv (and dq, mostly) over the broadcast dims already
+        g = full.reshape(own.shape) if full.size == own.size else _args.unbroadcast(full, own.shape)
         with np.errstate(over="ignore"):  # a gradient beyond a half dtype's range is inf, as sdpa's results
-            grads.append(_args.unbroadcast(full, own.shape).astype(dtype, copy=False))
+            grads.append(g.astype(dtype, copy=False))
     if dsinks is not None:
         dsinks = dsinks.sum(axis=0).astype(dq.dtype)
     return Grads(grads[0], grads[1], grads[2], dsinks)
