@@ -945,6 +945,8 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
         npy_intp heads, rows, width;
         const char *what;
     } grads[3] = {{&c.dq, &bp.dq, H_q, L, D, "dq"}, {&c.dk, &bp.dk, H_kv, S, D, "dk"}, {&c.dv, &bp.dv, H_kv, S, Dv, "dv"}};
+    int empty_batch = 0;
+    for (int d = 0; d < c.nb; d++) empty_batch |= c.batch[d] == 0;
     for (int i = 0; i < 3; i++) {
         int n = result_shape(&c, grads[i].heads, grads[i].rows, grads[i].width, 1, shape);
         if (!c.rank2) /* a batch dim the operand broadcasts along is 1: the core sums along it */
@@ -954,6 +956,8 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
                 shape[d] = i == 1 ? nk : i == 2 ? nv : nq == 1 && (nk == 1 || nv == 1) ? 1 : shape[d];
             }
         if (!(grads[i].op->a = new_array(&c, shape, n, npy_type_of(wide), grads[i].what))) goto done;
+        if (empty_batch) /* a sum over no entry, which the core never visits */
+            memset(PyArray_DATA(grads[i].op->a), 0, (size_t)PyArray_NBYTES(grads[i].op->a));
         describe(&c, grads[i].op, grads[i].t, wide, 3);
     }
     PyArrayObject *dsinks = NULL;

@@ -4,8 +4,10 @@
  * that met an extreme.
  *
  * FlashAttention-2's backward (arXiv:2307.08691, Algorithm 2): a task owns
- * one kv head g of one batch entry (or, split-K, a share of its key blocks).
- * It takes its keys a chunk at a time, keeping the chunk's dK and dV in
+ * one kv head g of one slice of the batch that the gradients keep, visiting
+ * in order every batch entry the summed dims (a gradient's batch stride 0)
+ * map onto it, or, split-K, a share of one entry's key blocks. Per entry,
+ * it takes its keys a chunk at a time, keeping the chunk's dK and dV in
  * scratch, and visits the query rows the band lets see the chunk, the
  * group's heads stacked as in the forward pass; each query tile is read once
  * per chunk, and for each key block j of the chunk:
@@ -21,8 +23,9 @@
  * cap' = 1 - tanh(s / softcap)^2 with a softcap, 1 without. dQ rows are
  * owned by the task too (a query head reads only its group's kv head), so
  * nothing is added by two threads: the same `threads` gives bitwise-identical
- * gradients. A split-K task adds its dQ into a private partial, summed in
- * split order afterwards.
+ * gradients. A summed gradient's slice is stored by the task's first entry
+ * that reaches it and added to by the later ones. A split-K task adds its dQ
+ * into a private partial, summed in split order afterwards.
  */
 
 /* Adds the tile (M, w) into the stacked rows of t (or of a partial laid out

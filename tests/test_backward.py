@@ -361,7 +361,18 @@ def test_broadcast_operands_sum_their_gradients(rng, mask, batches, threads):
     B = np.broadcast_shapes(bq, bk, bv)
     dout = randn(rng, (*B, 6, 5, 3))
     with pool_mode(2):  # helpers join however small the problem
-        check_backward(q, k, v, dout, mask=make_mask(rng, mask, (*B, 6, 5, 9)), sinks=np.linspace(-1, 1, 6), threads=threads)
+        mask = make_mask(rng, mask, (*B, 6, 5, 9))
+        check_backward(q, k, v, dout, mask=mask, sinks=np.linspace(-1, 1, 6), threads=threads)
+
+
+def test_an_empty_batch_gives_zero_gradients_to_broadcast_operands(rng):
+    """k and v broadcast along an empty batch dim: dk and dv, sums over no entry, are
+    zeros of their own shapes (the core visits no entry)."""
+    q, dout = randn(rng, (0, 3, 4, 5, 8)), randn(rng, (0, 3, 4, 5, 6))
+    k, v = randn(rng, (1, 1, 2, 300, 8)), randn(rng, (1, 2, 300, 6))
+    grads = check_backward(q, k, v, dout, sinks=np.ones(4))
+    for g in grads:
+        np.testing.assert_array_equal(g, 0)
 
 
 def test_broadcast_gradients_are_bitwise_repeatable(rng):
@@ -406,4 +417,5 @@ def test_broadcast_kv_gradients_take_their_own_size_not_the_batch():
     assert done.returncode == 0, done.stderr
     grown, grads, own_shape = done.stdout.split()
     assert own_shape == "True"
-    assert int(grown) < 3 * int(grads) + (8 << 20), f"peak grew {int(grown) >> 20} MiB for {int(grads) >> 20} MiB of dk, dv"
+    grown, grads = int(grown), int(grads)
+    assert grown < 3 * grads + (8 << 20), f"peak grew {grown >> 20} MiB for {grads >> 20} MiB of dk, dv"

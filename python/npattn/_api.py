@@ -339,7 +339,9 @@ def sdpa_backward(
     -----
     float32, float64 (in double) and float16/bfloat16 (in float32 tiles) as
     the forward pass. The same ``threads`` gives bitwise-identical gradients:
-    each task owns the key/value head it writes.
+    each task owns the key/value head it writes. An operand broadcast along
+    batch dims gets its gradient summed in place at its own shape, so ``k``
+    and ``v`` shared by a batch cost no more memory than one entry's.
 
     Examples
     --------
