@@ -207,14 +207,17 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p);
  * forward problem as flash-attention's Flash_bwd_params extends its forward
  * parameters. Gradients are accumulated in the computed dtype (F32, or F64
  * for an F64 forward out) with contiguous rows (col_stride 1); dk and dv
- * sum the query heads of their group, at the broadcast batch shape B. */
+ * sum the query heads of their group. A gradient may have batch stride 0
+ * along a batch dim, as a broadcast operand has: it then holds the sum over
+ * that dim, accumulated in place, one task per slice in a fixed order (so k
+ * broadcast over a batch needs dk and dv of its own size, never B's). */
 struct npattn_backward_problem {
     struct npattn_problem fwd;        /* the forward problem; fwd.out and fwd.lse hold its results
                                          and are read here, fwd.weights is unused */
     struct npattn_tensor dout;        /* (*B, H_q, L, D_v), read */
-    struct npattn_tensor dq;          /* (*B, H_q, L, D), written */
-    struct npattn_tensor dk;          /* (*B, H_kv, S, D), written */
-    struct npattn_tensor dv;          /* (*B, H_kv, S, D_v), written */
+    struct npattn_tensor dq;          /* (*B, H_q, L, D), written; batch stride 0: summed there */
+    struct npattn_tensor dk;          /* (*B, H_kv, S, D), written; batch stride 0: summed there */
+    struct npattn_tensor dv;          /* (*B, H_kv, S, D_v), written; batch stride 0: summed there */
     double *dsinks;                   /* with fwd.sinks: [n_batch][n_head_q] written, row-major
                                          over the flattened batch; else unused */
 };

@@ -1,7 +1,9 @@
 /* backward.c: the backward driver. Checks a backward problem, sizes the
- * tiles, and runs one task per kv head of each batch entry (tile_bwd.h,
- * written once for float and double), splitting a head's key blocks across
- * tasks when there are fewer heads than threads. */
+ * tiles, and runs one task per kv head of each slice of the batch that the
+ * gradients keep (tile_bwd.h, written once for float and double): a batch
+ * dim along which a gradient has stride 0 is summed, the task visiting its
+ * entries in order. A head's key blocks are split across tasks when there
+ * are fewer heads than threads and nothing is summed. */
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -33,7 +35,8 @@ struct bwd_plan {
     int64_t bq;                /* query rows per tile */
     int64_t bk, n_kblock;      /* keys per block, and blocks */
     int64_t chunk;             /* key blocks whose dK, dV a task keeps in scratch at once */
-    int64_t n_unit, n_split;   /* (batch, kv head) units, and tasks per unit */
+    int64_t n_unit, n_split;   /* (kept batch slice, kv head) units, and tasks per unit */
+    int64_t n_rep;             /* batch entries per unit: the product of the summed dims */
     int k_direct, v_direct;
     int64_t ldk, ldv;
     struct bwd_layout lay, lay64;
@@ -41,6 +44,44 @@ struct bwd_plan {
     double *dq_parts;          /* split-K: each task's dQ, (group, L, D) */
 };
 
+
+/* Whether batch dim d is summed: a gradient written (dq, dk, dv) has stride 0
+ * along it, and it has more than one entry. */
+static int bwd_summed(const struct npattn_backward_problem *bp, int32_t d) {
+    const struct npattn_problem *p = &bp->fwd;
+    if (p->batch_shape[d] < 2) return 0;
+    return (p->n_query > 0 && p->n_embd_k > 0 && bp->dq.batch_stride[d] == 0) ||
+           (p->n_key > 0 && bp->dk.batch_stride[d] == 0) ||
+           (p->n_key > 0 && p->n_embd_v > 0 && bp->dv.batch_stride[d] == 0);
+}
+
+/* The flat batch index of repeat `rep` (row-major over the summed dims) of
+ * the kept slice `kept` (row-major over the others). */
+static int64_t bwd_batch(const struct bwd_plan *pl, int64_t kept, int64_t rep) {
+    const struct npattn_problem *p = &pl->bp->fwd;
+    int64_t b = 0, mult = 1;
+    for (int32_t d = p->n_batch_dim - 1; d >= 0; d--) {
+        const int64_t n = p->batch_shape[d];
+        int64_t *from = bwd_summed(pl->bp, d) ? &rep : &kept;
+        b += *from % n * mult;
+        *from /= n;
+        mult *= n;
+    }
+    return b;
+}
+
+/* Whether repeat `rep` is the first of its unit to reach its slice of t: its
+ * index is 0 along every summed dim where t has stride 0. */
+static int bwd_first_visit(const struct bwd_plan *pl, const struct npattn_tensor *t, int64_t rep) {
+    const struct npattn_problem *p = &pl->bp->fwd;
+    for (int32_t d = p->n_batch_dim - 1; d >= 0 && rep > 0; d--) {
+        if (!bwd_summed(pl->bp, d)) continue;
+        const int64_t n = p->batch_shape[d];
+        if (rep % n != 0 && t->batch_stride[d] == 0) return 0;
+        rep /= n;
+    }
+    return 1;
+}
 
 #define TASK "tile_bwd.h"
 #include "reals.h"
@@ -80,7 +121,8 @@ static void run_task(void *arg, int64_t task, int32_t slot) {
     npattn_run_exact(pl, task, slot, &pl->slots, tile_bwd_f32, tile_bwd_f64, &pl->run);
 }
 
-/* Split-K: dQ of one unit's rows is the sum of its tasks' partials, in split order. */
+/* Split-K (nothing summed, so a unit is one batch entry's kv head): dQ of the
+ * unit's rows is the sum of its tasks' partials, in split order. */
 static void reduce_task(void *arg, int64_t unit, int32_t slot) {
     struct bwd_plan *pl = arg;
     const struct npattn_backward_problem *bp = pl->bp;
@@ -139,24 +181,28 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     pl.bk = min64(BWD_KEYS_MAX, max64(BWD_KEYS_MIN, pl.bk));
     pl.n_kblock = (S + pl.bk - 1) / pl.bk;
     pl.chunk = max64(1, BWD_CHUNK_BYTES / (pl.bk * 2 * width * (pl.f64 ? 8 : 4)));
-    pl.n_unit = n_batch * p->n_head_kv;
+    pl.n_rep = 1;
+    for (int32_t d = 0; d < p->n_batch_dim; d++)
+        if (bwd_summed(bp, d)) pl.n_rep *= p->batch_shape[d];
+    pl.n_unit = n_batch / pl.n_rep * p->n_head_kv;
     enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
     pl.k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl.ldk);
     pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, computed, S, Dv, &pl.ldv);
 
     /* Threads planned as the forward pass plans them; split a unit's key blocks when
-     * there are fewer units than threads (each split then keeps its dQ apart). */
+     * there are fewer units than threads (each split then keeps its dQ apart), unless
+     * the unit sums repeats, whose dQ would need a partial per repeat. */
     double pairs = 0;
     for (int64_t kb = 0; kb < pl.n_kblock; kb++) {
         int64_t j0 = kb * pl.bk, ia, ib;
         npattn_band_rows(&pl.band, j0, min64(S, j0 + pl.bk), L, &ia, &ib);
         pairs += (double)(ib - ia) * (double)min64(pl.bk, S - j0);
     }
-    double flops = 10.0 * pairs * (double)width * (double)pl.group * (double)pl.n_unit;
+    double flops = 10.0 * pairs * (double)width * (double)pl.group * (double)(pl.n_unit * pl.n_rep);
     const struct npattn_threads threads = npattn_plan_threads(flops, p->n_threads);
     const int32_t plan_threads = threads.plan, run_threads = threads.run;
     pl.n_split = 1;
-    if (pl.n_unit < plan_threads && pl.n_kblock > 1)
+    if (pl.n_unit < plan_threads && pl.n_kblock > 1 && pl.n_rep == 1)
         pl.n_split = min64(pl.n_kblock, (2 * (int64_t)plan_threads + pl.n_unit - 1) / pl.n_unit);
     int64_t n_task = pl.n_unit * pl.n_split;
     const int32_t n_slot = (int32_t)min64(run_threads, n_task);

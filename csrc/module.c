@@ -909,6 +909,12 @@ done:
     return result;
 }
 
+/* The size of operand a (q, k or v, as read) along broadcast batch dim d. */
+static npy_intp batch_size(const struct call *c, PyArrayObject *a, int d) {
+    const int own_dims = PyArray_NDIM(a) > 3 ? PyArray_NDIM(a) - 3 : 0, at = d - (c->nb - own_dims);
+    return at >= 0 ? PyArray_DIM(a, at) : 1;
+}
+
 /* An input of the backward pass (dout, out, lse) of exactly `shape`, `what`
  * naming that shape; an lse of float16 or bfloat16 is read as float32. */
 static int read_fitting(struct call *c, enum option o, struct operand *op, struct npattn_tensor *t, const npy_intp *shape,
@@ -934,9 +940,11 @@ static int read_fitting(struct call *c, enum option o, struct operand *op, struc
     return 1;
 }
 
-/* The gradients (dq, dk, dv, dsinks) at the result's batch shape, in the
- * computed dtype (dsinks float64, (n_batch, H_q), or None), and the arrays
- * q, k, v as read, whose shapes and dtypes the gradients go back to. */
+/* The gradients (dq, dk, dv, dsinks) in the computed dtype, and the arrays
+ * q, k, v as read, whose shapes and dtypes the gradients go back to. dk and
+ * dv have k's and v's own batch sizes (1 where broadcast: the core sums
+ * there), as dq has where k or v is broadcast too; elsewhere dq has the
+ * result's batch size. dsinks: float64 (n_batch, H_q), or None. */
 static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
     struct call c;
@@ -961,9 +969,19 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
         npy_intp heads, rows, width;
         const char *what;
     } grads[3] = {{&c.dq, &bp.dq, H_q, L, D, "dq"}, {&c.dk, &bp.dk, H_kv, S, D, "dk"}, {&c.dv, &bp.dv, H_kv, S, Dv, "dv"}};
+    int empty_batch = 0;
+    for (int d = 0; d < c.nb; d++) empty_batch |= c.batch[d] == 0;
     for (int i = 0; i < 3; i++) {
         int n = result_shape(&c, grads[i].heads, grads[i].rows, grads[i].width, 1, shape);
+        if (!c.rank2) /* a batch dim the operand broadcasts along is 1: the core sums along it */
+            for (int d = 0; d < c.nb; d++) {
+                const npy_intp nq = batch_size(&c, c.q.a, d), nk = batch_size(&c, c.k.a, d);
+                const npy_intp nv = batch_size(&c, c.v.a, d);
+                shape[d] = i == 1 ? nk : i == 2 ? nv : nq == 1 && (nk == 1 || nv == 1) ? 1 : shape[d];
+            }
         if (!(grads[i].op->a = new_array(&c, shape, n, npy_type_of(wide), grads[i].what))) goto done;
+        if (empty_batch) /* a sum over no entry, which the core never visits */
+            memset(PyArray_DATA(grads[i].op->a), 0, (size_t)PyArray_NBYTES(grads[i].op->a));
         describe(&c, grads[i].op, grads[i].t, wide, 3);
     }
     PyArrayObject *dsinks = NULL;

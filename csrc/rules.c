@@ -105,14 +105,18 @@ static int meet(const void *a, const struct extent *ea, const void *b, const str
 }
 
 /* Whether distinct indices of t can reach the same element: with the axes
- * sorted by stride, each must step past everything the smaller ones span. */
-static int overlaps_itself(const struct npattn_problem *p, const struct npattn_tensor *t, const int64_t dims[3]) {
+ * sorted by stride, each must step past everything the smaller ones span.
+ * With `sums` (a gradient) a batch axis of stride 0 is summed over, not an
+ * overlap. */
+static int overlaps_itself(const struct npattn_problem *p, const struct npattn_tensor *t, const int64_t dims[3],
+                           int sums) {
     int64_t n[3 + 64], s[3 + 64];
     int k = 0;
     if (p->n_batch_dim > 64) return 1;
     for (int32_t d = 0; d < p->n_batch_dim; d++) {
         if (p->batch_shape[d] == 0) return 0;
-        if (p->batch_shape[d] > 1) n[k] = p->batch_shape[d], s[k++] = llabs(t->batch_stride[d]);
+        if (p->batch_shape[d] > 1 && !(sums && t->batch_stride[d] == 0))
+            n[k] = p->batch_shape[d], s[k++] = llabs(t->batch_stride[d]);
     }
     const int64_t strides[3] = {t->head_stride, t->row_stride, t->col_stride};
     for (int i = 0; i < 3; i++) {
@@ -181,7 +185,8 @@ static enum npattn_status check_operands(const struct npattn_problem *p, struct 
     for (int i = 1; i < n; i++) {
         const struct operand *o = &ops[i];
         if (!o->given || !o->output) continue;
-        if (o->t && overlaps_itself(p, o->t, o->dims)) return refuse(why, NPATTN_STATUS_OVERLAPS_ITSELF, i, 0);
+        const int sums = i == NPATTN_OPERAND_DQ || i == NPATTN_OPERAND_DK || i == NPATTN_OPERAND_DV;
+        if (o->t && overlaps_itself(p, o->t, o->dims, sums)) return refuse(why, NPATTN_STATUS_OVERLAPS_ITSELF, i, 0);
         for (int j = 1; j < n; j++)
             if (j != i && ops[j].given && meet(o->data, &o->e, ops[j].data, &ops[j].e))
                 return refuse(why, NPATTN_STATUS_OVERLAPS, i, j);

@@ -316,6 +316,87 @@ static void test_invalid(void) {
     free_setup(&s);
 }
 
+/* Operands broadcast along the batch (batch stride 0), and their gradients of
+ * one entry with batch stride 0: the core sums the batch into them, == the
+ * long-double gradients of every entry summed. `bcast` has bit 0 for q, 1 for
+ * k, 2 for v. */
+static void test_broadcast(const struct case_ *c, int bcast, enum npattn_dtype dt) {
+    const int64_t B = c->B, nq = B * c->Hq * c->L * c->D, nk = B * c->Hkv * c->S * c->D;
+    const int64_t nv = B * c->Hkv * c->S * c->Dv, no = B * c->Hq * c->L * c->Dv, nl = B * c->Hq * c->L;
+    const int64_t nm = c->Hq * c->L * c->S, sizes[3] = {nq, nk, nv};
+    const int t = dt == NPATTN_DTYPE_F64 ? 0 : 1;
+    const enum npattn_dtype wide = t == 0 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    double *in[3] = {malloc(8 * (size_t)nq), malloc(8 * (size_t)nk), malloc(8 * (size_t)nv)};
+    double *want[3] = {malloc(8 * (size_t)nq), malloc(8 * (size_t)nk), malloc(8 * (size_t)nv)};
+    double *g = malloc(8 * (size_t)no), *out = malloc(8 * (size_t)no), *lse = malloc(8 * (size_t)nl);
+    double *w = malloc(8 * (size_t)(nl * c->S)), *amask = malloc(8 * (size_t)nm);
+    double *got = malloc(8 * (size_t)(nq > nk ? (nq > nv ? nq : nv) : (nk > nv ? nk : nv)));
+    double sinks[64], want_s[64], got_s[64];
+    uint8_t *bmask = malloc((size_t)nm);
+    for (int64_t i = 0; i < nm; i++) {
+        bmask[i] = uniform() > -0.3;
+        amask[i] = bmask[i] ? uniform() * 2 : -INFINITY;
+    }
+    for (int i = 0; i < 64; i++) sinks[i] = uniform() * 3;
+    for (int o = 0; o < 3; o++) { /* a broadcast operand: every entry the first */
+        for (int64_t i = 0; i < sizes[o]; i++) in[o][i] = uniform() * (o == 2 ? 1 : 2);
+        if (bcast >> o & 1)
+            for (int64_t i = sizes[o] / B; i < sizes[o]; i++) in[o][i] = in[o][i % (sizes[o] / B)];
+    }
+    for (int64_t i = 0; i < no; i++) g[i] = uniform();
+    const double *sk = c->sinks ? sinks : NULL;
+    naive(c, in[0], in[1], in[2], bmask, amask, sk, out, lse, w);
+    naive_backward(c, in[0], in[1], in[2], g, w, lse, sk, want[0], want[1], want[2], want_s);
+    for (int o = 0; o < 3; o++) /* a broadcast operand's gradient: the batch summed, in order */
+        if (bcast >> o & 1)
+            for (int64_t i = sizes[o] / B; i < sizes[o]; i++) want[o][i % (sizes[o] / B)] += want[o][i];
+
+    struct buffers x;
+    struct grads gr;
+    void *grads[3];
+    x.q = malloc(8 * (size_t)nq), x.k = malloc(8 * (size_t)nk), x.v = malloc(8 * (size_t)nv);
+    x.out = malloc(8 * (size_t)no), x.lse = malloc(8 * (size_t)nl), x.weights = NULL;
+    x.mask = c->mask == MASK_BOOL ? (void *)bmask : (void *)amask;
+    gr.dout = malloc(8 * (size_t)no), gr.dsinks = got_s;
+    for (int o = 0; o < 3; o++) grads[o] = malloc(8 * (size_t)sizes[o]);
+    gr.dq = grads[0], gr.dk = grads[1], gr.dv = grads[2];
+    from_double(dt, in[0], nq, x.q), from_double(dt, in[1], nk, x.k), from_double(dt, in[2], nv, x.v);
+    from_double(dt, g, no, gr.dout);
+    struct npattn_problem p;
+    struct npattn_backward_problem bp;
+    int64_t bshape[1];
+    fill_problem(&p, c, dt, &x, sk, bshape);
+    for (int o = 0; o < 3; o++)
+        if (bcast >> o & 1) x.bs[o] = 0; /* read entry 0 for every entry */
+    enum npattn_status st = npattn_sdpa(&p);
+    for (int o = 0; o < 3; o++) memset(grads[o], 0xff, 8 * (size_t)sizes[o]); /* garbage to write over */
+    fill_backward(&bp, &p, c, dt, &gr);
+    for (int o = 0; o < 3; o++)
+        if (bcast >> o & 1) gr.bs[1 + o] = 0; /* one entry: summed over the batch */
+    if (st == NPATTN_STATUS_OK) st = npattn_sdpa_backward(&bp);
+    char msg[200];
+    static const char *grad_names[3] = {"dq", "dk", "dv"};
+    static const double tol[2] = {1e-11, 2e-4};
+    snprintf(msg, sizeof msg, "backward broadcast %d B=%lld mask=%d sinks=%d threads=%d %s: status", bcast,
+             (long long)B, (int)c->mask, c->sinks, c->threads, dtype_names[t]);
+    expect(st == NPATTN_STATUS_OK, msg);
+    for (int o = 0; o < 3; o++) {
+        const int64_t n = bcast >> o & 1 ? sizes[o] / B : sizes[o];
+        to_double(wide, grads[o], n, got);
+        snprintf(msg, sizeof msg, "backward broadcast %d B=%lld mask=%d sinks=%d threads=%d %s: %s", bcast,
+                 (long long)B, (int)c->mask, c->sinks, c->threads, dtype_names[t], grad_names[o]);
+        expect(close_to(want[o], got, n, tol[t] * (double)B), msg);
+    }
+    if (sk) {
+        snprintf(msg, sizeof msg, "backward broadcast %d B=%lld threads=%d %s: dsinks", bcast, (long long)B,
+                 c->threads, dtype_names[t]);
+        expect(close_to(want_s, got_s, B * c->Hq, tol[t] * (double)(c->L + 1)), msg);
+    }
+    for (int o = 0; o < 3; o++) free(in[o]), free(want[o]), free(grads[o]);
+    free(g), free(out), free(lse), free(w), free(amask), free(got), free(bmask);
+    free(x.q), free(x.k), free(x.v), free(x.out), free(x.lse), free(gr.dout);
+}
+
 int main(void) {
     const int64_t U = NPATTN_UNBOUNDED, BR = INT64_MIN;
     if (!npattn_blas_ok()) { /* test_attention checks the refusal */
@@ -355,6 +436,18 @@ int main(void) {
     test_allocation_failure(&split, NPATTN_DTYPE_F32);
     test_cancel();
     test_invalid();
+    static const struct case_ broadcasts[] = {
+        /* B Hq Hkv L S D Dv causal wl wr q_offset k_offset mask softcap sinks threads */
+        {4, 6, 2, 5, 9, 4, 3, 1, U, U, BR, 0, MASK_NONE, 0, 1, 1},
+        {4, 6, 2, 5, 9, 4, 3, 0, U, U, BR, 0, MASK_BOOL, 0, 0, 3},
+        {3, 4, 2, 30, 400, 8, 8, 0, 200, 30, BR, 0, MASK_ADD, 2.0, 1, 2}, /* key blocks of several chunks */
+        {5, 2, 1, 1, 600, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 0, 4},     /* decode: one unit, no split */
+    };
+    for (size_t i = 0; i < sizeof broadcasts / sizeof broadcasts[0]; i++)
+        for (int bcast = 1; bcast < 8; bcast++) {
+            test_broadcast(&broadcasts[i], bcast, NPATTN_DTYPE_F64);
+            test_broadcast(&broadcasts[i], bcast, NPATTN_DTYPE_F32);
+        }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }

@@ -4,8 +4,10 @@
  * that met an extreme.
  *
  * FlashAttention-2's backward (arXiv:2307.08691, Algorithm 2): a task owns
- * one kv head g of one batch entry (or, split-K, a share of its key blocks).
- * It takes its keys a chunk at a time, keeping the chunk's dK and dV in
+ * one kv head g of one slice of the batch that the gradients keep, visiting
+ * in order every batch entry the summed dims (a gradient's batch stride 0)
+ * map onto it, or, split-K, a share of one entry's key blocks. Per entry,
+ * it takes its keys a chunk at a time, keeping the chunk's dK and dV in
  * scratch, and visits the query rows the band lets see the chunk, the
  * group's heads stacked as in the forward pass; each query tile is read once
  * per chunk, and for each key block j of the chunk:
@@ -21,8 +23,9 @@
  * cap' = 1 - tanh(s / softcap)^2 with a softcap, 1 without. dQ rows are
  * owned by the task too (a query head reads only its group's kv head), so
  * nothing is added by two threads: the same `threads` gives bitwise-identical
- * gradients. A split-K task adds its dQ into a private partial, summed in
- * split order afterwards.
+ * gradients. A summed gradient's slice is stored by the task's first entry
+ * that reaches it and added to by the later ones. A split-K task adds its dQ
+ * into a private partial, summed in split order afterwards.
  */
 
 /* Adds the tile (M, w) into the stacked rows of t (or of a partial laid out
@@ -51,16 +54,31 @@ static void CAT(add_rows_, SFX)(const struct npattn_tensor *t, int64_t off, int6
     }
 }
 
-/* Returns 1 when a float task must be redone in double. */
-static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scratch) {
-    struct bwd_plan *pl = plan;
+/* Writes a finished row of w elements into t at `at`: stored when `first`, else
+ * added to what an earlier repeat stored there; converting when t's dtype is
+ * not REAL's. */
+static void CAT(put_row_, SFX)(const struct npattn_tensor *t, char *at, const REAL *src, int64_t w, int first,
+                               REAL *row) {
+    if (first) {
+        STORE(t->dtype, src, w, at, t->col_stride);
+        return;
+    }
+    LOAD(t->dtype, at, t->col_stride, w, row);
+    for (int64_t e = 0; e < w; e++) row[e] += src[e];
+    STORE(t->dtype, row, w, at, t->col_stride);
+}
+
+/* Adds one batch entry b (the task's repeat `rep`) of kv head g into the
+ * gradients: its dQ rows into dq (or the partial), its dK and dV into dk and
+ * dv, stored where rep is the first to reach their slice, else added.
+ * Returns 1 when a float task must be redone in double. */
+static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int64_t g, int64_t split, double *part,
+                               int32_t slot, char *scratch) {
     const struct npattn_backward_problem *bp = pl->bp;
     const struct npattn_problem *p = &bp->fwd;
     const int f64 = sizeof(REAL) == sizeof(double);
     const struct bwd_layout *lay = f64 ? &pl->lay64 : &pl->lay;
-    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, S = p->n_key;
-    const int64_t unit = task / pl->n_split, split = task % pl->n_split;
-    const int64_t b = unit / p->n_head_kv, g = unit % p->n_head_kv, hg0 = g * pl->group;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, S = p->n_key, hg0 = g * pl->group;
     const int k_direct = f64 == pl->f64 && pl->k_direct, v_direct = f64 == pl->f64 && pl->v_direct;
     const REAL scale = (REAL)p->scale, cap = (REAL)p->softcap;
     /* A float tile scales dS before its products with Q and K when |scale| > 1:
@@ -80,17 +98,7 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     const int64_t off_dk = npattn_batch_offset(p, &bp->dk, b), off_dv = npattn_batch_offset(p, &bp->dv, b);
     const int64_t off_lse = npattn_batch_offset(p, &p->lse, b), ls = (int64_t)npattn_dtype_size(p->lse.dtype);
     const int64_t off_mask = p->mask_kind != NPATTN_MASK_NONE ? npattn_batch_offset(p, &p->mask, b) : 0;
-    double *part = pl->dq_parts ? pl->dq_parts + (size_t)task * (size_t)(pl->group * L * D) : NULL;
-
-    /* start clean: this task's dQ rows (or partial), written by += below */
-    if (part) {
-        memset(part, 0, (size_t)(pl->group * L * D) * sizeof *part);
-    } else {
-        memset(row, 0, (size_t)D * sizeof *row);
-        const int64_t es = (int64_t)npattn_dtype_size(bp->dq.dtype);
-        for (int64_t h = hg0; h < hg0 + pl->group; h++)
-            for (int64_t i = 0; i < L; i++) STORE(bp->dq.dtype, row, D, npattn_elem(&bp->dq, es, off_dq, h, i), bp->dq.col_stride);
-    }
+    const int dk_first = bwd_first_visit(pl, &bp->dk, rep), dv_first = bwd_first_visit(pl, &bp->dv, rep);
 
     const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
     const char *kbase = S > 0 ? npattn_elem(&p->k, ks, off_k, g, 0) : NULL;
@@ -231,11 +239,13 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 #if !IS_F64
         if (!npattn_all_finite_f32(dk, nc * D) || !npattn_all_finite_f32(dv, nc * Dv)) return 1;
 #endif
-        /* this chunk's dK and dV are complete: no other task has its keys */
+        /* this entry's share of the chunk's dK and dV is complete: no other task has its
+         * keys; stored by the first repeat to reach the slice, added by the later ones */
         const int64_t dks = (int64_t)npattn_dtype_size(bp->dk.dtype), dvs = (int64_t)npattn_dtype_size(bp->dv.dtype);
         for (int64_t j = 0; j < nc; j++) {
-            STORE(bp->dk.dtype, dk + j * D, D, npattn_elem(&bp->dk, dks, off_dk, g, c0 + j), bp->dk.col_stride);
-            if (Dv > 0) STORE(bp->dv.dtype, dv + j * Dv, Dv, npattn_elem(&bp->dv, dvs, off_dv, g, c0 + j), bp->dv.col_stride);
+            CAT(put_row_, SFX)(&bp->dk, npattn_elem(&bp->dk, dks, off_dk, g, c0 + j), dk + j * D, D, dk_first, row);
+            if (Dv > 0)
+                CAT(put_row_, SFX)(&bp->dv, npattn_elem(&bp->dv, dvs, off_dv, g, c0 + j), dv + j * Dv, Dv, dv_first, row);
         }
     }
     /* the sinks' gradient: d sum(dO * O) / d sink_h = -sum_i exp(sink_h - lse_i) D_i */
@@ -254,5 +264,35 @@ static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             }
             bp->dsinks[b * p->n_head_q + h] = -sum;
         }
+    return 0;
+}
+
+/* One task: kv head g of one unit (a slice of the batch dims the gradients keep),
+ * every batch entry that the summed dims map onto it in order, or a split-K
+ * share of its key blocks. Returns 1 when a float task must be redone in double. */
+static int CAT(tile_bwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scratch) {
+    struct bwd_plan *pl = plan;
+    const struct npattn_backward_problem *bp = pl->bp;
+    const struct npattn_problem *p = &bp->fwd;
+    const int64_t D = p->n_embd_k, L = p->n_query;
+    const int64_t unit = task / pl->n_split, split = task % pl->n_split;
+    const int64_t kept = unit / p->n_head_kv, g = unit % p->n_head_kv, hg0 = g * pl->group;
+    double *part = pl->dq_parts ? pl->dq_parts + (size_t)task * (size_t)(pl->group * L * D) : NULL;
+    /* start clean: this task's dQ rows (or partial), every repeat's, written by += below */
+    if (part) {
+        memset(part, 0, (size_t)(pl->group * L * D) * sizeof *part);
+    } else {
+        REAL *row = (REAL *)(scratch + (sizeof(REAL) == sizeof(double) ? pl->lay64 : pl->lay).row);
+        memset(row, 0, (size_t)D * sizeof *row);
+        const int64_t es = (int64_t)npattn_dtype_size(bp->dq.dtype);
+        for (int64_t rep = 0; rep < pl->n_rep; rep++) {
+            const int64_t off_dq = npattn_batch_offset(p, &bp->dq, bwd_batch(pl, kept, rep));
+            for (int64_t h = hg0; h < hg0 + pl->group; h++)
+                for (int64_t i = 0; i < L; i++)
+                    STORE(bp->dq.dtype, row, D, npattn_elem(&bp->dq, es, off_dq, h, i), bp->dq.col_stride);
+        }
+    }
+    for (int64_t rep = 0; rep < pl->n_rep && !npattn_run_stopped(&pl->run, slot); rep++)
+        if (CAT(bwd_entry_, SFX)(pl, bwd_batch(pl, kept, rep), rep, g, split, part, slot, scratch)) return 1;
     return 0;
 }

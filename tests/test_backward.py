@@ -4,6 +4,9 @@ broadcast batch, layout, dtype, kernel table and thread count; == PyTorch's
 autograd in float64; == finite differences of the forward pass; bitwise the same
 for the same threads; and its own error rows."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -333,3 +336,86 @@ def test_core_allocation_failure_is_memory_error(capfd, dtype, L, S, threads, n_
         np.testing.assert_array_equal(a, b)
     assert f64(got.dq).shape == q.shape
     assert capfd.readouterr().err == ""
+
+
+BROADCASTS = {
+    "k, v over a batch of 4": ((4,), (1,), (1,)),
+    "k, v without batch dims": ((3,), (), ()),
+    "k, v over the first of two dims": ((2, 3), (1, 3), (1, 3)),
+    "k, v over the second of two dims": ((3, 2), (3, 1), (3, 1)),
+    "k and v over different dims": ((2, 3), (1, 3), (2, 1)),
+    "q, k over the same dim": ((1, 3), (1, 3), (2, 3)),
+    "q alone": ((1, 3), (2, 3), (2, 3)),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("batches", BROADCASTS.values(), ids=list(BROADCASTS))
+@pytest.mark.parametrize("mask", MASK_KINDS, ids=str)
+def test_broadcast_operands_sum_their_gradients(rng, mask, batches, threads):
+    """k and v (and q) broadcast along batch dims: each gradient, summed in place over
+    the dims its operand was broadcast along, == the reference's summed gradient."""
+    bq, bk, bv = batches
+    q = randn(rng, (*bq, 6, 5, 4))
+    k, v = randn(rng, (*bk, 2, 9, 4)), randn(rng, (*bv, 2, 9, 3))
+    B = np.broadcast_shapes(bq, bk, bv)
+    dout = randn(rng, (*B, 6, 5, 3))
+    with pool_mode(2):  # helpers join however small the problem
+        mask = make_mask(rng, mask, (*B, 6, 5, 9))
+        check_backward(q, k, v, dout, mask=mask, sinks=np.linspace(-1, 1, 6), threads=threads)
+
+
+def test_an_empty_batch_gives_zero_gradients_to_broadcast_operands(rng):
+    """k and v broadcast along an empty batch dim: dk and dv, sums over no entry, are
+    zeros of their own shapes (the core visits no entry)."""
+    q, dout = randn(rng, (0, 3, 4, 5, 8)), randn(rng, (0, 3, 4, 5, 6))
+    k, v = randn(rng, (1, 1, 2, 300, 8)), randn(rng, (1, 2, 300, 6))
+    grads = check_backward(q, k, v, dout, sinks=np.ones(4))
+    for g in grads:
+        np.testing.assert_array_equal(g, 0)
+
+
+def test_broadcast_gradients_are_bitwise_repeatable(rng):
+    """The same threads give the same bits when k and v are summed over a batch."""
+    q, dout = randn(rng, (2, 5, 4, 7, 16)), randn(rng, (2, 5, 4, 7, 8))
+    k, v = randn(rng, (1, 5, 2, 300, 16)), randn(rng, (1, 5, 2, 300, 8))
+    with pool_mode(2):
+        first = grads_of(q, k, v, dout, threads=3, mask=None)
+        again = grads_of(q, k, v, dout, threads=3, mask=None)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+
+
+PEAK_MEMORY = r"""
+import resource
+import numpy as np
+import npattn
+
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+# k and v broadcast over a batch of 64 decode steps: dk and dv are 4 MiB together.
+rng = np.random.default_rng(0)
+k = rng.standard_normal((1, 2, 4096, 64)).astype(np.float32)
+v = rng.standard_normal((1, 2, 4096, 64)).astype(np.float32)
+q = rng.standard_normal((64, 4, 1, 64)).astype(np.float32)
+out, lse = npattn.sdpa(q, k, v, return_lse=True, threads=1)
+dout = np.ones_like(out)
+one = npattn.sdpa_backward(dout[:1], q[:1], k, v, out[:1], lse[:1], threads=1)  # batch 1: the baseline
+before = peak()
+grads = npattn.sdpa_backward(dout, q, k, v, out, lse, threads=1)
+print(peak() - before, grads.dk.nbytes + grads.dv.nbytes, grads.dk.shape == k.shape)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB is Linux's")
+def test_broadcast_kv_gradients_take_their_own_size_not_the_batch():
+    """k, v broadcast over a batch of 64: the backward's peak memory beyond the same call
+    at batch 1 stays within a few times dk and dv's size (it was 64 copies of them,
+    summed afterwards: issue 19, item 8)."""
+    done = subprocess.run([sys.executable, "-c", PEAK_MEMORY], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    grown, grads, own_shape = done.stdout.split()
+    assert own_shape == "True"
+    grown, grads = int(grown), int(grads)
+    assert grown < 3 * grads + (8 << 20), f"peak grew {grown >> 20} MiB for {grads >> 20} MiB of dk, dv"

@@ -339,7 +339,9 @@ def sdpa_backward(
     -----
     float32, float64 (in double) and float16/bfloat16 (in float32 tiles) as
     the forward pass. The same ``threads`` gives bitwise-identical gradients:
-    each task owns the key/value head it writes.
+    each task owns the key/value head it writes. An operand broadcast along
+    batch dims gets its gradient summed in place at its own shape, so ``k``
+    and ``v`` shared by a batch cost no more memory than one entry's.
 
     Examples
     --------
@@ -359,8 +361,10 @@ def sdpa_backward(
     for full, own, given in zip((dq, dk, dv), operands, (q, k, v)):
         # each operand's own dtype: a byte-swapped array's gradient keeps its byte order
         dtype = given.dtype if isinstance(given, np.ndarray) else own.dtype
+        # the core summed dk and dv (and dq, mostly) over the broadcast dims already
+        g = full.reshape(own.shape) if full.size == own.size else _args.unbroadcast(full, own.shape)
         with np.errstate(over="ignore"):  # a gradient beyond a half dtype's range is inf, as sdpa's results
-            grads.append(_args.unbroadcast(full, own.shape).astype(dtype, copy=False))
+            grads.append(g.astype(dtype, copy=False))
     if dsinks is not None:
         dsinks = dsinks.sum(axis=0).astype(dq.dtype)
     return Grads(grads[0], grads[1], grads[2], dsinks)
