@@ -77,11 +77,13 @@ static inline void naive(const struct case_ *c, const double *q, const double *k
                 const double *qi = q + ((b * c->Hq + h) * L + i) * D;
                 long double mx = sinks ? sinks[h] : -INFINITY;
                 for (int64_t j = 0; j < S; j++) {
-                    long double qp = (long double)qo + i, kp = (long double)c->k_offset + j;
+                    /* q_pos - k_pos exactly, in 128-bit integers (long double
+                     * holds 53 bits under valgrind) */
+                    const __int128 ahead = ((__int128)qo + i) - ((__int128)c->k_offset + j);
                     vis[j] = 1;
-                    if (c->causal) vis[j] &= kp <= qp;
-                    if (c->wl != NPATTN_UNBOUNDED) vis[j] &= kp >= qp - c->wl;
-                    if (c->wr != NPATTN_UNBOUNDED) vis[j] &= kp <= qp + c->wr;
+                    if (c->causal) vis[j] &= ahead >= 0;
+                    if (c->wl != NPATTN_UNBOUNDED) vis[j] &= ahead <= c->wl;
+                    if (c->wr != NPATTN_UNBOUNDED) vis[j] &= -ahead <= c->wr;
                     if (c->mask == MASK_BOOL) vis[j] &= bmask[(h * L + i) * S + j] != 0;
                     if (c->mask == MASK_ADD) vis[j] &= amask[(h * L + i) * S + j] != -INFINITY;
                     long double s = 0;
