@@ -302,6 +302,26 @@ ROWS = [
     ("k_offset None", call(k_offset=None), TypeError, "k_offset", ()),
     ("k_offset a string", call(k_offset="0"), TypeError, "k_offset", ()),
     ("k_offset below int64", call(k_offset=-(2**64)), ValueError, "k_offset", ()),
+    # per-request key ranges and positions (B = (1,), S = 5)
+    ("k_start beyond S", call(k_start=6), ValueError, "k_start", ("k_start[0] = 6 lies outside [0, S] = [0, 5]",)),
+    ("k_start negative", call(k_start=[-1]), ValueError, "k_start", ("k_start[0] = -1",)),
+    ("k_lengths negative", call(k_lengths=-2), ValueError, "k_lengths", ("k_lengths[0] = -2 must be at least 0",)),
+    (
+        "k_lengths past S",
+        call(k_start=2, k_lengths=4),
+        ValueError,
+        "k_lengths",
+        ("k_lengths[0] = 4 runs past S = 5 (k_start[0] = 2)",),
+    ),
+    ("k_lengths past S, rank 2", rank2_call(k_lengths=9), ValueError, "k_lengths", ("k_lengths = 9 runs past S = 5",)),
+    ("k_lengths a float", call(k_lengths=3.0), TypeError, "k_lengths", ("dtype float64",)),
+    ("k_start bools", call(k_start=np.array([True])), TypeError, "k_start", ("dtype bool",)),
+    ("k_start a string", call(k_start="1"), TypeError, "k_start", ()),
+    ("k_lengths not broadcastable", call(k_lengths=[1, 2]), ValueError, "k_lengths", ("B = (1,)", "(2,)")),
+    ("k_start beyond int64", call(k_start=np.array([2**63], np.uint64)), ValueError, "k_start", ("2**63",)),
+    ("q_offset array not broadcastable", call(q_offset=[[1], [2]]), ValueError, "q_offset", ("B = (1,)",)),
+    ("q_offset array of floats", call(q_offset=np.array([1.0])), TypeError, "q_offset", ("dtype float64",)),
+    ("q_offset array with causal_top_left", call(q_offset=[1], mask="causal_top_left"), ValueError, "q_offset", ()),
     # return_lse
     ("return_lse a string", call(return_lse="yes"), TypeError, "return_lse", ()),
     ("return_lse an int", call(return_lse=1), TypeError, "return_lse", ()),
@@ -483,6 +503,26 @@ def test_backward_float128_input_names_the_widest_dtype(capfd, name):
         TypeError,
         name,
         ("the widest dtype computed is float64",),
+        function="sdpa_backward",
+    )
+
+
+@pytest.mark.parametrize(
+    "keywords",
+    [{"k_start": [1]}, {"k_lengths": 3}, {"q_offset": np.array([2])}],
+    ids=["k_start", "k_lengths", "q_offset"],
+)
+def test_backward_refuses_key_ranges(capfd, keywords):
+    """sdpa_backward does not take per-request ranges or positions yet: NotImplementedError
+    naming them, never a wrong gradient."""
+    q, k, v = arr(Q_SHAPE, np.float64), arr(K_SHAPE, np.float64), arr(V_SHAPE, np.float64)
+    out, lse = npattn.sdpa(q, k, v, return_lse=True)
+    assert_raises_naming(
+        capfd,
+        lambda: npattn.sdpa_backward(np.ones_like(out), q, k, v, out, lse, **keywords),
+        NotImplementedError,
+        next(iter(keywords)),
+        ("backward pass",),
         function="sdpa_backward",
     )
 
