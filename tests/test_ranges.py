@@ -192,3 +192,15 @@ def test_reference_names_the_request(rng):
         reference.sdpa(q, k, v, k_start=[0, 2], k_lengths=[1, 9])
     with pytest.raises(ValueError, match=r"k_lengths\[1\] = 9 runs past S = 7 \(k_start\[1\] = 2\)"):
         npattn.sdpa(q, k, v, k_start=[0, 2], k_lengths=[1, 9])
+
+
+@pytest.mark.parametrize(
+    "q_offset, k_offset, k_start",
+    [(-(2**63), 1, None), (-(2**63), 2**62, None), ([-(2**63)], 0, 0), (-(2**63) + 1, 2**63 - 1, [3])],
+)
+def test_diagonal_below_int64_hides_every_key(rng, q_offset, k_offset, k_start):
+    """A request's diagonal q_offset - k_offset + k_start below -2**63 (its first step
+    wrapping past int64) hides every key under "causal": rows of zeros, lse -inf."""
+    q, k, v = qkv(rng, (1,), 2, 1, 3, 6, 4, dtype=np.float64)
+    out, lse = check(q, k, v, q_offset=q_offset, k_offset=k_offset, k_start=k_start, return_lse=True)
+    assert np.all(out == 0) and np.all(lse == -np.inf)
