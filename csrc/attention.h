@@ -110,7 +110,6 @@ enum npattn_status {
     NPATTN_STATUS_OVERLAPS,           /* an output shares bytes with another operand */
     NPATTN_STATUS_BAD_K_START,        /* a k_start[b] outside [0, S] */
     NPATTN_STATUS_BAD_K_LENGTH,       /* a k_length[b] < 0, or past S from k_start[b] */
-    NPATTN_STATUS_RANGES_FORWARD_ONLY,/* the backward problem has k_start, k_length or q_offsets */
     NPATTN_STATUS_COUNT
 };
 

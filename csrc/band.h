@@ -75,6 +75,19 @@ static inline struct npattn_band npattn_band_of(const struct npattn_problem *p) 
     return npattn_band_for(p, p->q_offset, 0);
 }
 
+/* Request b's band (the problem's, `common`, when no request has its own
+ * range or offset), and the key rows [*k0, *k1) it reads. */
+static inline struct npattn_band npattn_band_request(const struct npattn_problem *p, const struct npattn_band *common,
+                                                     int64_t b, int64_t *k0, int64_t *k1) {
+    if (!p->k_start && !p->k_length && !p->q_offsets) {
+        *k0 = 0, *k1 = p->n_key;
+        return *common;
+    }
+    *k0 = p->k_start ? p->k_start[b] : 0;
+    *k1 = p->k_length ? *k0 + p->k_length[b] : p->n_key;
+    return npattn_band_for(p, p->q_offsets ? p->q_offsets[b] : p->q_offset, *k0);
+}
+
 /* The first and the last key row i may see (may lie outside [0, S)). */
 static inline int64_t npattn_band_lo(const struct npattn_band *b, int64_t i) {
     return b->lo_diag == INT64_MIN ? INT64_MIN : npattn_sat_add(i, b->lo_diag);

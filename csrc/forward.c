@@ -61,18 +61,6 @@ struct unit {
 };
 
 
-/* Request b's band, and the keys [*k0, *k1) it may read. */
-static struct npattn_band request_band(const struct fwd_plan *pl, int64_t b, int64_t *k0, int64_t *k1) {
-    const struct npattn_problem *p = pl->p;
-    if (!p->k_start && !p->k_length && !p->q_offsets) {
-        *k0 = 0, *k1 = p->n_key;
-        return pl->band;
-    }
-    *k0 = p->k_start ? p->k_start[b] : 0;
-    *k1 = p->k_length ? *k0 + p->k_length[b] : p->n_key;
-    return npattn_band_for(p, p->q_offsets ? p->q_offsets[b] : p->q_offset, *k0);
-}
-
 /* Keys [*j0, *j1) that some row of [i0, i1) may see: the band's, within [k0, k1). */
 static void unit_keys(const struct npattn_band *band, int64_t i0, int64_t i1, int64_t k0, int64_t k1, int64_t S,
                       int64_t *j0, int64_t *j1) {
@@ -97,7 +85,7 @@ static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     u->nh = min64(pl->bh, pl->group - hb * pl->bh);
     u->M = u->nh * u->nq;
     int64_t k0, k1;
-    u->band = request_band(pl, b, &k0, &k1);
+    u->band = npattn_band_request(p, &pl->band, b, &k0, &k1);
     unit_keys(&u->band, u->i0, u->i0 + u->nq, k0, k1, p->n_key, &u->j0, &u->j1);
     u->off_q = npattn_batch_offset(p, &p->q, b);
     u->off_k = npattn_batch_offset(p, &p->k, b);
@@ -246,7 +234,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     const int64_t n_request = p->k_start || p->k_length || p->q_offsets ? n_batch : 1;
     for (int64_t b = 0; b < n_request; b++) {
         int64_t k0, k1;
-        const struct npattn_band band = request_band(&pl, b, &k0, &k1);
+        const struct npattn_band band = npattn_band_request(p, &pl.band, b, &k0, &k1);
         for (int64_t qb = 0; qb < pl.n_qblock; qb++) {
             int64_t i0 = qb * pl.bq, nq = min64(pl.bq, p->n_query - i0), j0, j1;
             unit_keys(&band, i0, i0 + nq, k0, k1, S, &j0, &j1);

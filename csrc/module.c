@@ -906,10 +906,6 @@ static PyObject *refused(struct call *c, enum npattn_status status, const struct
         break;
     case NPATTN_STATUS_BAD_K_START:
     case NPATTN_STATUS_BAD_K_LENGTH: return bad_range(c), NULL;
-    case NPATTN_STATUS_RANGES_FORWARD_ONLY:
-        return PyErr_Format(PyExc_NotImplementedError,
-                            "%s: k_start, k_lengths and an array q_offset are not supported by the backward pass yet",
-                            c->fn);
     default: break;
     }
     return PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s (%s)", c->fn, npattn_status_string(why.status),

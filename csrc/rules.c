@@ -37,7 +37,6 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_OVERLAPS] = "an output must share no byte with another operand",
     [NPATTN_STATUS_BAD_K_START] = "every k_start[b] must lie in [0, S]",
     [NPATTN_STATUS_BAD_K_LENGTH] = "every k_length[b] must be at least 0, with k_start[b] + k_length[b] at most S",
-    [NPATTN_STATUS_RANGES_FORWARD_ONLY] = "the backward pass takes no k_start, k_length or q_offsets",
 };
 
 const char *npattn_status_string(enum npattn_status status) {
@@ -268,8 +267,6 @@ enum npattn_status npattn_check_backward(const struct npattn_backward_problem *b
     const struct npattn_problem *p = &bp->fwd;
     enum npattn_status status = problem_operands(p, ops, &empty, why);
     if (status != NPATTN_STATUS_OK) return status;
-    if (p->k_start || p->k_length || p->q_offsets)
-        return refuse(why, NPATTN_STATUS_RANGES_FORWARD_ONLY, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE);
     /* forward's results are inputs here, the weights are unused */
     ops[NPATTN_OPERAND_OUT].output = ops[NPATTN_OPERAND_LSE].output = 0;
     ops[NPATTN_OPERAND_OUT].given = ops[NPATTN_OPERAND_LSE].given = 1;

@@ -507,26 +507,6 @@ def test_backward_float128_input_names_the_widest_dtype(capfd, name):
     )
 
 
-@pytest.mark.parametrize(
-    "keywords",
-    [{"k_start": [1]}, {"k_lengths": 3}, {"q_offset": np.array([2])}],
-    ids=["k_start", "k_lengths", "q_offset"],
-)
-def test_backward_refuses_key_ranges(capfd, keywords):
-    """sdpa_backward does not take per-request ranges or positions yet: NotImplementedError
-    naming them, never a wrong gradient."""
-    q, k, v = arr(Q_SHAPE, np.float64), arr(K_SHAPE, np.float64), arr(V_SHAPE, np.float64)
-    out, lse = npattn.sdpa(q, k, v, return_lse=True)
-    assert_raises_naming(
-        capfd,
-        lambda: npattn.sdpa_backward(np.ones_like(out), q, k, v, out, lse, **keywords),
-        NotImplementedError,
-        next(iter(keywords)),
-        ("backward pass",),
-        function="sdpa_backward",
-    )
-
-
 def test_q_offset_int64_min_has_one_answer_whatever_the_form():
     """q_offset=-2**63 (a valid int64) gives the same result for native arrays, a
     byte-swapped copy and nested lists: the one rule of positions, read once."""

@@ -4,15 +4,16 @@ npattn.sdpa and attention_weights with ranges == the float64 reference for
 every mask kind, window, sinks, softcap and dtype; a right-aligned batch cache
 equals one call per request on its slice; rows outside a range are never
 read (NaN there changes nothing); the decode (streaming), prefill (gemm) and
-split-K paths agree with the reference; ranges outside [0, S] name the
-argument and the request.
+split-K paths agree with the reference; sdpa_backward gives unread rows a
+gradient of exactly 0; ranges outside [0, S] name the argument and the
+request.
 """
 
 import numpy as np
 import pytest
 
 import npattn
-from helpers import MASK_KINDS, check, f64, make_mask, own_tolerance, qkv
+from helpers import MASK_KINDS, check, check_backward, f64, make_mask, own_tolerance, qkv
 from npattn import reference, testing
 
 # (k_start, k_lengths) for a batch of 4 requests over S = 11 keys: empty, one key,
@@ -204,3 +205,56 @@ def test_diagonal_below_int64_hides_every_key(rng, q_offset, k_offset, k_start):
     q, k, v = qkv(rng, (1,), 2, 1, 3, 6, 4, dtype=np.float64)
     out, lse = check(q, k, v, q_offset=q_offset, k_offset=k_offset, k_start=k_start, return_lse=True)
     assert np.all(out == 0) and np.all(lse == -np.inf)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("softcap, sinks", [(None, False), (3.0, True)])
+@pytest.mark.parametrize("mask", ["causal", "causal_top_left", None, "bool"], ids=str)
+@pytest.mark.parametrize("k_start, k_lengths", RANGES, ids=str)
+def test_backward_with_ranges(rng, mask, softcap, sinks, dtype, k_start, k_lengths):
+    """sdpa_backward with key ranges == the reference's gradients; keys a request does
+    not read get dk = dv = 0 exactly."""
+    q, k, v = qkv(rng, (4,), 4, 2, 5, 11, 8, 6, dtype=dtype)
+    dout = rng.standard_normal((4, 4, 5, 6)).astype(dtype)
+    m = make_mask(rng, mask, (4, 4, 5, 11))
+    s = rng.standard_normal(4) if sinks else None
+    grads = check_backward(
+        q, k, v, dout, mask=m, softcap=softcap, sinks=s, window=(4, 2), k_start=k_start, k_lengths=k_lengths
+    )
+    start = np.zeros(4, int) if k_start is None else np.array(k_start)
+    end = start + (11 - start if k_lengths is None else np.array(k_lengths))
+    j = np.arange(11)
+    outside = (j < start[:, None]) | (j >= end[:, None])  # (B, S)
+    assert np.all(grads.dk[outside[:, None, :].repeat(2, axis=1)] == 0)
+    assert np.all(grads.dv[outside[:, None, :].repeat(2, axis=1)] == 0)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_backward_never_reads_padding(rng, threads):
+    """A right-padded cache whose padding holds NaN: the gradients are those of zero
+    padding, bit for bit, with dk = dv = 0 on the padding; split-K over few heads
+    (threads=4, many key blocks) and one thread alike."""
+    S, n = 1500, np.array([1500, 700, 1])
+    q, k, v = qkv(rng, (3,), 2, 1, 4, S, 16)
+    dout = rng.standard_normal((3, 2, 4, 16)).astype(np.float32)
+    check_backward(q, k, v, dout, k_lengths=n, threads=threads)
+    zero_k, zero_v, nan_k, nan_v = k.copy(), v.copy(), k.copy(), v.copy()
+    for b in range(3):
+        zero_k[b, :, n[b] :] = zero_v[b, :, n[b] :] = 0
+        nan_k[b, :, n[b] :] = nan_v[b, :, n[b] :] = np.nan
+    runs = []
+    for kk, vv in ((zero_k, zero_v), (nan_k, nan_v)):
+        out, lse = npattn.sdpa(q, kk, vv, k_lengths=n, return_lse=True, threads=threads)
+        runs.append(npattn.sdpa_backward(dout, q, kk, vv, out, lse, k_lengths=n, threads=threads))
+    for name in ("dq", "dk", "dv"):
+        np.testing.assert_array_equal(getattr(runs[1], name), getattr(runs[0], name), err_msg=name)
+    for b in range(3):
+        assert np.all(runs[1].dk[b, :, n[b] :] == 0) and np.all(runs[1].dv[b, :, n[b] :] == 0)
+
+
+def test_backward_with_array_q_offset(rng):
+    """sdpa_backward takes an array q_offset, with and without ranges."""
+    q, k, v = qkv(rng, (2, 3), 2, 1, 3, 10, 8, dtype=np.float64)
+    dout = rng.standard_normal((2, 3, 2, 3, 8))
+    check_backward(q, k, v, dout, q_offset=np.array([[3], [0]]))
+    check_backward(q, k, v, dout, q_offset=[7, 2, 0], k_start=[0, 1, 2], k_lengths=[9, 4, 8], window=(3, 1))

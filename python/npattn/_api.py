@@ -350,8 +350,8 @@ def sdpa_backward(
     scale, mask, sinks, window, softcap, q_offset, k_offset, threads
         As given to :func:`sdpa`. The mask gets no gradient.
     k_start, k_lengths
-        Not supported by the backward pass yet: giving either (or an array
-        ``q_offset``) raises ``NotImplementedError``.
+        As given to :func:`sdpa`. Key rows a request does not read get a
+        gradient of exactly 0 and are never read here either.
 
     Returns
     -------

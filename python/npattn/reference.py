@@ -406,7 +406,7 @@ def formula(q, k, v, scale=None, mask=None):
 
 def sdpa_backward(
     dout, q, k, v, out, lse, scale=None, mask="causal", *, sinks=None, window=None, softcap=None,
-    q_offset=None, k_offset=0, threads=None,
+    q_offset=None, k_offset=0, k_start=None, k_lengths=None, threads=None,
 ):  # fmt: skip
     """The gradients of ``sum(dout * sdpa(q, k, v, ...))``, in float64: ``(dq, dk, dv, dsinks)``.
 
@@ -439,7 +439,7 @@ def sdpa_backward(
     q64, k64, v64 = (np.asarray(x[None] if x.ndim == 2 else x, dtype=np.float64) for x in (q, k, v))
     parts = {}
     weights, _, (B, H_q, L, S) = _softmax_parts(
-        q64, k64, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=v64.shape[:-3], parts=parts
+        q64, k64, scale, mask, sinks, window, softcap, q_offset, k_offset, v64.shape[:-3], parts, k_start, k_lengths
     )
     H_kv = k64.shape[-3]
     n_rep, D, D_v = H_q // H_kv, q64.shape[-1], v64.shape[-1]
@@ -448,6 +448,9 @@ def sdpa_backward(
     qg = np.broadcast_to(q64, (*B, H_q, L, D)).reshape(*B, H_kv, n_rep, L, D)
     kg = np.broadcast_to(k64, (*B, H_kv, S, D))[..., None, :, :]
     vg = np.broadcast_to(v64, (*B, H_kv, S, D_v))[..., None, :, :]
+    if _per_request_options(q_offset, k_start, k_lengths):  # rows a request does not read: zeros, gradient 0
+        read = _rows_read(B, S, k_start, k_lengths)[..., None, None, :, None]
+        kg, vg = np.where(read, kg, 0.0), np.where(read, vg, 0.0)
     o = weights @ vg  # (*B, H_kv, n_rep, L, D_v)
 
     dv = (weights.swapaxes(-1, -2) @ g).sum(axis=-3)  # dv_j = sum_i p_ij g_i, summed over the group

@@ -320,8 +320,10 @@ def backward_tolerance(
     sinks: _Any = None,
     window: _Any = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: _Any = None,
     k_offset: int = 0,
+    k_start: _Any = None,
+    k_lengths: _Any = None,
     ulps: float | None = None,
     **ignored: _Any,
 ) -> dict[str, tuple[float, _np.ndarray]]:
@@ -352,7 +354,7 @@ def backward_tolerance(
     ulps = OWN_ULPS[computed] if ulps is None else ulps
     q64, k64, v64, g64 = (_f64(x) for x in (q, k, v, dout))
     options = {"scale": scale, "mask": _f64(mask), "sinks": _f64(sinks), "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset)
+    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
     L, S, D, D_v = q64.shape[-2], k64.shape[-2], q64.shape[-1], v64.shape[-1]
     m = max_logit(q64, k64, scale, options["mask"], options["sinks"], softcap)
     n = max(L * (q64.size // max(L * D, 1)), S, D, D_v)
