@@ -30,7 +30,9 @@
  * mask aligned to the bottom-right corner (MLX, the tutorial), so that a
  * decode step (L = 1) sees every key; q_offset = 0 is PyTorch's top-left
  * is_causal=True. Key tiles that the band hides are never read, so a window
- * over a long context costs O(L * window), not O(L * S).
+ * over a long context costs O(L * window), not O(L * S). Per-request key
+ * ranges (k_start, k_length) and positions (q_offsets) narrow each
+ * request's keys and shift its band; tiles outside a range are skipped.
  *
  * A row that sees no key (every score -inf, no sink) comes out as zeros, never
  * NaN, with lse -inf; S = 0 gives such rows. NaN in the inputs propagates to
@@ -106,6 +108,8 @@ enum npattn_status {
     NPATTN_STATUS_NO_DATA,            /* an operand read or written has no data */
     NPATTN_STATUS_OVERLAPS_ITSELF,    /* two indices of an output reach one element */
     NPATTN_STATUS_OVERLAPS,           /* an output shares bytes with another operand */
+    NPATTN_STATUS_BAD_K_START,        /* a k_start[b] outside [0, S] */
+    NPATTN_STATUS_BAD_K_LENGTH,       /* a k_length[b] < 0, or past S from k_start[b] */
     NPATTN_STATUS_COUNT
 };
 
@@ -177,6 +181,15 @@ struct npattn_problem {
     int32_t causal;                   /* nonzero: keys after the query's position are hidden */
     int64_t q_offset, k_offset;       /* positions of query row 0 and key row 0 */
     int64_t window_left, window_right;/* >= 0, or NPATTN_UNBOUNDED */
+
+    /* Per-request key ranges and positions, each NULL or [n_batch] over the
+     * flattened batch (row-major over batch_shape). Request b reads only the
+     * key rows k_start[b] <= j < k_start[b] + k_length[b]; rows outside are
+     * never read and count as hidden. Key row j then sits at position
+     * k_offset + j - k_start[b], so positions count from the first row read. */
+    const int64_t *k_start;           /* NULL: 0; else each in [0, S] */
+    const int64_t *k_length;          /* NULL: S - k_start[b]; else each >= 0, k_start[b] + k_length[b] <= S */
+    const int64_t *q_offsets;         /* NULL: q_offset for every request; else request b's query row 0 */
 
     enum npattn_mask_kind mask_kind;
     struct npattn_tensor mask;        /* BOOL: uint8; ADD: any dtype */

@@ -10,6 +10,9 @@
  * where hi_diag = diag + right and lo_diag = diag - left, right being
  * window_right (unbounded without a window), at most 0 when causal, and
  * left window_left (unbounded without one). Causal is the band (-inf, 0].
+ * With per-request key ranges (k_start) key row j sits at
+ * k_offset + j - k_start[b], so request b's diag is
+ * q_offset[b] - k_offset + k_start[b] (npattn_band_for).
  * diag +- a window side may pass int64 (offsets are any int64), so each edge
  * is computed exactly and then clamped to [-L, S]: for rows in [0, L) and
  * keys in [0, S), j - i lies in (-L, S), and an edge beyond it decides every
@@ -38,29 +41,51 @@ static inline int64_t npattn_sat_sub(int64_t a, int64_t b) {
     return r;
 }
 
-/* a - b + c, exactly, clamped to [lo, hi]. Each int64 step that overflows
- * wraps by 2^64 (in the direction of its sign, counted in `wraps`); the
- * exact value is the wrapped one plus wraps * 2^64, beyond int64 unless
- * the wraps cancel. */
-static inline int64_t npattn_band_edge(int64_t a, int64_t b, int64_t c, int64_t lo, int64_t hi) {
-    int64_t d, e;
+/* a - b + c + d, exactly, clamped to [lo, hi]. Each int64 step that
+ * overflows wraps by 2^64 (in the direction of its sign, counted in
+ * `wraps`); the exact value is the wrapped one plus wraps * 2^64, beyond
+ * int64 unless the wraps cancel. */
+static inline int64_t npattn_band_edge(int64_t a, int64_t b, int64_t c, int64_t d, int64_t lo, int64_t hi) {
+    int64_t x, y, z;
     int wraps = 0;
-    if (__builtin_sub_overflow(a, b, &d)) wraps += a >= 0 ? 1 : -1;
-    if (__builtin_add_overflow(d, c, &e)) wraps += c > 0 ? 1 : -1;
-    if (wraps > 0 || e > hi) return hi;
-    if (wraps < 0 || e < lo) return lo;
-    return e;
+    if (__builtin_sub_overflow(a, b, &x)) wraps += a >= 0 ? 1 : -1;
+    if (__builtin_add_overflow(x, c, &y)) wraps += c > 0 ? 1 : -1;
+    if (__builtin_add_overflow(y, d, &z)) wraps += d > 0 ? 1 : -1;
+    if (wraps > 0 || (wraps == 0 && z > hi)) return hi;
+    if (wraps < 0 || z < lo) return lo;
+    return z;
 }
 
-static inline struct npattn_band npattn_band_of(const struct npattn_problem *p) {
+/* The band of one request whose query row 0 sits at q_offset and whose key
+ * row k_start at k_offset (key row j at k_offset + j - k_start): the
+ * diagonal is q_offset - k_offset + k_start. */
+static inline struct npattn_band npattn_band_for(const struct npattn_problem *p, int64_t q_offset, int64_t k_start) {
     struct npattn_band b = {INT64_MIN, INT64_MAX};
     const int64_t L = p->n_query, S = p->n_key;
     int64_t right = p->window_right;
     if (p->causal && (right == NPATTN_UNBOUNDED || right > 0)) right = 0;
-    if (right != NPATTN_UNBOUNDED) b.hi_diag = npattn_band_edge(p->q_offset, p->k_offset, right, -L, S);
+    if (right != NPATTN_UNBOUNDED) b.hi_diag = npattn_band_edge(q_offset, p->k_offset, k_start, right, -L, S);
     if (p->window_left != NPATTN_UNBOUNDED)
-        b.lo_diag = npattn_band_edge(p->q_offset, p->k_offset, -p->window_left, -L, S);
+        b.lo_diag = npattn_band_edge(q_offset, p->k_offset, k_start, -p->window_left, -L, S);
     return b;
+}
+
+/* The band of a problem without per-request ranges or offsets. */
+static inline struct npattn_band npattn_band_of(const struct npattn_problem *p) {
+    return npattn_band_for(p, p->q_offset, 0);
+}
+
+/* Request b's band (the problem's, `common`, when no request has its own
+ * range or offset), and the key rows [*k0, *k1) it reads. */
+static inline struct npattn_band npattn_band_request(const struct npattn_problem *p, const struct npattn_band *common,
+                                                     int64_t b, int64_t *k0, int64_t *k1) {
+    if (!p->k_start && !p->k_length && !p->q_offsets) {
+        *k0 = 0, *k1 = p->n_key;
+        return *common;
+    }
+    *k0 = p->k_start ? p->k_start[b] : 0;
+    *k1 = p->k_length ? *k0 + p->k_length[b] : p->n_key;
+    return npattn_band_for(p, p->q_offsets ? p->q_offsets[b] : p->q_offset, *k0);
 }
 
 /* The first and the last key row i may see (may lie outside [0, S)). */

@@ -55,10 +55,19 @@ struct fwd_plan {
 /* Where a unit's rows are. */
 struct unit {
     int64_t g, i0, nq, h0, nh, M; /* kv head, first row and rows, first head and heads, stacked rows */
-    int64_t j0, j1;               /* keys the band lets some row see */
+    struct npattn_band band;      /* its request's band */
+    int64_t j0, j1;               /* keys the band and the request's range let some row see */
     int64_t off_q, off_k, off_v, off_out, off_mask, off_lse, off_weights; /* batch offsets, in elements */
 };
 
+
+/* Keys [*j0, *j1) that some row of [i0, i1) may see: the band's, within [k0, k1). */
+static void unit_keys(const struct npattn_band *band, int64_t i0, int64_t i1, int64_t k0, int64_t k1, int64_t S,
+                      int64_t *j0, int64_t *j1) {
+    npattn_band_keys(band, i0, i1, S, j0, j1);
+    *j0 = max64(*j0, k0), *j1 = min64(*j1, k1);
+    if (*j0 >= *j1) *j0 = *j1 = 0;
+}
 
 static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     const struct npattn_problem *p = pl->p;
@@ -75,7 +84,9 @@ static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     u->h0 = u->g * pl->group + hb * pl->bh;
     u->nh = min64(pl->bh, pl->group - hb * pl->bh);
     u->M = u->nh * u->nq;
-    npattn_band_keys(&pl->band, u->i0, u->i0 + u->nq, p->n_key, &u->j0, &u->j1);
+    int64_t k0, k1;
+    u->band = npattn_band_request(p, &pl->band, b, &k0, &k1);
+    unit_keys(&u->band, u->i0, u->i0 + u->nq, k0, k1, p->n_key, &u->j0, &u->j1);
     u->off_q = npattn_batch_offset(p, &p->q, b);
     u->off_k = npattn_batch_offset(p, &p->k, b);
     u->off_v = p->n_embd_v > 0 ? npattn_batch_offset(p, &p->v, b) : 0;
@@ -219,13 +230,19 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * plan, whatever threads actually start. */
     double flops = 0;
     int64_t most_keys = 0;
-    for (int64_t qb = 0; qb < pl.n_qblock; qb++) {
-        int64_t i0 = qb * pl.bq, nq = min64(pl.bq, p->n_query - i0), j0, j1;
-        npattn_band_keys(&pl.band, i0, i0 + nq, S, &j0, &j1);
-        flops += (double)nq * (double)(j1 - j0);
-        most_keys = max64(most_keys, j1 - j0);
+    /* every request alike, unless each has its own range or offset */
+    const int64_t n_request = p->k_start || p->k_length || p->q_offsets ? n_batch : 1;
+    for (int64_t b = 0; b < n_request; b++) {
+        int64_t k0, k1;
+        const struct npattn_band band = npattn_band_request(p, &pl.band, b, &k0, &k1);
+        for (int64_t qb = 0; qb < pl.n_qblock; qb++) {
+            int64_t i0 = qb * pl.bq, nq = min64(pl.bq, p->n_query - i0), j0, j1;
+            unit_keys(&band, i0, i0 + nq, k0, k1, S, &j0, &j1);
+            flops += (double)nq * (double)(j1 - j0);
+            most_keys = max64(most_keys, j1 - j0);
+        }
     }
-    flops *= 2.0 * (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)n_batch *
+    flops *= 2.0 * (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)(n_batch / n_request) *
              (double)p->n_head_kv;
     const struct npattn_threads threads = npattn_plan_threads(flops, p->n_threads);
     const int32_t plan_threads = threads.plan, run_threads = threads.run;

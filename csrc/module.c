@@ -55,7 +55,7 @@ static int check_signals(void *arg) {
 
 #define OPTIONS(X)                                                                                                     \
     X(q) X(k) X(v) X(dout) X(out) X(lse) X(scale) X(mask) X(sinks) X(window) X(softcap) X(q_offset) X(k_offset)        \
-        X(return_lse) X(threads)
+        X(k_start) X(k_lengths) X(return_lse) X(threads)
 #define AS_ENUM(name) OPT_##name,
 #define AS_NAME(name) #name,
 enum option { OPTIONS(AS_ENUM) N_OPTION };
@@ -68,7 +68,7 @@ static PyObject *option_strings[N_OPTION]; /* interned at import */
 /* The options every entry point takes, and each one's own. */
 #define COMMON                                                                                                         \
     (BIT(q) | BIT(k) | BIT(scale) | BIT(mask) | BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) |              \
-     BIT(k_offset) | BIT(threads))
+     BIT(k_offset) | BIT(k_start) | BIT(k_lengths) | BIT(threads))
 #define SDPA_OPTIONS (COMMON | BIT(v) | BIT(return_lse) | BIT(out))
 #define WEIGHTS_OPTIONS COMMON
 #define BACKWARD_OPTIONS (COMMON | BIT(v) | BIT(dout) | BIT(out) | BIT(lse))
@@ -596,14 +596,60 @@ static int read_softcap(struct call *c) {
     return 1;
 }
 
-/* q_offset (None: S - L, or 0 top-left) and k_offset. */
+static PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, int npy_type, const char *what);
+
+/* An int, or an int array (any integer dtype) that broadcasts to the batch
+ * shape B: a new C-contiguous int64 array of shape B owned by the call, its
+ * data returned (NULL with the error naming it). Memory O(B). */
+static const int64_t *read_per_request(struct call *c, PyObject *x, const char *name) {
+    PyArrayObject *a = (PyArrayObject *)own(c, PyArray_FromAny(x, NULL, 0, 0, 0, NULL));
+    if (!a) return NULL;
+    const char kind = PyArray_DESCR(a)->kind;
+    if (kind != 'i' && kind != 'u') {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be an int or an array of ints, got dtype %S", c->fn, name,
+                     PyArray_DESCR(a));
+        return NULL;
+    }
+    npy_intp shape[NPY_MAXDIMS];
+    for (int d = 0; d < c->nb; d++) shape[d] = (npy_intp)c->batch[d];
+    int nd = PyArray_NDIM(a), fits = nd <= c->nb;
+    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == 1 || PyArray_DIM(a, d) == shape[c->nb - nd + d];
+    if (!fits) {
+        PyObject *want = tuple_of(shape, c->nb), *got = shape_of(a);
+        if (want && got)
+            PyErr_Format(PyExc_ValueError, "%s: %s must broadcast to the batch shape B = %S, got shape %S", c->fn, name,
+                         want, got);
+        Py_XDECREF(want);
+        Py_XDECREF(got);
+        return NULL;
+    }
+    if (kind == 'u' && PyArray_ITEMSIZE(a) == 8 && PyArray_SIZE(a) > 0) { /* beyond int64 would wrap */
+        PyObject *most = PyArray_Max(a, NPY_RAVEL_AXIS, NULL), *limit = PyLong_FromLongLong(INT64_MAX);
+        int over = most && limit ? PyObject_RichCompareBool(most, limit, Py_GT) : -1;
+        Py_XDECREF(most);
+        Py_XDECREF(limit);
+        if (over) {
+            if (over > 0) PyErr_Format(PyExc_ValueError, "%s: %s must hold ints below 2**63", c->fn, name);
+            return NULL;
+        }
+    }
+    PyArrayObject *flat = new_array(c, shape, c->nb, NPY_INT64, name);
+    if (!flat || PyArray_CopyInto(flat, a) < 0) return NULL;
+    return PyArray_DATA(flat);
+}
+
+/* q_offset (None: S - L, or 0 top-left; with key ranges k_offset + k_lengths[b] - L;
+ * an int array: one per request), k_offset, k_start and k_lengths. */
 static int read_offsets(struct call *c) {
     PyObject *q_offset = c->opt[OPT_q_offset];
     struct npattn_problem *p = &c->p;
-    if (q_offset == Py_None) {
-        p->q_offset = c->top_left ? 0 : p->n_key - p->n_query;
-    } else {
-        if (!read_int64(c, q_offset, "q_offset", INT64_MIN, &p->q_offset)) return 0;
+    const int scalar = q_offset == Py_None || PyLong_Check(q_offset) || PyFloat_Check(q_offset) ||
+                       PyArray_IsScalar(q_offset, Generic) || PyUnicode_Check(q_offset) ||
+                       !(PyArray_Check(q_offset) || PySequence_Check(q_offset) || PyObject_HasAttrString(q_offset, "__array__"));
+    p->q_offset = c->top_left ? 0 : p->n_key - p->n_query;
+    if (q_offset != Py_None) {
+        if (scalar && !read_int64(c, q_offset, "q_offset", INT64_MIN, &p->q_offset)) return 0;
+        if (!scalar && !(p->q_offsets = read_per_request(c, q_offset, "q_offset"))) return 0;
         if (c->top_left) {
             PyErr_Format(PyExc_ValueError,
                          "%s: q_offset cannot be given with mask=\"causal_top_left\", which means q_offset=0; "
@@ -612,7 +658,27 @@ static int read_offsets(struct call *c) {
             return 0;
         }
     }
-    return read_int64(c, c->opt[OPT_k_offset], "k_offset", INT64_MIN, &p->k_offset);
+    if (!read_int64(c, c->opt[OPT_k_offset], "k_offset", INT64_MIN, &p->k_offset)) return 0;
+    PyObject *k_start = c->opt[OPT_k_start], *k_lengths = c->opt[OPT_k_lengths];
+    if (k_start != Py_None && !(p->k_start = read_per_request(c, k_start, "k_start"))) return 0;
+    if (k_lengths != Py_None && !(p->k_length = read_per_request(c, k_lengths, "k_lengths"))) return 0;
+    if (q_offset != Py_None || c->top_left || (!p->k_start && !p->k_length)) return 1;
+    /* the bottom-right corner of each request's own context: k_offset + k_lengths[b] - L */
+    npy_intp shape[NPY_MAXDIMS], n = 1;
+    for (int d = 0; d < c->nb; d++) n *= (shape[d] = (npy_intp)c->batch[d]);
+    PyArrayObject *q = new_array(c, shape, c->nb, NPY_INT64, "q_offset");
+    if (!q) return 0;
+    int64_t *at = PyArray_DATA(q);
+    for (npy_intp b = 0; b < n; b++) {
+        const int64_t length = p->k_length ? p->k_length[b] : p->n_key - (p->k_start ? p->k_start[b] : 0);
+        if (__builtin_add_overflow(p->k_offset, length - p->n_query, &at[b])) {
+            PyErr_Format(PyExc_ValueError, "%s: q_offset's default, k_offset + k_lengths[b] - L, passes int64; give q_offset",
+                         c->fn);
+            return 0;
+        }
+    }
+    p->q_offsets = at;
+    return 1;
 }
 
 /* threads: an int from 1 to NPATTN_MAX_THREADS; None: NPATTN_NUM_THREADS
@@ -780,6 +846,39 @@ static int out_clear_of_given(struct call *c) {
 
 /* ---- running the core, and phrasing its verdict ---- */
 
+/* The first request whose key range breaks its rule, named with its batch
+ * index: "k_lengths[1] = 9 runs past S = 7 (k_start[1] = 2)". Returns 0. */
+static int bad_range(struct call *c) {
+    const struct npattn_problem *p = &c->p;
+    int64_t n = 1;
+    for (int d = 0; d < c->nb; d++) n *= c->batch[d];
+    for (int64_t b = 0; b < n; b++) {
+        const int64_t start = p->k_start ? p->k_start[b] : 0, length = p->k_length ? p->k_length[b] : 0;
+        const int bad_start = start < 0 || start > p->n_key;
+        if (!bad_start && (length >= 0 && length <= p->n_key - start)) continue;
+        char index[24 * NPY_MAXDIMS + 3] = "";
+        if (c->nb > 0) {
+            size_t at = 0;
+            int64_t rest = b, digits[NPY_MAXDIMS];
+            for (int d = c->nb - 1; d >= 0; d--) digits[d] = rest % c->batch[d], rest /= c->batch[d];
+            for (int d = 0; d < c->nb; d++)
+                at += (size_t)snprintf(index + at, sizeof index - at, "%s%lld", d ? ", " : "[", (long long)digits[d]);
+            snprintf(index + at, sizeof index - at, "]");
+        }
+        if (bad_start)
+            PyErr_Format(PyExc_ValueError, "%s: k_start%s = %lld lies outside [0, S] = [0, %lld]", c->fn, index,
+                         (long long)start, (long long)p->n_key);
+        else if (length < 0)
+            PyErr_Format(PyExc_ValueError, "%s: k_lengths%s = %lld must be at least 0", c->fn, index, (long long)length);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: k_lengths%s = %lld runs past S = %lld (k_start%s = %lld)", c->fn, index,
+                         (long long)length, (long long)p->n_key, index, (long long)start);
+        return 0;
+    }
+    PyErr_Format(PyExc_RuntimeError, "%s: internal error: no bad key range found", c->fn);
+    return 0;
+}
+
 /* Raises the exception a refused call deserves; returns NULL. bp: the
  * backward problem, or NULL for the forward one. */
 static PyObject *refused(struct call *c, enum npattn_status status, const struct npattn_backward_problem *bp) {
@@ -834,6 +933,8 @@ static PyObject *refused(struct call *c, enum npattn_status status, const struct
     case NPATTN_STATUS_OVERLAPS:
         if (why.operand == NPATTN_OPERAND_OUT) return PyErr_Format(PyExc_ValueError, "%s: %s", c->fn, OUT_SHARES);
         break;
+    case NPATTN_STATUS_BAD_K_START:
+    case NPATTN_STATUS_BAD_K_LENGTH: return bad_range(c), NULL;
     default: break;
     }
     return PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s (%s)", c->fn, npattn_status_string(why.status),
@@ -1135,13 +1236,13 @@ static PyObject *core_set_num_threads(PyObject *self, PyObject *arg) {
 
 static PyMethodDef core_methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))core_sdpa, METH_FASTCALL | METH_KEYWORDS,
-     "sdpa(*, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, out, threads)\n--\n\n"
+     "sdpa(*, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, return_lse, out, threads)\n--\n\n"
      "Private: npattn.sdpa's arguments, by name, as given."},
     {"attention_weights", (PyCFunction)(void (*)(void))core_attention_weights, METH_FASTCALL | METH_KEYWORDS,
-     "attention_weights(*, q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, threads)\n--\n\n"
+     "attention_weights(*, q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, threads)\n--\n\n"
      "Private: npattn.attention_weights's arguments, by name, as given."},
     {"sdpa_backward", (PyCFunction)(void (*)(void))core_sdpa_backward, METH_FASTCALL | METH_KEYWORDS,
-     "sdpa_backward(*, dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, threads)\n--\n\n"
+     "sdpa_backward(*, dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, threads)\n--\n\n"
      "Private: (dq, dk, dv, dsinks) at the result's batch shape, and (q, k, v) as read."},
     {"check_mask", core_check_mask, METH_VARARGS,
      "check_mask(fn, mask, full)\n--\n\nThe mask as sdpa reads it for a result of shape full = (*B, H_q, L, S)."},

@@ -35,6 +35,8 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_NO_DATA] = "an operand that is read or written needs data",
     [NPATTN_STATUS_OVERLAPS_ITSELF] = "an output must not overlap itself",
     [NPATTN_STATUS_OVERLAPS] = "an output must share no byte with another operand",
+    [NPATTN_STATUS_BAD_K_START] = "every k_start[b] must lie in [0, S]",
+    [NPATTN_STATUS_BAD_K_LENGTH] = "every k_length[b] must be at least 0, with k_start[b] + k_length[b] at most S",
 };
 
 const char *npattn_status_string(enum npattn_status status) {
@@ -218,6 +220,12 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
     if (p->mask_kind < NPATTN_MASK_NONE || p->mask_kind > NPATTN_MASK_ADD)
         return refuse(why, NPATTN_STATUS_BAD_MASK_KIND, NPATTN_OPERAND_MASK, none);
     if (p->n_threads < 0 || p->n_threads > NPATTN_MAX_THREADS) return refuse(why, NPATTN_STATUS_BAD_THREADS, none, none);
+    for (int64_t b = 0; b < n_batch && (p->k_start || p->k_length); b++) {
+        const int64_t start = p->k_start ? p->k_start[b] : 0;
+        if (start < 0 || start > p->n_key) return refuse(why, NPATTN_STATUS_BAD_K_START, none, none);
+        if (p->k_length && (p->k_length[b] < 0 || p->k_length[b] > p->n_key - start))
+            return refuse(why, NPATTN_STATUS_BAD_K_LENGTH, none, none);
+    }
     const int has_mask = p->mask_kind != NPATTN_MASK_NONE, has_out = p->n_embd_v > 0;
     const int has_lse = p->lse.data != NULL, has_w = p->weights.data != NULL;
     if (!dtype_ok(p->q.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_Q, none);

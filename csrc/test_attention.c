@@ -414,6 +414,11 @@ static void test_invalid(void) {
             NPATTN_STATUS_OVERLAPS, OUT, SINKS);
     INVALID("strides that overflow", p.k.row_stride = INT64_MAX / 2, NPATTN_STATUS_OUT_OF_RANGE, K, NONE);
     INVALID("empty (L = 0) is OK with no data", (p.n_query = 0, p.q.data = NULL), NPATTN_STATUS_OK, NONE, NONE);
+    const int64_t start_past[1] = {6}, start_ok[1] = {2}, length_past[1] = {4}, length_negative[1] = {-1};
+    INVALID("k_start past S", p.k_start = start_past, NPATTN_STATUS_BAD_K_START, NONE, NONE);
+    INVALID("k_length past S", (p.k_start = start_ok, p.k_length = length_past), NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
+    INVALID("negative k_length", p.k_length = length_negative, NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
+    INVALID("a key range within S is OK", (p.k_start = start_ok, p.k_length = start_ok), NPATTN_STATUS_OK, NONE, NONE);
 #undef INVALID
     expect_status(npattn_sdpa(NULL), NPATTN_STATUS_NO_PROBLEM, "NULL problem");
     expect(npattn_check(NULL, NULL) == NPATTN_STATUS_NO_PROBLEM, "NULL problem, no verdict asked");
@@ -428,6 +433,52 @@ static void test_invalid(void) {
     for (int o = 1; o < NPATTN_OPERAND_COUNT; o++)
         expect(strlen(npattn_operand_name((enum npattn_operand)o)) > 0, "each operand has a name");
     expect(strcmp(npattn_operand_name(NPATTN_OPERAND_DSINKS), "dsinks") == 0, "operand name");
+}
+
+/* Per-request key ranges: request b of a batch equals the problem of its
+ * own slice of keys, k_start[b] .. k_start[b] + k_length[b], positions
+ * counting from the slice's first row; rows outside hold NaN, never read. */
+static void test_key_ranges(void) {
+    enum { B = 3, HQ = 4, HKV = 2, L = 3, S = 40, D = 8 };
+    const int64_t start[B] = {0, 13, 40}, length[B] = {40, 9, 0};
+    static double q[B * HQ * L * D], k[B * HKV * S * D], v[B * HKV * S * D], out[B * HQ * L * D];
+    static double sk[HKV * S * D], sv[HKV * S * D], sout[HQ * L * D];
+    for (int64_t i = 0; i < B * HQ * L * D; i++) q[i] = uniform();
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < HKV * S * D; i++) {
+            const int64_t j = i / D % S, inside = j >= start[b] && j < start[b] + length[b];
+            k[b * HKV * S * D + i] = inside ? uniform() : NAN;
+            v[b * HKV * S * D + i] = inside ? uniform() : NAN;
+        }
+    for (int causal = 0; causal < 2; causal++) {
+        const struct case_ c = {B, HQ, HKV, L, S, D, D, causal, 5, NPATTN_UNBOUNDED, INT64_MIN, 0, MASK_NONE, 0, 0, 2};
+        struct buffers x = {{0}, q, k, v, out, NULL, NULL, NULL};
+        struct npattn_problem p;
+        int64_t bshape[1];
+        fill_problem(&p, &c, NPATTN_DTYPE_F64, &x, NULL, bshape);
+        p.lse.data = p.weights.data = NULL;
+        p.k_start = start, p.k_length = length;
+        int64_t q_offsets[B];
+        for (int64_t b = 0; b < B; b++) q_offsets[b] = length[b] - L; /* each request's bottom-right corner */
+        p.q_offsets = q_offsets;
+        expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "key ranges: the batch");
+        for (int64_t b = 0; b < B; b++) {
+            const struct case_ one = {1, HQ, HKV, L, length[b], D, D, causal, 5, NPATTN_UNBOUNDED, INT64_MIN, 0,
+                                      MASK_NONE, 0, 0, 1};
+            for (int64_t h = 0; h < HKV; h++)
+                for (int64_t j = 0; j < length[b] * D; j++) {
+                    sk[h * length[b] * D + j] = k[((b * HKV + h) * S + start[b]) * D + j];
+                    sv[h * length[b] * D + j] = v[((b * HKV + h) * S + start[b]) * D + j];
+                }
+            struct buffers y = {{0}, q + b * HQ * L * D, sk, sv, sout, NULL, NULL, NULL};
+            struct npattn_problem r;
+            int64_t rshape[1];
+            fill_problem(&r, &one, NPATTN_DTYPE_F64, &y, NULL, rshape);
+            r.lse.data = r.weights.data = NULL;
+            expect_status(npattn_sdpa(&r), NPATTN_STATUS_OK, "key ranges: one request alone");
+            expect(max_err(sout, out + b * HQ * L * D, HQ * L * D, 0) < 1e-12, "key ranges: a request equals its slice");
+        }
+    }
 }
 
 /* A BLAS that fails its check: every call refused, nothing computed. */
@@ -495,6 +546,7 @@ int main(void) {
     test_half_cache();
     test_conversions();
     test_invalid();
+    test_key_ranges();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }

@@ -79,6 +79,9 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
     const int f64 = sizeof(REAL) == sizeof(double);
     const struct bwd_layout *lay = f64 ? &pl->lay64 : &pl->lay;
     const int64_t D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, S = p->n_key, hg0 = g * pl->group;
+    int64_t k0, k1; /* the keys this request reads, and its band */
+    const struct npattn_band band = npattn_band_request(p, &pl->band, b, &k0, &k1);
+    const int64_t n_kblock = (k1 - k0 + pl->bk - 1) / pl->bk;
     const int k_direct = f64 == pl->f64 && pl->k_direct, v_direct = f64 == pl->f64 && pl->v_direct;
     const REAL scale = (REAL)p->scale, cap = (REAL)p->softcap;
     /* A float tile scales dS before its products with Q and K when |scale| > 1:
@@ -103,12 +106,23 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
     const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
     const char *kbase = S > 0 ? npattn_elem(&p->k, ks, off_k, g, 0) : NULL;
     const char *vbase = S > 0 && Dv > 0 ? npattn_elem(&p->v, vs, off_v, g, 0) : NULL;
-    const int64_t kb_begin = pl->n_kblock * split / pl->n_split, kb_end = pl->n_kblock * (split + 1) / pl->n_split;
+    const int64_t kb_begin = n_kblock * split / pl->n_split, kb_end = n_kblock * (split + 1) / pl->n_split;
+    const int64_t dks = (int64_t)npattn_dtype_size(bp->dk.dtype), dvs = (int64_t)npattn_dtype_size(bp->dv.dtype);
+    /* keys the request never reads: zero gradients, stored by the first repeat to
+     * reach the slice (a later one adds nothing there) */
+    if (split == 0 && (k0 > 0 || k1 < S) && (dk_first || dv_first)) {
+        memset(row, 0, (size_t)max64(D, Dv) * sizeof *row);
+        for (int64_t j = k0 > 0 ? 0 : k1; j < S; j = j + 1 == k0 ? k1 : j + 1) {
+            if (dk_first) STORE(bp->dk.dtype, row, D, npattn_elem(&bp->dk, dks, off_dk, g, j), bp->dk.col_stride);
+            if (Dv > 0 && dv_first)
+                STORE(bp->dv.dtype, row, Dv, npattn_elem(&bp->dv, dvs, off_dv, g, j), bp->dv.col_stride);
+        }
+    }
     SCORE_TILE tile = {.scale = scale, .softcap = cap};
     for (int64_t kc = kb_begin; kc < kb_end; kc += pl->chunk) {
         /* a chunk of key blocks: keys c0 .. c1, read (converted if need be) once */
         const int64_t kc_end = kc + pl->chunk < kb_end ? kc + pl->chunk : kb_end;
-        const int64_t c0 = kc * pl->bk, c1 = kc_end * pl->bk < S ? kc_end * pl->bk : S, nc = c1 - c0;
+        const int64_t c0 = k0 + kc * pl->bk, c1 = min64(k0 + kc_end * pl->bk, k1), nc = c1 - c0;
         int64_t ldk, ldv = 1;
         const REAL *kchunk = CAT(kv_rows_, SFX)(&p->k, kbase, c0, nc, D, k_direct, pl->ldk, kt, &ldk);
         const REAL *vchunk = Dv > 0 ? CAT(kv_rows_, SFX)(&p->v, vbase, c0, nc, Dv, v_direct, pl->ldv, vt, &ldv) : vt;
@@ -118,7 +132,7 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
         memset(dk, 0, (size_t)(nc * D) * sizeof(REAL));
         memset(dv, 0, (size_t)(nc * Dv) * sizeof(REAL));
         int64_t ia, ib; /* the query rows that may see a key of this chunk */
-        npattn_band_rows(&pl->band, c0, c1, L, &ia, &ib);
+        npattn_band_rows(&band, c0, c1, L, &ia, &ib);
         for (int64_t hb = 0; hb < pl->n_hblock && ia < ib; hb++) {
             const int64_t h0 = hg0 + hb * pl->bh, nh = pl->group - hb * pl->bh < pl->bh ? pl->group - hb * pl->bh : pl->bh;
             for (int64_t i0 = ia / pl->bq * pl->bq; i0 < ib; i0 += pl->bq) {
@@ -139,9 +153,9 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                                                             CAT(rows_finite_, SFX)(lse, M, 1, 1)));
                 int first = 1;
                 for (int64_t kb = kc; kb < kc_end; kb++) {
-                    const int64_t j0 = kb * pl->bk, nk = S - j0 < pl->bk ? S - j0 : pl->bk;
+                    const int64_t j0 = k0 + kb * pl->bk, nk = min64(k1 - j0, pl->bk);
                     int64_t ja, jb; /* skip a block no row of the tile sees */
-                    npattn_band_rows(&pl->band, j0, j0 + nk, L, &ja, &jb);
+                    npattn_band_rows(&band, j0, j0 + nk, L, &ja, &jb);
                     if (jb <= i0 || ja >= i0 + nq) continue;
                     const REAL *ktile = kchunk + (j0 - c0) * ldk, *vtile = vchunk + (j0 - c0) * ldv;
                     REAL *dkj = dk + (j0 - c0) * D, *dvj = dv + (j0 - c0) * Dv;
@@ -158,7 +172,7 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                         if (CAT(mask_tile_, SFX)(p, off_mask, h0, i0, nq, M, j0, nk, bias, M, 1, row)) return 1;
                         tile.bias = bias;
                     }
-                    int clipped = npattn_band_clip(&pl->band, i0, nq, M, j0, nk, lo, hi);
+                    int clipped = npattn_band_clip(&band, i0, nq, M, j0, nk, lo, hi);
                     tile.lo = clipped ? lo : NULL, tile.hi = clipped ? hi : NULL;
                     /* P^T = exp(S^T - lse): the forward step with the max preset to lse */
                     for (int64_t r = 0; r < M; r++) mt[r] = lse[r], lt[r] = 0;
@@ -241,7 +255,6 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
 #endif
         /* this entry's share of the chunk's dK and dV is complete: no other task has its
          * keys; stored by the first repeat to reach the slice, added by the later ones */
-        const int64_t dks = (int64_t)npattn_dtype_size(bp->dk.dtype), dvs = (int64_t)npattn_dtype_size(bp->dv.dtype);
         for (int64_t j = 0; j < nc; j++) {
             CAT(put_row_, SFX)(&bp->dk, npattn_elem(&bp->dk, dks, off_dk, g, c0 + j), dk + j * D, D, dk_first, row);
             if (Dv > 0)

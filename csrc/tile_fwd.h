@@ -53,7 +53,7 @@ static inline int CAT(softmax_step_, SFX)(const struct fwd_plan *pl, struct CAT(
             return 1; /* mask values float cannot hold: the task goes to double */
         s->tile.bias = s->bias;
     }
-    int clipped = npattn_band_clip(&pl->band, u->i0, u->nq, M, j0, nk, s->lo, s->hi);
+    int clipped = npattn_band_clip(&u->band, u->i0, u->nq, M, j0, nk, s->lo, s->hi);
     s->tile.lo = clipped ? s->lo : NULL;
     s->tile.hi = clipped ? s->hi : NULL;
 #if IS_F64

@@ -32,6 +32,8 @@ def sdpa(
     softcap: float | None = None,
     q_offset: int | None = None,
     k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
     return_lse: bool = False,
     out: np.ndarray | None = None,
     threads: int | None = None,
@@ -83,6 +85,23 @@ def sdpa(
         of a causal problem are ``sdpa(q, k[..., s1:, :], v[..., s1:, :],
         q_offset=S - L, k_offset=s1, return_lse=True)``; ``merge`` joins the
         parts exactly.
+        ``q_offset`` may also be an int array broadcastable to the batch
+        shape ``B``: one position per request.
+    k_start, k_lengths : int or array_like of ints, optional
+        Per-request key ranges, each an int or an int array (any integer
+        dtype) broadcastable to the batch shape ``B``. Request ``b`` sees
+        only the key rows ``k_start[b] <= j < k_start[b] + k_lengths[b]``
+        (defaults: ``k_start = 0``, ``k_lengths = S - k_start``); rows
+        outside are never read, and tiles outside are skipped. Positions
+        count from the first row read: row ``j`` sits at
+        ``k_offset + j - k_start[b]``, and ``q_offset`` defaults to
+        ``k_offset + k_lengths[b] - L``, the bottom-right corner of each
+        request's own context. A right-padded cache is
+        ``k_lengths=lengths``; a right-aligned batch cache (request ``b`` in
+        the last ``n[b]`` rows) is ``k_start=S - n, k_lengths=n``; no
+        ``L x S`` mask is needed. The ranges intersect every mask kind,
+        ``window`` and ``sinks``. A range outside ``[0, S]`` is a
+        ``ValueError`` naming the argument and the request.
     return_lse : bool, default False
         Also return ``lse``, the natural log of each row's softmax
         denominator (sink included), shape ``(*B, H_q, L)``: float64 for
@@ -161,7 +180,8 @@ def sdpa(
     """
     return _core.sdpa(
         q=q, k=k, v=v, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
-        k_offset=k_offset, return_lse=return_lse, out=out, threads=threads,
+        k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, return_lse=return_lse, out=out,
+        threads=threads,
     )  # fmt: skip
 
 
@@ -176,6 +196,8 @@ def attention_weights(
     softcap: float | None = None,
     q_offset: int | None = None,
     k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
     threads: int | None = None,
 ) -> np.ndarray:
     """The attention probabilities ``softmax(s + mask)``, for plotting and teaching.
@@ -186,8 +208,8 @@ def attention_weights(
 
     Parameters
     ----------
-    q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, threads
-        As for :func:`sdpa`.
+    q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, threads
+        As for :func:`sdpa`. Keys outside a request's range get weight 0.
 
     Returns
     -------
@@ -206,7 +228,7 @@ def attention_weights(
     """
     return _core.attention_weights(
         q=q, k=k, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
-        k_offset=k_offset, threads=threads,
+        k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, threads=threads,
     )  # fmt: skip
 
 
@@ -306,6 +328,8 @@ def sdpa_backward(
     softcap: float | None = None,
     q_offset: int | None = None,
     k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
     threads: int | None = None,
 ) -> Grads:
     """The gradients of ``sum(dout * sdpa(q, k, v, ...))``: the backward pass.
@@ -325,6 +349,9 @@ def sdpa_backward(
         What ``sdpa(q, k, v, ..., return_lse=True)`` returned.
     scale, mask, sinks, window, softcap, q_offset, k_offset, threads
         As given to :func:`sdpa`. The mask gets no gradient.
+    k_start, k_lengths
+        As given to :func:`sdpa`. Key rows a request does not read get a
+        gradient of exactly 0 and are never read here either.
 
     Returns
     -------
@@ -355,7 +382,8 @@ def sdpa_backward(
     """
     dq, dk, dv, dsinks, operands = _core.sdpa_backward(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, scale=scale, mask=mask, sinks=sinks, window=window,
-        softcap=softcap, q_offset=q_offset, k_offset=k_offset, threads=threads,
+        softcap=softcap, q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths,
+        threads=threads,
     )  # fmt: skip
     grads = []
     for full, own, given in zip((dq, dk, dv), operands, (q, k, v)):

@@ -26,6 +26,8 @@ def sdpa(
     softcap: Any,
     q_offset: Any,
     k_offset: Any,
+    k_start: Any,
+    k_lengths: Any,
     return_lse: Any,
     out: Any,
     threads: Any,
@@ -43,6 +45,8 @@ def attention_weights(
     softcap: Any,
     q_offset: Any,
     k_offset: Any,
+    k_start: Any,
+    k_lengths: Any,
     threads: Any,
 ) -> np.ndarray:
     """npattn.attention_weights: the probabilities."""
@@ -62,6 +66,8 @@ def sdpa_backward(
     softcap: Any,
     q_offset: Any,
     k_offset: Any,
+    k_start: Any,
+    k_lengths: Any,
     threads: Any,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(dq, dk, dv, dsinks) at the result's batch shape in the computed dtype (dsinks

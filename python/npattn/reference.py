@@ -21,6 +21,10 @@ result is rank 2, ``(L, D_v)``.
 Grouped-query attention: the H_q query heads form H_kv contiguous groups of
 ``n_repeats = H_q // H_kv``; query head ``h`` reads key/value head ``h // n_repeats``.
 
+Per-request key ranges (``k_start``, ``k_lengths``): request ``b`` reads only key rows
+``k_start[b] <= j < k_start[b] + k_lengths[b]``, whose positions count from its first row
+(``request_visible_keys``); the rows it does not read are zeros here, never used.
+
 Positions: query row ``i`` sits at ``q_offset + i`` (default ``S - L``), key row
 ``j`` at ``k_offset + j`` (default 0). Causal rule: a key is visible iff its
 position is at most the query's, so with the defaults query ``i`` sees key ``j``
@@ -117,6 +121,67 @@ def visible_keys(L, S, mask="causal", window=None, q_offset=None, k_offset=0):
     return visible
 
 
+def _per_request(fn, name, x, B):
+    """An int or int array broadcast to the batch shape B, as Python ints per request."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: {name} must be an int or an array of ints, got dtype {a.dtype}")
+    try:
+        return np.broadcast_to(a, B)
+    except ValueError:
+        raise ValueError(f"{fn}: {name} must broadcast to the batch shape B = {B}, got shape {a.shape}") from None
+
+
+def key_ranges(B, S, k_start=None, k_lengths=None, fn="sdpa"):
+    """Per request b of the batch shape B, the key rows it reads: (start, length), each of shape B.
+
+    Defaults ``k_start = 0``, ``k_lengths = S - k_start``; a range outside ``[0, S]`` is a
+    ``ValueError`` naming the argument and the request.
+    """
+    start = _per_request(fn, "k_start", 0 if k_start is None else k_start, B).astype(object)
+    length = S - start if k_lengths is None else _per_request(fn, "k_lengths", k_lengths, B).astype(object)
+    for b in np.ndindex(*B):
+        where = f"[{', '.join(map(str, b))}]" if b else ""
+        if not 0 <= start[b] <= S:
+            raise ValueError(f"{fn}: k_start{where} = {start[b]} lies outside [0, S] = [0, {S}]")
+        if length[b] < 0:
+            raise ValueError(f"{fn}: k_lengths{where} = {length[b]} must be at least 0")
+        if start[b] + length[b] > S:
+            raise ValueError(f"{fn}: k_lengths{where} = {length[b]} runs past S = {S} (k_start{where} = {start[b]})")
+    return start, length
+
+
+def request_visible_keys(B, L, S, mask="causal", window=None, q_offset=None, k_offset=0, k_start=None, k_lengths=None):
+    """The ``(*B, L, S)`` bool array of keys each request's queries may see: by position, and
+    within the request's key range.
+
+    Request ``b`` reads only key rows ``k_start[b] <= j < k_start[b] + k_lengths[b]``, and
+    positions count from its first row: row ``j`` sits at ``k_offset + j - k_start[b]``.
+    ``q_offset`` (an int, or an int array broadcastable to ``B``) defaults to
+    ``k_offset + k_lengths[b] - L``, the bottom-right corner of the request's own context.
+    """
+    start, length = key_ranges(B, S, k_start, k_lengths)
+    top_left = isinstance(mask, str) and mask == "causal_top_left"
+    offsets = None if q_offset is None else _per_request("sdpa", "q_offset", q_offset, B)
+    j = np.arange(S)
+    visible = np.zeros((*B, L, S), dtype=bool)
+    for b in np.ndindex(*B):
+        if top_left:
+            qo = 0
+        elif offsets is None:
+            qo = int(k_offset) + int(length[b]) - L  # bottom-right of this request's own keys
+        else:
+            qo = int(offsets[b])
+        by_position = visible_keys(L, S, mask, window, qo, int(k_offset) - int(start[b]))
+        visible[b] = by_position & ((start[b] <= j) & (j < start[b] + length[b]))
+    return visible
+
+
+def _per_request_options(q_offset, k_start, k_lengths):
+    """Whether a call has per-request key ranges or positions."""
+    return k_start is not None or k_lengths is not None or (q_offset is not None and np.ndim(q_offset) > 0)
+
+
 def _additive_mask(mask, L, S):
     """Any accepted array ``mask`` as a float64 array added to the scores (strings: 0)."""
     if mask is None or isinstance(mask, str):
@@ -145,7 +210,9 @@ def _sink_logits(sinks, H_q):
     return sinks.astype(np.float64)
 
 
-def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=(), parts=None):
+def _softmax_parts(
+    q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=(), parts=None, k_start=None, k_lengths=None
+):
     """The probabilities and log-sum-exp, grouped: (*B, H_kv, n_repeats, L, S) and (..., L),
     B being the batch dims of q, k (and v_batch) broadcast.
 
@@ -170,10 +237,15 @@ def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset
     n_repeats = H_q // H_kv
     q = q.reshape(*Bq, H_kv, n_repeats, L, D)
     k = k.reshape(*Bk, H_kv, 1, S, D)
+    B = np.broadcast_shapes(tuple(Bq), tuple(Bk), tuple(v_batch))
+    ranged = _per_request_options(q_offset, k_start, k_lengths)
+    if ranged:
+        # Per-request key ranges: rows outside a request's range are never read, so they are zeros here.
+        read = _rows_read(B, S, k_start, k_lengths)
+        k = np.where(read[..., None, None, :, None], k, 0.0)
 
     # Step 2: relevance scores, scaled; k is broadcast across the n_repeats axis.
     scores = (q @ k.swapaxes(-2, -1)) * factor  # (*B, H_kv, n_repeats, L, S)
-    B = np.broadcast_shapes(scores.shape[:-4], tuple(v_batch))
     scores = np.broadcast_to(scores, (*B, *scores.shape[-4:]))
 
     if parts is not None:
@@ -186,7 +258,12 @@ def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset
     # and hide the keys that the positions (causal rule, window) rule out.
     bias = np.broadcast_to(_additive_mask(mask, L, S), (*B, H_q, L, S))
     scores = scores + bias.reshape(*B, H_kv, n_repeats, L, S)
-    scores = np.where(visible_keys(L, S, mask, window, q_offset, k_offset), scores, -np.inf)
+    if ranged:  # each request's own keys and positions: (*B, 1, 1, L, S)
+        visible = request_visible_keys(B, L, S, mask, window, q_offset, k_offset, k_start, k_lengths)
+        visible = visible[..., None, None, :, :]
+    else:
+        visible = visible_keys(L, S, mask, window, q_offset, k_offset)
+    scores = np.where(visible, scores, -np.inf)
 
     # Step 4: softmax over the keys; each head's sink logit joins its rows' max and sum.
     sink = _sink_logits(sinks, H_q).reshape(H_kv, n_repeats, 1, 1)
@@ -208,6 +285,14 @@ def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset
     return weights, lse, (B, H_q, L, S)
 
 
+def _rows_read(B, S, k_start, k_lengths):
+    """(*B, S) bool: the key rows each request reads."""
+    start, length = key_ranges(B, S, k_start, k_lengths)
+    start, end = np.asarray(start, dtype=np.int64), np.asarray(start + length, dtype=np.int64)
+    j = np.arange(S)
+    return (start[..., None] <= j) & (j < end[..., None])
+
+
 def sdpa(
     q,
     k,
@@ -220,6 +305,8 @@ def sdpa(
     softcap=None,
     q_offset=None,
     k_offset=0,
+    k_start=None,
+    k_lengths=None,
     return_lse=False,
     out=None,
     threads=None,
@@ -240,7 +327,7 @@ def sdpa(
     all_rank_2 = q.ndim == k.ndim == v.ndim == 2
     v = np.asarray(v[None] if v.ndim == 2 else v, dtype=np.float64)
     weights, lse, (B, H_q, L, S) = _softmax_parts(
-        q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=v.shape[:-3]
+        q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v.shape[:-3], None, k_start, k_lengths
     )
     *Bv, H_kv, S_v, D_v = v.shape
     if S_v != S or H_q % H_kv or weights.shape[-4] != H_kv:
@@ -248,6 +335,8 @@ def sdpa(
 
     # Step 5: weighted sum of values, then the groups back to H_q heads.
     v = v.reshape(*Bv, H_kv, 1, S, D_v)
+    if _per_request_options(q_offset, k_start, k_lengths):  # value rows a request does not read: zeros
+        v = np.where(_rows_read(B, S, k_start, k_lengths)[..., None, None, :, None], v, 0.0)
     result = (weights @ v).reshape(*B, H_q, L, D_v)
     lse = lse.reshape(*B, H_q, L)
     # A row that sees no key (lse = -inf) is zeros, even where a value it does not
@@ -278,6 +367,8 @@ def attention_weights(
     softcap=None,
     q_offset=None,
     k_offset=0,
+    k_start=None,
+    k_lengths=None,
     threads=None,
 ):
     """The probabilities ``softmax(...)``, shape ``(*B, H_q, L, S)``, in float64
@@ -285,7 +376,9 @@ def attention_weights(
     q, k = np.asarray(q), np.asarray(k)
     dtype = result_dtype(q.dtype, k.dtype)
     all_rank_2 = q.ndim == k.ndim == 2
-    weights, _, (B, H_q, L, S) = _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset)
+    weights, _, (B, H_q, L, S) = _softmax_parts(
+        q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=k_start, k_lengths=k_lengths
+    )
     weights = weights.reshape(*B, H_q, L, S)
     return (weights[0] if all_rank_2 else weights).astype(dtype)
 
@@ -313,7 +406,7 @@ def formula(q, k, v, scale=None, mask=None):
 
 def sdpa_backward(
     dout, q, k, v, out, lse, scale=None, mask="causal", *, sinks=None, window=None, softcap=None,
-    q_offset=None, k_offset=0, threads=None,
+    q_offset=None, k_offset=0, k_start=None, k_lengths=None, threads=None,
 ):  # fmt: skip
     """The gradients of ``sum(dout * sdpa(q, k, v, ...))``, in float64: ``(dq, dk, dv, dsinks)``.
 
@@ -346,7 +439,7 @@ def sdpa_backward(
     q64, k64, v64 = (np.asarray(x[None] if x.ndim == 2 else x, dtype=np.float64) for x in (q, k, v))
     parts = {}
     weights, _, (B, H_q, L, S) = _softmax_parts(
-        q64, k64, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=v64.shape[:-3], parts=parts
+        q64, k64, scale, mask, sinks, window, softcap, q_offset, k_offset, v64.shape[:-3], parts, k_start, k_lengths
     )
     H_kv = k64.shape[-3]
     n_rep, D, D_v = H_q // H_kv, q64.shape[-1], v64.shape[-1]
@@ -355,6 +448,9 @@ def sdpa_backward(
     qg = np.broadcast_to(q64, (*B, H_q, L, D)).reshape(*B, H_kv, n_rep, L, D)
     kg = np.broadcast_to(k64, (*B, H_kv, S, D))[..., None, :, :]
     vg = np.broadcast_to(v64, (*B, H_kv, S, D_v))[..., None, :, :]
+    if _per_request_options(q_offset, k_start, k_lengths):  # rows a request does not read: zeros, gradient 0
+        read = _rows_read(B, S, k_start, k_lengths)[..., None, None, :, None]
+        kg, vg = np.where(read, kg, 0.0), np.where(read, vg, 0.0)
     o = weights @ vg  # (*B, H_kv, n_rep, L, D_v)
 
     dv = (weights.swapaxes(-1, -2) @ g).sum(axis=-3)  # dv_j = sum_i p_ij g_i, summed over the group

@@ -143,7 +143,7 @@ def max_logit(q: _Any, k: _Any, scale=None, mask=None, sinks=None, softcap=None)
     return bound + _largest(_f64(mask)) + _largest(_f64(sinks)) + (float(softcap) if softcap else 0.0)
 
 
-def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset):
+def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
     """Per query row, over the keys that row sees: (max|logit|, max|v|, number of keys),
     each of shape (*B, H_q, L) (or (L,) for rank-2 operands). Inputs float64."""
     all_rank_2 = q.ndim == k.ndim == v.ndim == 2
@@ -152,7 +152,12 @@ def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
     H_kv, S = k.shape[-3], k.shape[-2]
     n_rep = H_q // H_kv if H_kv else 0
     # The keys each row sees: the positions' rule, and a bool or -inf mask.
-    visible = reference.visible_keys(L, S, mask, window, q_offset, k_offset)
+    if reference._per_request_options(q_offset, k_start, k_lengths):  # (*B, 1, L, S): each request's own keys
+        B = _np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+        visible = reference.request_visible_keys(B, L, S, mask, window, q_offset, k_offset, k_start, k_lengths)
+        visible = visible[..., None, :, :]
+    else:
+        visible = reference.visible_keys(L, S, mask, window, q_offset, k_offset)
     bias = _np.zeros((L, S))
     if mask is not None and not isinstance(mask, str):
         m = _np.asarray(mask)
@@ -181,9 +186,14 @@ def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
     return logit, v_row, n_row
 
 
-def _row_tolerance(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision):
+def _row_tolerance(
+    q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision,
+    k_start=None, k_lengths=None,
+):  # fmt: skip
     """(atol per row, its parts (max|logit|, max|v|, n)) for a result of dtype `name`."""
-    logit, v_row, n_row = _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset)
+    logit, v_row, n_row = _row_bounds(
+        q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths
+    )
     ulps = ULPS[name] if ulps is None else ulps
     spread = 1.0 + logit + _np.sqrt(n_row)
     with _np.errstate(over="ignore", invalid="ignore"):
@@ -207,8 +217,10 @@ def tolerance(
     sinks: _Any = None,
     window: _Any = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: _Any = None,
     k_offset: int = 0,
+    k_start: _Any = None,
+    k_lengths: _Any = None,
     dtype: _Any = None,
     ulps: float | None = None,
     precision: str = "highest",
@@ -220,7 +232,7 @@ def tolerance(
     for each query row ``i``, over the ``n_i`` keys it sees (see the module's
     docstring); for float16 and bfloat16 the float32 bound is added, and with
     ``precision="fast"`` two ulps of the half type. ``mask``, ``window`` and
-    the offsets say which keys a row sees, as in :func:`npattn.sdpa` (``mask``
+    the offsets and key ranges say which keys a row sees, as in :func:`npattn.sdpa` (``mask``
     defaults to None here: every key). ``dtype`` defaults to the inputs'
     result dtype, ``ulps`` to ``ULPS[dtype]``.
 
@@ -235,7 +247,9 @@ def tolerance(
     if name not in ULPS:
         raise TypeError(f"tolerance: no tolerance for dtype {name}; float16, bfloat16, float32 or float64")
     q, k, v, mask, sinks = (_f64(x) for x in (q, k, v, mask, sinks))
-    atol, _ = _row_tolerance(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision)
+    atol, _ = _row_tolerance(
+        q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision, k_start, k_lengths
+    )
     if rows:
         return atol[..., None]
     floor = (ULPS[name] if ulps is None else ulps) * TINY[name]
@@ -306,8 +320,10 @@ def backward_tolerance(
     sinks: _Any = None,
     window: _Any = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: _Any = None,
     k_offset: int = 0,
+    k_start: _Any = None,
+    k_lengths: _Any = None,
     ulps: float | None = None,
     **ignored: _Any,
 ) -> dict[str, tuple[float, _np.ndarray]]:
@@ -338,7 +354,7 @@ def backward_tolerance(
     ulps = OWN_ULPS[computed] if ulps is None else ulps
     q64, k64, v64, g64 = (_f64(x) for x in (q, k, v, dout))
     options = {"scale": scale, "mask": _f64(mask), "sinks": _f64(sinks), "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset)
+    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
     L, S, D, D_v = q64.shape[-2], k64.shape[-2], q64.shape[-1], v64.shape[-1]
     m = max_logit(q64, k64, scale, options["mask"], options["sinks"], softcap)
     n = max(L * (q64.size // max(L * D, 1)), S, D, D_v)
@@ -415,13 +431,18 @@ def _per_index(counts: _np.ndarray, total: int, most: int = 12) -> str:
     return ", ".join(text) + (f", ... ({len(runs) - most} more runs)" if len(runs) > most else "")
 
 
-def _describe_mask(mask: _Any, L: int, S: int, q_offset: _Any, k_offset: int) -> str:
+def _describe_mask(mask: _Any, L: int, S: int, q_offset: _Any, k_offset: int, k_start=None, k_lengths=None) -> str:
     """What the checker takes the mask to mean, in words."""
     if mask is None:
         return "None (every key visible)"
     if isinstance(mask, str):
         if mask == "causal_top_left":
             return '"causal_top_left" (top-left: query i sees key j iff j <= i, as PyTorch\'s is_causal=True)'
+        if reference._per_request_options(q_offset, k_start, k_lengths):
+            return (
+                '"causal" per request (query i of request b at q_offset[b] + i, by default '
+                "k_offset + k_lengths[b] - L; key row j at k_offset + j - k_start[b])"
+            )
         qo = S - L if q_offset is None else int(q_offset)
         where = "default S - L" if q_offset is None else "q_offset"
         return (
@@ -434,13 +455,13 @@ def _describe_mask(mask: _Any, L: int, S: int, q_offset: _Any, k_offset: int) ->
     return f"an additive float array of shape {m.shape} ({int((m == -_np.inf).sum())} of {m.size} entries -inf)"
 
 
-def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset):
+def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
     """(what the mistake is, its keyword changes or a result) for each usual mistake
     that differs from the call: the results computed by npattn.reference in float64."""
     D, D_v = q.shape[-1], v.shape[-1]
     f = D**-0.5 if scale is None else float(_args.check_scale("assert_attention_close", scale, D))
     given = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap}
-    given.update(q_offset=q_offset, k_offset=k_offset)
+    given.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
     positions = {"q_offset": None} if q_offset is not None else {}
     if isinstance(mask, str) or mask is None:
         if mask != "causal":
@@ -484,11 +505,11 @@ def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset):
     yield "softmax over the query axis instead of the key axis", _wrong_axis(**{"q": q, "k": k, "v": v, **given})
 
 
-def _wrong_axis(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset):
+def _wrong_axis(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
     """The result of a softmax taken over the queries (axis -2 of the scores) instead of
     the keys: the reference's logits (log of its weights plus lse), normalised per key."""
     options = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset)
+    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
     with _np.errstate(all="ignore"):
         weights = reference.attention_weights(q, k, **options)
         _, lse = reference.sdpa(q, k, _np.zeros((*k.shape[:-1], 1)), return_lse=True, **options)
@@ -512,8 +533,10 @@ def assert_attention_close(
     sinks: _Any = None,
     window: _Any = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: _Any = None,
     k_offset: int = 0,
+    k_start: _Any = None,
+    k_lengths: _Any = None,
     peer: str | None = None,
     rtol: float | None = None,
     atol: float | None = None,
@@ -526,7 +549,7 @@ def assert_attention_close(
     ----------
     actual : array_like
         The output to check (NumPy, MLX or PyTorch), shape ``(*B, H_q, L, D_v)``.
-    q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
+    q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths
         What ``actual`` is meant to compute, with :func:`npattn.sdpa`'s
         meaning; note that ``mask`` defaults to ``"causal"`` (bottom-right)
         as in npattn, where MLX and PyTorch default to no mask.
@@ -580,7 +603,7 @@ def assert_attention_close(
     if scale is not None:
         scale = _args.check_scale("assert_attention_close", scale, q64.shape[-1])
     options = {"scale": scale, "mask": mask64, "sinks": sinks64, "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset)
+    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
     with _np.errstate(all="ignore"):
         want, lse = reference.sdpa(q64, k64, v64, return_lse=True, **options)
     if got.shape != want.shape:
@@ -622,12 +645,14 @@ def assert_attention_close(
     checked = [
         f"checked against npattn.reference.sdpa in float64: a {got.dtype.name} result of {inputs} inputs, "
         f"precision {precision!r}",
-        f"  mask {_describe_mask(mask64, L, S, q_offset, k_offset)}",
+        f"  mask {_describe_mask(mask64, L, S, q_offset, k_offset, k_start, k_lengths)}",
         f"  scale {factor:.6g}" + (f" (the default 1/sqrt(D), D = {D})" if scale is None else " (given)"),
         f"  GQA: {H_q} query heads in {H_kv} contiguous groups; query head h reads key/value head "
         f"h // {max(H_q // max(H_kv, 1), 1)}",
     ]
     extras = [f"{key} {val!r}" for key, val in (("window", window), ("softcap", softcap)) if val is not None]
+    ranges = (("k_start", k_start), ("k_lengths", k_lengths))
+    extras += [f"{key} {_np.asarray(val).tolist()!r} per request" for key, val in ranges if val is not None]
     if sinks64 is not None:
         extras.append(f"sinks {_np.round(sinks64, 4).tolist()}")
     if extras:

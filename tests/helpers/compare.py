@@ -19,7 +19,8 @@ from .inputs import f64
 OWN_ULPS = testing.OWN_ULPS
 backward_tolerance = testing.backward_tolerance  # npattn's own: OWN_ULPS of the dtype computed in
 
-BOUND_KEYS = ("scale", "mask", "sinks", "window", "softcap", "q_offset", "k_offset")  # what a tolerance reads
+# what a tolerance reads
+BOUND_KEYS = ("scale", "mask", "sinks", "window", "softcap", "q_offset", "k_offset", "k_start", "k_lengths")
 
 
 def reference_call(q, k, v, **kwargs):
