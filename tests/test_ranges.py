@@ -258,3 +258,27 @@ def test_backward_with_array_q_offset(rng):
     dout = rng.standard_normal((2, 3, 2, 3, 8))
     check_backward(q, k, v, dout, q_offset=np.array([[3], [0]]))
     check_backward(q, k, v, dout, q_offset=[7, 2, 0], k_start=[0, 1, 2], k_lengths=[9, 4, 8], window=(3, 1))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_backward_ranges_with_kv_broadcast_sum_each_request_own_gradients(threads):
+    """k and v broadcast over a batch of requests with their own key ranges: dk and dv
+    (at k's and v's own batch shape) are the sums of each request's separate gradients,
+    zeros on the keys no request reads."""
+    rng = np.random.default_rng(1)
+    q, do = rng.standard_normal((3, 4, 5, 8)), rng.standard_normal((3, 4, 5, 6))
+    k, v = rng.standard_normal((1, 2, 9, 8)), rng.standard_normal((1, 2, 9, 6))
+    k_start, k_lengths = np.array([1, 3, 0]), np.array([2, 5, 7])  # key 8 unread by all
+    out, lse = npattn.sdpa(q, k, v, k_start=k_start, k_lengths=k_lengths, return_lse=True, threads=threads)
+    got = npattn.sdpa_backward(do, q, k, v, out, lse, k_start=k_start, k_lengths=k_lengths, threads=threads)
+    want_dk, want_dv = np.zeros_like(k), np.zeros_like(v)
+    for b in range(3):
+        each = reference.sdpa_backward(
+            do[b : b + 1], q[b : b + 1], k, v, None, None, k_start=k_start[b], k_lengths=k_lengths[b]
+        )
+        want_dk += each[1]
+        want_dv += each[2]
+    assert got.dk.shape == k.shape and got.dv.shape == v.shape
+    np.testing.assert_allclose(got.dk, want_dk, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(got.dv, want_dv, rtol=1e-12, atol=1e-13)
+    assert not got.dk[..., 8, :].any() and not got.dv[..., 8, :].any()
