@@ -35,6 +35,7 @@ log-sum-exp ``-inf``.
 """
 
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -45,18 +46,39 @@ __all__ = ["causal_mask", "sdpa", "sdpa_backward", "attention_weights", "formula
 MASK_STRINGS = ("causal", "causal_top_left")
 
 
-def causal_mask(L, S, dtype=np.float32):
-    """The ``(L, S)`` additive causal mask: 0 where query i sees key j, -inf elsewhere.
+def causal_mask(L: int, S: int, dtype: Any = np.float32) -> np.ndarray:
+    """The ``(L, S)`` causal mask: query i sees key j iff ``j <= i + (S - L)`` (bottom-right).
 
-    Bottom-right aligned: query ``i`` sees key ``j`` iff ``j <= i + (S - L)``.
-    ``dtype`` may be a NumPy dtype, or MLX's or PyTorch's float32 and alike.
+    For a float ``dtype`` it is the additive mask, 0 where query i sees key j
+    and ``-inf`` elsewhere; for a bool ``dtype`` it is ``True`` where the key
+    is visible, as every bool mask in npattn reads. Either one passed as
+    ``sdpa(..., mask=causal_mask(L, S, dtype))`` equals ``mask="causal"``.
+
+    ``dtype`` is a NumPy dtype (``bool`` included), or MLX's or PyTorch's
+    (``mx.float32``, ``mx.bool_``, ``torch.float16``...); the result is a
+    NumPy array whichever it is: ``mx.array(m)`` or ``torch.from_numpy(m)``
+    converts it.
+
+    Raises
+    ------
+    TypeError
+        ``dtype`` is not a float or bool dtype (an integer dtype cannot hold
+        ``-inf``).
 
     >>> causal_mask(2, 4)
     array([[  0.,   0.,   0., -inf],
            [  0.,   0.,   0.,   0.]], dtype=float32)
+    >>> causal_mask(2, 4, bool)
+    array([[ True,  True,  True, False],
+           [ True,  True,  True,  True]])
     """
+    dt = _numpy_dtype(dtype)
     visible = np.tril(np.ones((L, S), dtype=bool), k=S - L)
-    return np.where(visible, 0.0, -np.inf).astype(_numpy_dtype(dtype))
+    if dt.kind == "b":
+        return visible  # True = visible
+    if not _is_float(dt):
+        raise TypeError(f"causal_mask: dtype must be a float or bool dtype, got {dtype!r}")
+    return np.where(visible, 0.0, -np.inf).astype(dt)
 
 
 def _numpy_dtype(dtype):
@@ -72,7 +94,7 @@ def _numpy_dtype(dtype):
         try:
             return np.dtype(name)
         except TypeError:
-            raise TypeError(f"causal_mask: dtype must be a float dtype, got {dtype!r}") from None
+            raise TypeError(f"causal_mask: dtype must be a float or bool dtype, got {dtype!r}") from None
 
 
 def _is_float(dtype):
