@@ -231,21 +231,21 @@ def _softmax_parts(q, k, scale, mask, sinks, window, softcap, q_offset, k_offset
 
 
 def sdpa(
-    q,
-    k,
-    v,
-    scale=None,
-    mask="causal",
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: Any = None,
+    mask: Any = "causal",
     *,
-    sinks=None,
-    window=None,
-    softcap=None,
-    q_offset=None,
-    k_offset=0,
-    return_lse=False,
-    out=None,
-    threads=None,
-):
+    sinks: Any = None,
+    window: Any = None,
+    softcap: Any = None,
+    q_offset: Any = None,
+    k_offset: Any = 0,
+    return_lse: bool = False,
+    out: Any = None,
+    threads: Any = None,
+) -> Any:
     """Scaled dot-product attention with grouped-query attention, in float64.
 
     Same signature and semantics as ``npattn.sdpa``; ``threads`` is accepted
