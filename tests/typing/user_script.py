@@ -73,7 +73,7 @@ def mistakes(q: Array, k: Array, v: Array) -> None:
     npattn.sdpa(q, k, v, mask="casual")  # type: ignore[arg-type]
     npattn.sdpa(q, k, v, scale="0.25")  # type: ignore[call-overload]
     npattn.sdpa(q, k, v).append(1)  # type: ignore[attr-defined]
-    npattn.causal_mask(3, 7, bool).options  # type: ignore[attr-defined]
+    print(npattn.causal_mask(3, 7, bool).options)  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":
