@@ -273,11 +273,31 @@ static PyObject *got_shapes(struct call *c) {
     return got;
 }
 
-/* A rule of q's, k's and v's shapes broken: ValueError with their shapes. */
+/* Whether rank-4 q, k (and v) keep the rules of heads and rows, read as
+ * (B, H, L, D), or with `swapped` as (B, L, H, D), as models store them. */
+static int heads_and_rows_fit(const struct call *c, int swapped) {
+    PyArrayObject *ops[3] = {c->q.a, c->k.a, c->v.a};
+    int n = c->v.a ? 3 : 2, h = swapped ? 2 : 1, r = swapped ? 1 : 2;
+    for (int i = 0; i < n; i++)
+        if (!ops[i] || PyArray_NDIM(ops[i]) != 4) return 0;
+    const npy_intp *qs = PyArray_DIMS(c->q.a), *ks = PyArray_DIMS(c->k.a);
+    if (ks[h] < 1 || qs[h] % ks[h] != 0 || qs[3] != ks[3]) return 0;
+    if (c->v.a) {
+        const npy_intp *vs = PyArray_DIMS(c->v.a);
+        if (vs[h] != ks[h] || vs[r] != ks[r]) return 0;
+    }
+    return 1;
+}
+
+/* A rule of q's, k's and v's shapes broken: ValueError with their shapes, and
+ * a hint where the shapes fit once read as (B, L, H, D). */
 static int shapes_break(struct call *c, const char *rule) {
     PyObject *got = got_shapes(c);
     if (got) {
-        PyErr_Format(PyExc_ValueError, "%s: %s; %U", c->fn, rule, got);
+        const char *hint = !heads_and_rows_fit(c, 0) && heads_and_rows_fit(c, 1)
+                               ? "; if your arrays are (B, L, H, D), pass x.transpose(0, 2, 1, 3): no copy is made"
+                               : "";
+        PyErr_Format(PyExc_ValueError, "%s: %s; %U%s", c->fn, rule, got, hint);
         Py_DECREF(got);
     }
     return 0;

@@ -194,6 +194,13 @@ ROWS = [
     ("S of rank-2 v != S of k", call(q=arr((3, 8)), k=arr((5, 8)), v=arr((6, 6))), ValueError, "v", ("v (6, 6)",)),
     ("rank-2 q against 2 kv heads", call(q=arr((3, 8))), ValueError, "q", ("multiple",)),
     (
+        "(B, L, H, D) arrays as (B, H, L, D)",
+        call(q=arr((1, 3, 4, 8)), k=arr((1, 5, 2, 8)), v=arr((1, 5, 2, 6))),
+        ValueError,
+        "q",
+        ("multiple", "if your arrays are (B, L, H, D), pass x.transpose(0, 2, 1, 3): no copy is made"),
+    ),
+    (
         "batch dims of k and v do not broadcast",
         call(k=arr((2, 2, 5, 8)), v=arr((3, 2, 5, 6))),
         ValueError,
@@ -394,6 +401,30 @@ def test_invalid_input_raises_naming_the_argument(capfd, description, fn, except
     Nothing is printed to stderr.
     """
     assert_raises_naming(capfd, fn, exception, argument, substrings)
+
+
+TRANSPOSE_HINT = "if your arrays are (B, L, H, D), pass x.transpose(0, 2, 1, 3)"
+
+
+@pytest.mark.parametrize(
+    "q_shape, k_shape, v_shape, hint",
+    [
+        ((1, 3, 4, 8), (1, 5, 2, 8), (1, 5, 2, 6), True),  # heads 3 and 5; read (B, L, H, D): 4 and 2
+        ((1, 1, 8, 16), (1, 100, 2, 16), (1, 100, 2, 16), True),  # a decode step, L = 1, 8 heads over 2
+        ((2, 6, 4, 8), (2, 9, 2, 8), (2, 9, 2, 8), True),
+        ((1, 3, 4, 8), (1, 5, 3, 8), (1, 5, 3, 6), False),  # 4 heads over 3: no reading fits
+        ((1, 3, 4, 8), (1, 5, 2, 8), (1, 5, 1, 6), False),  # v's heads fit neither
+        ((1, 3, 4, 8), (1, 5, 2, 7), (1, 5, 2, 6), False),  # D differs: no transposing helps
+        ((3, 4, 8), (5, 2, 8), (5, 2, 6), False),  # rank 3: the hint speaks of rank 4
+        ((2, 4, 3, 8), (3, 2, 5, 8), (3, 2, 5, 6), False),  # the batch dims: heads and rows fit
+    ],
+)
+def test_transpose_hint_only_where_the_shapes_fit_transposed(q_shape, k_shape, v_shape, hint):
+    """A shape error hints at x.transpose(0, 2, 1, 3) exactly when the rank-4 arrays
+    break a rule of heads or rows read as (B, H, L, D) and keep them read as (B, L, H, D)."""
+    with pytest.raises(ValueError) as info:
+        npattn.sdpa(arr(q_shape), arr(k_shape), arr(v_shape))
+    assert (TRANSPOSE_HINT in str(info.value)) == hint, str(info.value)
 
 
 @pytest.mark.parametrize("mask", ["bogus", "Causal", "top_left", "causal "])

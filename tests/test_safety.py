@@ -445,12 +445,10 @@ def test_nan_sink_makes_its_heads_rows_nan(simd, dtype, sink):
     assert np.isnan(got[0, 0]).all(), got[0, 0]
 
 
-HIDDEN_NAN_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="known limitation (README): NaN in a value row that a row does not see can reach "
-    "it when the value shares a key tile with visible ones, since P @ V multiplies the hidden "
-    "key's weight 0 by NaN; whether it does depends on tile boundaries",
-)
+# Known limitation (README): NaN in a value row that a row does not see can reach it
+# when the value shares a key tile with visible ones, since P @ V multiplies the hidden
+# key's weight 0 by NaN; whether it does depends on tile boundaries.
+HIDDEN_NAN_XFAIL = pytest.mark.xfail(strict=True, reason="known limitation: a hidden NaN value reaches P @ V")
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,10 @@
 ``sdpa`` runs a C core on OpenBLAS; ``reference`` is the same computation in
 plain NumPy, written to be read. ``python -m npattn`` checks one against the
 other and times them.
+
+Threads: ``threadpoolctl.threadpool_limits(n)`` caps npattn's pool as it caps
+BLAS (``user_api="npattn"`` for npattn alone), ``NPATTN_NUM_THREADS`` sets the
+default, and ``sdpa(..., threads=n)`` one call's.
 """
 
 __version__ = "0.2.0.dev0"
@@ -16,7 +20,7 @@ from . import _loader
 _core = _loader.load_core()  # before anything else loads the extension
 
 from . import reference, testing  # noqa: E402
-from ._api import Grads, attention_weights, merge, sdpa, sdpa_backward  # noqa: E402
+from ._api import Grads, Lse, attention_weights, merge, sdpa, sdpa_backward  # noqa: E402
 from .reference import causal_mask  # noqa: E402
 
 # Before the interpreter stops its threads, stop every call in flight (a daemon
@@ -32,6 +36,7 @@ __all__ = [
     "sdpa",
     "sdpa_backward",
     "Grads",
+    "Lse",
     "attention_weights",
     "merge",
     "causal_mask",

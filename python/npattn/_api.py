@@ -7,30 +7,107 @@ error that names the argument; an option added to a signature is passed on
 by name here and read in one place there (``OPTIONS`` in csrc/module.c).
 """
 
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+import math
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple, Protocol, SupportsFloat, TypeAlias, overload
 
 import numpy as np
 
-from . import _args, _core
+from . import _args, _core, _interop
 
-__all__ = ["sdpa", "attention_weights", "merge", "sdpa_backward", "Grads"]
+__all__ = ["sdpa", "attention_weights", "merge", "sdpa_backward", "Grads", "Lse"]
 
-MaskLike = str | None | np.ndarray | Any
-Window = tuple[int | None, int | None] | None
+
+class _SupportsArray(Protocol):
+    def __array__(self) -> np.ndarray: ...
+
+
+# An array, or anything np.asarray makes one of (MLX arrays and torch tensors
+# too), but never a string: so that a misspelt mask string is a type error.
+ArrayLike: TypeAlias = (
+    np.ndarray
+    | _SupportsArray
+    | Sequence[float]
+    | Sequence[Sequence[float]]
+    | Sequence[Sequence[Sequence[float]]]
+    | Sequence[Sequence[Sequence[Sequence[float]]]]
+)
+MaskLike: TypeAlias = Literal["causal", "causal_top_left"] | None | ArrayLike
+Scale: TypeAlias = SupportsFloat | _SupportsArray | None  # a number, a 0-d array, mx.rsqrt(D)
+Window: TypeAlias = tuple[int | None, int | None] | None
+
+
+@overload
+def sdpa(
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: Scale = None,
+    mask: MaskLike = "causal",
+    *,
+    sinks: Any = None,
+    window: Window = None,
+    softcap: float | None = None,
+    q_offset: Any = None,
+    k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
+    return_lse: Literal[False] = False,
+    out: np.ndarray | None = None,
+    threads: int | None = None,
+) -> np.ndarray: ...
+@overload
+def sdpa(
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: Scale = None,
+    mask: MaskLike = "causal",
+    *,
+    sinks: Any = None,
+    window: Window = None,
+    softcap: float | None = None,
+    q_offset: Any = None,
+    k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
+    return_lse: Literal[True],
+    out: np.ndarray | None = None,
+    threads: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def sdpa(
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: Scale = None,
+    mask: MaskLike = "causal",
+    *,
+    sinks: Any = None,
+    window: Window = None,
+    softcap: float | None = None,
+    q_offset: Any = None,
+    k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
+    return_lse: bool = False,
+    out: np.ndarray | None = None,
+    threads: int | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 
 
 def sdpa(
     q: Any,
     k: Any,
     v: Any,
-    scale: float | None = None,
+    scale: Scale = None,
     mask: MaskLike = "causal",
     *,
     sinks: Any = None,
     window: Window = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: Any = None,
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
@@ -49,7 +126,12 @@ def sdpa(
     ----------
     q : array_like, shape (*Bq, H_q, L, D) or (L, D)
         Queries. Anything ``np.asarray`` takes (MLX arrays and PyTorch CPU
-        tensors too), with any strides.
+        tensors too), with any strides. Heads come before rows: arrays laid
+        out ``(B, L, H, D)``, as models store them, go in as
+        ``x.transpose(0, 2, 1, 3)``, which copies nothing. A PyTorch tensor
+        that requires grad is read detached: no gradient flows back through
+        this call (``npattn.torch.scaled_dot_product_attention`` gives
+        autograd, and :func:`sdpa_backward` the gradients by hand).
     k : array_like, shape (*Bk, H_kv, S, D) or (S, D)
         Keys. ``H_q`` must be a multiple of ``H_kv``.
     v : array_like, shape (*Bv, H_kv, S, D_v) or (S, D_v)
@@ -106,24 +188,31 @@ def sdpa(
         Also return ``lse``, the natural log of each row's softmax
         denominator (sink included), shape ``(*B, H_q, L)``: float64 for
         float64 results, float32 otherwise; ``-inf`` for a row that sees no
-        key and has no sink.
+        key and has no sink. It is an ``npattn.Lse``, a NumPy array that
+        remembers this call's options (``lse.options``), so that
+        :func:`sdpa_backward` refuses options that differ.
     out : numpy.ndarray, optional
         A writeable array of exactly the result's shape and dtype that shares
         no memory with an input; it is filled and returned.
     threads : int, optional
         At most this many threads, the calling one included. ``None`` uses
         ``NPATTN_NUM_THREADS`` when set, else the CPUs this process may run
-        on (capped by threadpoolctl's limits). Small calls run on the calling
-        thread alone. The same inputs with the same ``threads`` give
-        bitwise-identical results.
+        on, capped by ``threadpoolctl.threadpool_limits`` (which lists npattn
+        as user_api ``"npattn"``: ``threadpool_limits(2, user_api="npattn")``
+        caps npattn alone, ``threadpool_limits(1)`` npattn and its BLAS).
+        Small calls run on the calling thread alone. The same inputs with
+        the same ``threads`` give bitwise-identical results.
 
     Returns
     -------
     out : numpy.ndarray, shape (*B, H_q, L, D_v) or (L, D_v)
         ``B`` is the three batch shapes broadcast by NumPy's rules. The dtype
         is ``np.result_type(q, k, v)``. Rank 2 when all inputs are rank 2.
-    lse : numpy.ndarray, shape (*B, H_q, L) or (L,)
-        Only with ``return_lse=True``, as the pair ``(out, lse)``.
+    lse : npattn.Lse, shape (*B, H_q, L) or (L,)
+        Only with ``return_lse=True``, as the pair ``(out, lse)``: an
+        ``np.ndarray`` subclass whose ``options`` hold the ``scale``,
+        ``mask``, ``sinks``, ``window``, ``softcap``, ``q_offset`` and
+        ``k_offset`` given here.
 
     Raises
     ------
@@ -178,23 +267,29 @@ def sdpa(
     >>> lse.shape
     (1, 8, 4)
     """
-    return _core.sdpa(
+    result = _core.sdpa(
         q=q, k=k, v=v, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
         k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, return_lse=return_lse, out=out,
         threads=threads,
     )  # fmt: skip
+    if not return_lse:
+        return result
+    # the lse remembers the options it was made under, for sdpa_backward to compare
+    options = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap,
+               "q_offset": q_offset, "k_offset": k_offset, "k_start": k_start, "k_lengths": k_lengths}  # fmt: skip
+    return result[0], Lse._made(result[1], options)
 
 
 def attention_weights(
     q: Any,
     k: Any,
-    scale: float | None = None,
+    scale: Scale = None,
     mask: MaskLike = "causal",
     *,
     sinks: Any = None,
     window: Window = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: Any = None,
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
@@ -304,6 +399,124 @@ def merge(outs: Sequence[Any], lses: Sequence[Any]) -> tuple[np.ndarray, np.ndar
     return out.astype(dtype), lse.astype(wide)
 
 
+class Lse(np.ndarray):
+    """The ``lse`` that :func:`sdpa` returns with ``return_lse=True``: a NumPy
+    array that remembers the options it was computed under.
+
+    ``lse.options`` is a read-only mapping of the ``scale``, ``mask``,
+    ``sinks``, ``window``, ``softcap``, ``q_offset``, ``k_offset``,
+    ``k_start`` and ``k_lengths`` that
+    ``sdpa`` was given (defaults included); :func:`sdpa_backward` compares its
+    own options with it and refuses any that differ, so that a forgotten
+    ``mask=`` cannot give the gradients of another problem. In every other
+    respect it is the plain array: arithmetic on it gives plain arrays, and
+    whatever is made from it (a slice, a copy, ``np.asarray(lse)``, an array
+    read back from a file) has ``options`` None, which ``sdpa_backward``
+    accepts without comparing, as before.
+    """
+
+    options: Mapping[str, Any] | None = None
+
+    @classmethod
+    def _made(cls, lse: np.ndarray, options: dict[str, Any]) -> "Lse":
+        made = lse.view(cls)
+        made.options = types.MappingProxyType(options)
+        return made
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        # computed as on the plain arrays, so that a result carries no record
+        def plain(x: Any) -> Any:
+            return x.view(np.ndarray) if isinstance(x, Lse) else x
+
+        if "out" in kwargs:
+            kwargs["out"] = tuple(plain(x) for x in kwargs["out"])
+        return getattr(ufunc, method)(*(plain(x) for x in inputs), **kwargs)
+
+
+def _shape(x: Any) -> tuple[int, ...] | None:
+    try:
+        shape = tuple(int(n) for n in np.shape(x))
+    except Exception:  # the glue names what is wrong with it
+        return None
+    return shape if len(shape) >= 2 else None
+
+
+def _same(name: str, given: Any, made: Any, q: Any, k: Any) -> bool:
+    """Whether option `name` as given to sdpa_backward means what it meant to sdpa."""
+    if given is made:
+        return True
+    if name == "scale":  # None is 1 / sqrt(D)
+        shape = _shape(q)
+        if shape is None or shape[-1] < 1:
+            return False
+        try:
+            a, b = _args.check_scale("sdpa_backward", given, shape[-1]), _args.check_scale("sdpa", made, shape[-1])
+        except (TypeError, ValueError):
+            return False
+        return math.isclose(a, b, rel_tol=1e-12)  # 0.125 is D=64's default, whichever way it was written
+    if name == "q_offset":  # None is S - L (bottom-right)
+        q_shape, k_shape = _shape(q), _shape(k)
+        if q_shape is not None and k_shape is not None:
+            given, made = (k_shape[-2] - q_shape[-2] if x is None else x for x in (given, made))
+    if name == "window":  # None is (None, None)
+        given, made = ((None, None) if x is None else x for x in (given, made))
+    if name in ("mask", "sinks"):
+        return _same_array_option(given, made)
+    if name in ("q_offset", "k_start", "k_lengths") and not (given is None or made is None):
+        try:  # ints or int arrays per request: equal once broadcast
+            a, b = np.asarray(given), np.asarray(made)
+            shape = np.broadcast_shapes(a.shape, b.shape)
+            return bool(np.array_equal(np.broadcast_to(a, shape), np.broadcast_to(b, shape)))
+        except Exception:  # not arrays of ints: the glue names what is wrong
+            return False
+    try:
+        return bool(given == made)
+    except Exception:
+        return False
+
+
+def _same_array_option(given: Any, made: Any) -> bool:
+    """A mask or sinks: the same string or None, or arrays of equal values (a bool
+    mask equals the additive mask that hides the same keys)."""
+    if given is None or made is None or isinstance(given, str) or isinstance(made, str):
+        return type(given) is type(made) and given == made
+    try:
+        a, b = (_interop.asarray(x) for x in (given, made))
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        if a.dtype.kind == b.dtype.kind == "b":
+            return bool(np.array_equal(np.broadcast_to(a, shape), np.broadcast_to(b, shape)))
+        a, b = (np.where(x, 0.0, -np.inf) if x.dtype.kind == "b" else np.asarray(x, np.float64) for x in (a, b))
+        return bool(np.array_equal(np.broadcast_to(a, shape), np.broadcast_to(b, shape), equal_nan=True))
+    except Exception:  # not arrays of numbers: the glue names what is wrong
+        return False
+
+
+def _described(x: Any) -> str:
+    if x is None or isinstance(x, (str, int, float, tuple)):
+        return repr(x)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"an array of shape {tuple(x.shape)} and dtype {x.dtype}"
+    return repr(x)[:60]
+
+
+def _check_options_agree(lse: Any, given: dict[str, Any], q: Any, k: Any) -> None:
+    """sdpa_backward's options against those its lse was computed under (if it knows them)."""
+    made = getattr(lse, "options", None) if isinstance(lse, Lse) else None
+    if made is None:
+        return
+    for name, value in given.items():
+        if name in made and not _same(name, value, made[name], q, k):
+            was, now = _described(made[name]), _described(value)
+            if name == "scale" and made[name] is None:
+                was += " (1/sqrt(D))"
+            if was == now:
+                now = f"{now} of other values"
+            raise ValueError(
+                f"sdpa_backward: {name} is {now}, but lse was computed by sdpa with {name}={was}; "
+                f"pass sdpa_backward the options sdpa was given"
+            )
+
+
 class Grads(NamedTuple):
     """The gradients :func:`sdpa_backward` returns, each of its operand's shape and dtype."""
 
@@ -320,13 +533,13 @@ def sdpa_backward(
     v: Any,
     out: Any,
     lse: Any,
-    scale: float | None = None,
+    scale: Scale = None,
     mask: MaskLike = "causal",
     *,
     sinks: Any = None,
     window: Window = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: Any = None,
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
@@ -336,8 +549,15 @@ def sdpa_backward(
 
     FlashAttention-2's backward (arXiv:2307.08691): each tile recomputes its
     probabilities from the saved ``lse``, so memory stays O(tile), never
-    ``L * S``. Call :func:`sdpa` with ``return_lse=True`` first, with the same
-    arguments.
+    ``L * S``. Call :func:`sdpa` with ``return_lse=True`` first, and give this
+    function the same options: the ``lse`` sdpa returns remembers them
+    (``lse.options``), and an option given here that differs from it is a
+    ValueError naming that option, so that a forgotten ``mask=`` (sdpa's
+    ``mask=None``, the default ``"causal"`` here) cannot give the gradients
+    of another problem. Equal values count as the same option (an equal
+    array, ``scale=None`` and ``1 / sqrt(D)``). An ``lse`` that does not
+    remember (a plain array: one read from a file, a slice, ``np.asarray(lse)``)
+    is taken as it is, unchecked.
 
     Parameters
     ----------
@@ -362,6 +582,12 @@ def sdpa_backward(
         back, as autograd does); ``dsinks`` of shape ``(H_q,)``, float32
         (float64 for float64 inputs), or None without sinks.
 
+    Raises
+    ------
+    ValueError
+        An option that differs from the one ``lse`` was computed under, and
+        every error of :func:`sdpa`.
+
     Notes
     -----
     float32, float64 (in double) and float16/bfloat16 (in float32 tiles) as
@@ -379,11 +605,21 @@ def sdpa_backward(
     >>> grads = npattn.sdpa_backward(np.ones_like(out), q, k, v, out, lse)
     >>> grads.dq.shape, grads.dsinks
     ((1, 2, 4, 8), None)
+    >>> out, lse = npattn.sdpa(q, k, v, mask=None, return_lse=True)
+    >>> npattn.sdpa_backward(np.ones_like(out), q, k, v, out, lse)  # mask=None forgotten
+    Traceback (most recent call last):
+        ...
+    ValueError: sdpa_backward: mask is 'causal', but lse was computed by sdpa with mask=None; ...
     """
     dq, dk, dv, dsinks, operands = _core.sdpa_backward(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, scale=scale, mask=mask, sinks=sinks, window=window,
         softcap=softcap, q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths,
         threads=threads,
+    )  # fmt: skip
+    # after the glue has checked each argument, so that a bad one gets its own error first
+    _check_options_agree(
+        lse, {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap,
+              "q_offset": q_offset, "k_offset": k_offset, "k_start": k_start, "k_lengths": k_lengths}, q, k,
     )  # fmt: skip
     grads = []
     for full, own, given in zip((dq, dk, dv), operands, (q, k, v)):

@@ -27,8 +27,12 @@ import os
 import threading
 from typing import Any, Literal, overload
 
-import dask.array as da
 import numpy as np
+
+try:
+    import dask.array as da
+except ImportError as e:  # the extra is not installed: say which
+    raise ImportError(f'npattn.dask needs Dask: pip install "npattn[dask]" ({e})') from e
 
 from . import _args
 from ._api import merge

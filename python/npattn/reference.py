@@ -39,6 +39,7 @@ log-sum-exp ``-inf``.
 """
 
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -49,18 +50,39 @@ __all__ = ["causal_mask", "sdpa", "sdpa_backward", "attention_weights", "formula
 MASK_STRINGS = ("causal", "causal_top_left")
 
 
-def causal_mask(L, S, dtype=np.float32):
-    """The ``(L, S)`` additive causal mask: 0 where query i sees key j, -inf elsewhere.
+def causal_mask(L: int, S: int, dtype: Any = np.float32) -> np.ndarray:
+    """The ``(L, S)`` causal mask: query i sees key j iff ``j <= i + (S - L)`` (bottom-right).
 
-    Bottom-right aligned: query ``i`` sees key ``j`` iff ``j <= i + (S - L)``.
-    ``dtype`` may be a NumPy dtype, or MLX's or PyTorch's float32 and alike.
+    For a float ``dtype`` it is the additive mask, 0 where query i sees key j
+    and ``-inf`` elsewhere; for a bool ``dtype`` it is ``True`` where the key
+    is visible, as every bool mask in npattn reads. Either one passed as
+    ``sdpa(..., mask=causal_mask(L, S, dtype))`` equals ``mask="causal"``.
+
+    ``dtype`` is a NumPy dtype (``bool`` included), or MLX's or PyTorch's
+    (``mx.float32``, ``mx.bool_``, ``torch.float16``...); the result is a
+    NumPy array whichever it is: ``mx.array(m)`` or ``torch.from_numpy(m)``
+    converts it.
+
+    Raises
+    ------
+    TypeError
+        ``dtype`` is not a float or bool dtype (an integer dtype cannot hold
+        ``-inf``).
 
     >>> causal_mask(2, 4)
     array([[  0.,   0.,   0., -inf],
            [  0.,   0.,   0.,   0.]], dtype=float32)
+    >>> causal_mask(2, 4, bool)
+    array([[ True,  True,  True, False],
+           [ True,  True,  True,  True]])
     """
+    dt = _numpy_dtype(dtype)
     visible = np.tril(np.ones((L, S), dtype=bool), k=S - L)
-    return np.where(visible, 0.0, -np.inf).astype(_numpy_dtype(dtype))
+    if dt.kind == "b":
+        return visible  # True = visible
+    if not _is_float(dt):
+        raise TypeError(f"causal_mask: dtype must be a float or bool dtype, got {dtype!r}")
+    return np.where(visible, 0.0, -np.inf).astype(dt)
 
 
 def _numpy_dtype(dtype):
@@ -76,7 +98,7 @@ def _numpy_dtype(dtype):
         try:
             return np.dtype(name)
         except TypeError:
-            raise TypeError(f"causal_mask: dtype must be a float dtype, got {dtype!r}") from None
+            raise TypeError(f"causal_mask: dtype must be a float or bool dtype, got {dtype!r}") from None
 
 
 def _is_float(dtype):
@@ -294,23 +316,23 @@ def _rows_read(B, S, k_start, k_lengths):
 
 
 def sdpa(
-    q,
-    k,
-    v,
-    scale=None,
-    mask="causal",
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: Any = None,
+    mask: Any = "causal",
     *,
-    sinks=None,
-    window=None,
-    softcap=None,
-    q_offset=None,
-    k_offset=0,
-    k_start=None,
-    k_lengths=None,
-    return_lse=False,
-    out=None,
-    threads=None,
-):
+    sinks: Any = None,
+    window: Any = None,
+    softcap: Any = None,
+    q_offset: Any = None,
+    k_offset: Any = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
+    return_lse: bool = False,
+    out: Any = None,
+    threads: Any = None,
+) -> Any:
     """Scaled dot-product attention with grouped-query attention, in float64.
 
     Same signature and semantics as ``npattn.sdpa``; ``threads`` is accepted
