@@ -200,6 +200,8 @@ def test_the_lse_records_the_options_and_stays_an_array(rng):
         "softcap": None,
         "q_offset": None,
         "k_offset": 0,
+        "k_start": None,
+        "k_lengths": None,
     }
     with pytest.raises(TypeError):
         lse.options["mask"] = None  # read-only
