@@ -27,11 +27,12 @@
 
 /* The tiles' products: through the pool (pool.c), which first makes sure
  * that OpenBLAS has room for the work buffer a product needs, and else fails
- * the call with NPATTN_STATUS_NO_MEMORY (skipping the product). */
-void npattn_pool_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-                       float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
-void npattn_pool_dgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-                       double alpha, const double *A, int lda, const double *B, int ldb, double beta, double *C,
+ * the run with NPATTN_STATUS_NO_MEMORY (skipping the product). */
+struct npattn_run;
+void npattn_pool_sgemm(struct npattn_run *run, enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb,
+                       int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void npattn_pool_dgemm(struct npattn_run *run, enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb,
+                       int M, int N, int K, double alpha, const double *A, int lda, const double *B, int ldb, double beta, double *C,
                        int ldc);
 
 #endif /* NPATTN_BLAS_H */

@@ -181,12 +181,11 @@ static void unlink_call(struct job *j) {
 static atomic_int n_products;      /* products running now */
 static atomic_int most_products;   /* the most that have run at once: OpenBLAS has that many buffers */
 static pthread_mutex_t room_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Thread_local struct npattn_run *task_run; /* the run whose task this thread is in */
 
 /* Counts a product in; 0 (and the run failed) when it would need a buffer
  * OpenBLAS could not map. Mapped and unmapped to see; what remains is the
  * chance that another thread takes the room in the moment between. */
-static int product_begin(void) {
+static int product_begin(struct npattn_run *run) {
     int n = atomic_fetch_add(&n_products, 1) + 1, ok = 1;
     if (n <= atomic_load(&most_products)) return 1;
     pthread_mutex_lock(&room_lock);
@@ -202,37 +201,36 @@ static int product_begin(void) {
     pthread_mutex_unlock(&room_lock);
     if (!ok) {
         atomic_fetch_sub(&n_products, 1);
-        if (task_run) npattn_run_fail(task_run, NPATTN_STATUS_NO_MEMORY);
+        npattn_run_fail(run, NPATTN_STATUS_NO_MEMORY);
     }
     return ok;
 }
 
 /* A product skipped for want of memory leaves C as it was; the run has
  * failed, so nothing computed from it is kept. */
-void npattn_pool_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-                       float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    if (!product_begin()) return;
+void npattn_pool_sgemm(struct npattn_run *run, enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb,
+                       int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                       float *C, int ldc) {
+    if (!product_begin(run)) return;
     npattn_cblas_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     atomic_fetch_sub(&n_products, 1);
 }
 
-void npattn_pool_dgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-                       double alpha, const double *A, int lda, const double *B, int ldb, double beta, double *C,
-                       int ldc) {
-    if (!product_begin()) return;
+void npattn_pool_dgemm(struct npattn_run *run, enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb,
+                       int M, int N, int K, double alpha, const double *A, int lda, const double *B, int ldb,
+                       double beta, double *C, int ldc) {
+    if (!product_begin(run)) return;
     npattn_cblas_dgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     atomic_fetch_sub(&n_products, 1);
 }
 
 static void run_tasks(struct job *j, int32_t slot) {
-    task_run = j->run;
     for (;;) {
         if (atomic_load_explicit(&j->run->stop, memory_order_relaxed)) break;
         int64_t t = atomic_fetch_add(&j->next_task, 1);
         if (t >= j->n_task) break;
         j->fn(j->arg, t, slot);
     }
-    task_run = NULL;
 }
 
 static int job_has_room(const struct job *j) {
@@ -416,10 +414,8 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
         }
         pthread_mutex_unlock(&pool.lock);
     }
-    task_run = run;
     if (j.orphaned) /* a forked child: the tasks the parent's helpers had are ours now */
         for (int64_t t = 0; t < n_task && !atomic_load(&run->stop); t++) fn(arg, t, 0);
-    task_run = NULL;
 
     pthread_mutex_lock(&pool.lock);
     unlink_call(&j);

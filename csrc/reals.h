@@ -6,7 +6,7 @@
 #define REAL float
 #define SFX f32
 #define IS_F64 0
-#define GEMM npattn_pool_sgemm
+#define GEMM(...) npattn_pool_sgemm(&pl->run, __VA_ARGS__) /* a tile's products: its plan pl in scope */
 #define SCORE_TILE struct npattn_score_tile
 #include "tile.h"
 #include TASK
@@ -21,7 +21,7 @@
 #define REAL double
 #define SFX f64
 #define IS_F64 1
-#define GEMM npattn_pool_dgemm
+#define GEMM(...) npattn_pool_dgemm(&pl->run, __VA_ARGS__)
 #define SCORE_TILE struct npattn_score_tile_f64
 #include "tile.h"
 #include TASK

@@ -31,7 +31,7 @@ struct CAT(fwd_task_, SFX) {
  * the band where it cuts the tile, then one step of online softmax down each
  * column: st holds the probabilities exp(x - m), m, l and alpha are updated.
  * Returns 1 when a float tile met an extreme. */
-static inline int CAT(softmax_step_, SFX)(const struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0,
+static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0,
                                           int64_t nk) {
     const struct npattn_problem *p = pl->p;
     const struct unit *u = &s->u;
