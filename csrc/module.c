@@ -770,8 +770,10 @@ static PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, i
     /* more bytes than the machine's memory and swap: refused before an
      * overcommitting kernel could promise them (more than an array can
      * index is NumPy's ValueError, below) */
-    double bytes = (double)PyDataType_ELSIZE(d), limit = (double)npattn_memory_limit();
+    double bytes = (double)PyDataType_ELSIZE(d);
     for (int i = 0; i < nd; i++) bytes *= (double)shape[i];
+    /* the system asked only for a large result: a call's usual one costs no syscall */
+    const double limit = bytes > 1073741824.0 ? (double)npattn_memory_limit() : 0;
     const int beyond = limit > 0 && bytes > limit && bytes < 9.2e18;
     int memory = 1;
     PyObject *a = NULL;
