@@ -12,9 +12,10 @@
  *   between tiles and while it waits for helpers.
  * - Exit: an atexit hook stops every job and waits until no thread is inside
  *   a task, so no tile runs while the C library tears down OpenBLAS.
- * - fork: the child starts with an empty pool; a call in flight in the
- *   forking thread (from a signal handler that forked) recomputes, on its
- *   own, the tasks the parent's helpers had claimed.
+ * - fork: waits until no BLAS product runs (OpenBLAS's locks are not reset
+ *   in a child); the child starts with an empty pool; a call in flight in
+ *   the forking thread (from a signal handler that forked) recomputes, on
+ *   its own, the tasks the parent's helpers had claimed.
  * - Memory: OpenBLAS keeps a table of work buffers, one per product running
  *   at once, maps a new one when every buffer it has is in use, and ends the
  *   process when that map fails. The tiles' products go through
@@ -182,11 +183,31 @@ static atomic_int n_products;      /* products running now */
 static atomic_int most_products;   /* the most that have run at once: OpenBLAS has that many buffers */
 static pthread_mutex_t room_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* fork() waits at this gate until no product runs: OpenBLAS's buffer table
+ * has a lock of its own, and a child forked while another thread held it
+ * would wait for it forever in its first product. */
+static atomic_int forking;
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_open = PTHREAD_COND_INITIALIZER;
+#define FORK_WAIT_NS 2000000000LL /* at most 2 s: a fork from a signal handler inside a product */
+
+/* Counts a product in, once no fork is waiting. */
+static int product_count_in(void) {
+    for (;;) {
+        int n = atomic_fetch_add(&n_products, 1) + 1;
+        if (!atomic_load(&forking)) return n;
+        atomic_fetch_sub(&n_products, 1);
+        pthread_mutex_lock(&gate_lock);
+        while (atomic_load(&forking)) pthread_cond_wait(&gate_open, &gate_lock);
+        pthread_mutex_unlock(&gate_lock);
+    }
+}
+
 /* Counts a product in; 0 (and the run failed) when it would need a buffer
  * OpenBLAS could not map. Mapped and unmapped to see; what remains is the
  * chance that another thread takes the room in the moment between. */
 static int product_begin(struct npattn_run *run) {
-    int n = atomic_fetch_add(&n_products, 1) + 1, ok = 1;
+    int n = product_count_in(), ok = 1;
     if (n <= atomic_load(&most_products)) return 1;
     pthread_mutex_lock(&room_lock);
     if (n > atomic_load(&most_products)) {
@@ -312,10 +333,35 @@ void npattn_shutdown(void) {
 
 /* fork(): only the forking thread exists in the child. Start afresh; a job
  * this thread is the caller of loses its helpers. */
-static void atfork_prepare(void) { pthread_mutex_lock(&pool.lock); }
-static void atfork_parent(void) { pthread_mutex_unlock(&pool.lock); }
+static void atfork_prepare(void) {
+    pthread_mutex_lock(&gate_lock);
+    atomic_store(&forking, 1);
+    int64_t until = now_ns() + FORK_WAIT_NS;
+    while (atomic_load(&n_products) > 0 && now_ns() < until) {
+        struct timespec us = {0, 20000};
+        nanosleep(&us, NULL);
+    }
+    pthread_mutex_lock(&pool.lock);
+}
+
+static void open_gate(void) {
+    atomic_store(&forking, 0);
+    pthread_cond_broadcast(&gate_open);
+    pthread_mutex_unlock(&gate_lock);
+}
+
+static void atfork_parent(void) {
+    pthread_mutex_unlock(&pool.lock);
+    open_gate();
+}
+
 static void atfork_child(void) {
     struct job *mine = own_call(); /* the lock is ours: atfork_prepare took it */
+    pthread_mutex_init(&gate_lock, NULL);
+    pthread_cond_init(&gate_open, NULL);
+    pthread_mutex_init(&room_lock, NULL);
+    atomic_store(&forking, 0);
+    atomic_store(&n_products, 0);
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.work, NULL);
     pthread_cond_init(&pool.done, NULL);
