@@ -110,6 +110,9 @@ enum npattn_status {
     NPATTN_STATUS_OVERLAPS,           /* an output shares bytes with another operand */
     NPATTN_STATUS_BAD_K_START,        /* a k_start[b] outside [0, S] */
     NPATTN_STATUS_BAD_K_LENGTH,       /* a k_length[b] < 0, or past S from k_start[b] */
+    NPATTN_STATUS_BAD_PAGES,          /* pages: no block table, page_size < 1, n_page < 0, S not
+                                         max_pages * page_size, k_start given, or a backward pass */
+    NPATTN_STATUS_BAD_PAGE,           /* pages: a live block_table entry outside [0, n_page) */
     NPATTN_STATUS_COUNT
 };
 
@@ -137,6 +140,7 @@ enum npattn_operand {
 struct npattn_verdict {
     enum npattn_status status;
     enum npattn_operand operand, other;
+    int64_t entry; /* NPATTN_STATUS_BAD_PAGE: the flat index b * max_pages + i of the entry */
 };
 
 /* The most threads a problem may ask for (n_threads), and the most one call
@@ -154,6 +158,24 @@ struct npattn_tensor {
     enum npattn_dtype dtype;
     const int64_t *batch_stride;  /* [n_batch_dim] */
     int64_t head_stride, row_stride, col_stride;
+};
+
+/* A paged K/V cache (vLLM's block tables; tiny-llm's paged attention). k
+ * and v then hold n_page physical pages of page_size rows each, in place of
+ * batch dims: row r of page P of k's head h starts at element
+ *     P * k_page_stride + h * k.head_stride + r * k.row_stride
+ * (their batch strides are unused), and v likewise. Request b's key row j is
+ * row j % page_size of page block_table[b * max_pages + j / page_size], and
+ * the problem's S is max_pages * page_size. Only the live pages of a request
+ * (those that hold its rows below k_length[b]; every page without k_length)
+ * are read, so entries past them may hold anything (-1, customarily); two
+ * requests may share a page. Pages never appear in a backward problem. */
+struct npattn_pages {
+    const int64_t *block_table;       /* [n_batch][max_pages], row-major */
+    int64_t max_pages;                /* >= 0 */
+    int64_t n_page;                   /* physical pages, >= 0 */
+    int64_t page_size;                /* rows per page, >= 1 */
+    int64_t k_page_stride, v_page_stride; /* elements from one page to the next */
 };
 
 /* One attention problem. */
@@ -190,6 +212,10 @@ struct npattn_problem {
     const int64_t *k_start;           /* NULL: 0; else each in [0, S] */
     const int64_t *k_length;          /* NULL: S - k_start[b]; else each >= 0, k_start[b] + k_length[b] <= S */
     const int64_t *q_offsets;         /* NULL: q_offset for every request; else request b's query row 0 */
+
+    /* NULL, or a paged K/V cache: k and v hold physical pages, read through
+     * each request's block table (struct npattn_pages). */
+    const struct npattn_pages *pages;
 
     enum npattn_mask_kind mask_kind;
     struct npattn_tensor mask;        /* BOOL: uint8; ADD: any dtype */

@@ -46,6 +46,7 @@ struct fwd_plan {
     int stream;                   /* decode-sized float tiles: the streaming kernels */
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
     int64_t ldk, ldv;             /* their leading dimensions then */
+    int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
     int64_t out_size;             /* bytes per element of out */
     struct layout lay, lay64;     /* a slot's scratch in the computed type, and in double */
     struct npattn_slots slots;    /* lay.size bytes each; lay64.size in double when a float task needs it */
@@ -57,6 +58,7 @@ struct unit {
     int64_t g, i0, nq, h0, nh, M; /* kv head, first row and rows, first head and heads, stacked rows */
     struct npattn_band band;      /* its request's band */
     int64_t j0, j1;               /* keys the band and the request's range let some row see */
+    const int64_t *table;         /* paged: the request's row of the block table; else NULL */
     int64_t off_q, off_k, off_v, off_out, off_mask, off_lse, off_weights; /* batch offsets, in elements */
 };
 
@@ -88,8 +90,10 @@ static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     u->band = npattn_band_request(p, &pl->band, b, &k0, &k1);
     unit_keys(&u->band, u->i0, u->i0 + u->nq, k0, k1, p->n_key, &u->j0, &u->j1);
     u->off_q = npattn_batch_offset(p, &p->q, b);
-    u->off_k = npattn_batch_offset(p, &p->k, b);
-    u->off_v = p->n_embd_v > 0 ? npattn_batch_offset(p, &p->v, b) : 0;
+    /* paged K/V have no batch dims: the block table says where rows are */
+    u->table = p->pages ? p->pages->block_table + b * p->pages->max_pages : NULL;
+    u->off_k = p->pages ? 0 : npattn_batch_offset(p, &p->k, b);
+    u->off_v = p->n_embd_v > 0 && !p->pages ? npattn_batch_offset(p, &p->v, b) : 0;
     u->off_out = p->n_embd_v > 0 ? npattn_batch_offset(p, &p->out, b) : 0;
     u->off_mask = p->mask_kind != NPATTN_MASK_NONE ? npattn_batch_offset(p, &p->mask, b) : 0;
     u->off_lse = p->lse.data ? npattn_batch_offset(p, &p->lse, b) : 0;
@@ -109,6 +113,15 @@ static inline void store_lse(const struct npattn_problem *p, int64_t off, int64_
     else *(float *)at = (float)lse;
 }
 
+/* The rows of k or v (t) that unit u reads, of its kv head (none unless `reads`). */
+static struct npattn_kv kv_of(const struct fwd_plan *pl, const struct unit *u, const struct npattn_tensor *t, int reads,
+                              int64_t page_bytes) {
+    const int64_t es = (int64_t)npattn_dtype_size(t->dtype), off = t == &pl->p->k ? u->off_k : u->off_v;
+    struct npattn_kv kv = {reads ? npattn_elem(t, es, off, u->g, 0) : NULL, t->row_stride * es, NULL, 1, 0};
+    if (reads && u->table) kv.table = u->table, kv.page_size = pl->p->pages->page_size, kv.page_bytes = page_bytes;
+    return kv;
+}
+
 #define TASK "tile_fwd.h"
 #include "reals.h"
 
@@ -126,8 +139,9 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     s.l = npattn_take(&at, M * real);        /* running sum */
     s.alpha = npattn_take(&at, M * real);    /* rescale factors */
     s.row = npattn_take(&at, (size_t)max64(max64(p->n_embd_k, p->n_embd_v), pl->bk) * real); /* one row, converted */
-    s.kt = npattn_take(&at, k_direct ? 0 : bk * D * real);  /* a K tile, converted */
-    s.vt = npattn_take(&at, v_direct ? 0 : bk * Dv * real); /* a V tile, converted */
+    /* a K or V tile, converted (or gathered from pages for a gemm) */
+    s.kt = npattn_take(&at, k_direct && !p->pages ? 0 : bk * D * real);
+    s.vt = npattn_take(&at, v_direct && !p->pages ? 0 : bk * Dv * real);
     s.bias = npattn_take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0); /* the mask's tile */
     s.lo = npattn_take(&at, M * sizeof(int32_t)); /* the band's cut, per row */
     s.hi = npattn_take(&at, M * sizeof(int32_t));
@@ -221,8 +235,13 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * kernels read float, float16 and bfloat16 rows in place as stored */
     enum npattn_dtype k_in = pl.stream && p->k.dtype != NPATTN_DTYPE_F64 ? p->k.dtype : computed;
     enum npattn_dtype v_in = pl.stream && p->v.dtype != NPATTN_DTYPE_F64 ? p->v.dtype : computed;
-    pl.k_direct = npattn_blas_direct(&p->k, k_in, S, D, &pl.ldk);
-    pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, v_in, S, Dv, &pl.ldv);
+    const int64_t run_rows = p->pages ? p->pages->page_size : S; /* rows that lie row_stride apart */
+    pl.k_direct = npattn_blas_direct(&p->k, k_in, run_rows, D, &pl.ldk);
+    pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, v_in, run_rows, Dv, &pl.ldv);
+    if (p->pages) {
+        pl.k_page_bytes = p->pages->k_page_stride * (int64_t)npattn_dtype_size(p->k.dtype);
+        pl.v_page_bytes = p->pages->v_page_stride * (int64_t)npattn_dtype_size(p->v.dtype);
+    }
     pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
 
     /* The work, and the threads it repays: each beyond the caller must get

@@ -52,6 +52,28 @@ static inline char *npattn_elem(const struct npattn_tensor *t, int64_t size, int
     return (char *)t->data + (off + h * t->head_stride + i * t->row_stride) * size;
 }
 
+/* The key (or value) rows of one kv head of one request: dense, row j at
+ * base + j * row_bytes; paged, through the request's row of the block table
+ * (table NULL when dense). */
+struct npattn_kv {
+    const char *base;      /* dense: row 0; paged: row 0 of the head in page 0 */
+    int64_t row_bytes;
+    const int64_t *table;  /* the request's max_pages entries, or NULL */
+    int64_t page_size, page_bytes;
+};
+
+/* Row j's address, and in *run how many rows from j on lie row_bytes apart
+ * (to the end of its page; INT64_MAX when dense). */
+static inline const char *npattn_kv_row(const struct npattn_kv *kv, int64_t j, int64_t *run) {
+    if (!kv->table) {
+        *run = INT64_MAX;
+        return kv->base + j * kv->row_bytes;
+    }
+    const int64_t page = j / kv->page_size, r = j % kv->page_size;
+    *run = kv->page_size - r;
+    return kv->base + kv->table[page] * kv->page_bytes + r * kv->row_bytes;
+}
+
 /* Bytes per element of the mask (a bool mask's are uint8). */
 static inline int64_t npattn_mask_size(const struct npattn_problem *p) {
     return p->mask_kind == NPATTN_MASK_BOOL ? 1 : (int64_t)npattn_dtype_size(p->mask.dtype);

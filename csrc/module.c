@@ -55,7 +55,7 @@ static int check_signals(void *arg) {
 
 #define OPTIONS(X)                                                                                                     \
     X(q) X(k) X(v) X(dout) X(out) X(lse) X(scale) X(mask) X(sinks) X(window) X(softcap) X(q_offset) X(k_offset)        \
-        X(k_start) X(k_lengths) X(return_lse) X(threads)
+        X(k_start) X(k_lengths) X(return_lse) X(threads) X(block_table) X(context_lens) X(page_size)
 #define AS_ENUM(name) OPT_##name,
 #define AS_NAME(name) #name,
 enum option { OPTIONS(AS_ENUM) N_OPTION };
@@ -72,6 +72,9 @@ static PyObject *option_strings[N_OPTION]; /* interned at import */
 #define SDPA_OPTIONS (COMMON | BIT(v) | BIT(return_lse) | BIT(out))
 #define WEIGHTS_OPTIONS COMMON
 #define BACKWARD_OPTIONS (COMMON | BIT(v) | BIT(dout) | BIT(out) | BIT(lse))
+#define PAGED_OPTIONS                                                                                                  \
+    (BIT(q) | BIT(k) | BIT(v) | BIT(block_table) | BIT(context_lens) | BIT(page_size) | BIT(scale) | BIT(mask) |       \
+     BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) | BIT(return_lse) | BIT(out) | BIT(threads))
 
 /* ---- one call: what it read, what it owns ---- */
 
@@ -97,6 +100,8 @@ struct call {
     int rank2;                     /* all of q, k (and v) rank 2: results without heads */
     int result;                    /* the result's core dtype */
     int top_left;                  /* mask="causal_top_left" */
+    int paged;                     /* paged_attention: k and v are key_pages and value_pages */
+    struct npattn_pages pages;
     struct npattn_problem p;
     /* last: their strides are written as each is described, never read before */
     struct operand q, k, v, mask, out, lse, weights, dout, dq, dk, dv;
@@ -155,6 +160,13 @@ static int read_keywords(struct call *c, PyObject *const *args, Py_ssize_t nargs
         return 0;
     }
     return 1;
+}
+
+/* An option's name as the entry point spells it. */
+static const char *name_of(const struct call *c, enum option o) {
+    if (c->paged && o == OPT_k) return "key_pages";
+    if (c->paged && o == OPT_v) return "value_pages";
+    return option_names[o];
 }
 
 /* ---- describing arrays ---- */
@@ -265,8 +277,10 @@ static PyObject *shortened(PyObject *r, Py_ssize_t n) {
 /* "got q (..), k (..), v (..)": the shapes of q, k and v, for a message. */
 static PyObject *got_shapes(struct call *c) {
     PyObject *q = shape_of(c->q.a), *k = shape_of(c->k.a), *v = c->v.a ? shape_of(c->v.a) : NULL, *got = NULL;
+    const char *kn = name_of(c, OPT_k), *vn = name_of(c, OPT_v);
     if (q && k && (v || !c->v.a))
-        got = v ? PyUnicode_FromFormat("got q %S, k %S, v %S", q, k, v) : PyUnicode_FromFormat("got q %S, k %S", q, k);
+        got = v ? PyUnicode_FromFormat("got q %S, %s %S, %s %S", q, kn, k, vn, v)
+                : PyUnicode_FromFormat("got q %S, %s %S", q, kn, k);
     Py_XDECREF(q);
     Py_XDECREF(k);
     Py_XDECREF(v);
@@ -294,7 +308,7 @@ static int heads_and_rows_fit(const struct call *c, int swapped) {
 static int shapes_break(struct call *c, const char *rule) {
     PyObject *got = got_shapes(c);
     if (got) {
-        const char *hint = !heads_and_rows_fit(c, 0) && heads_and_rows_fit(c, 1)
+        const char *hint = !c->paged && !heads_and_rows_fit(c, 0) && heads_and_rows_fit(c, 1)
                                ? "; if your arrays are (B, L, H, D), pass x.transpose(0, 2, 1, 3): no copy is made"
                                : "";
         PyErr_Format(PyExc_ValueError, "%s: %s; %U%s", c->fn, rule, got, hint);
@@ -357,7 +371,7 @@ static int broadcast_batch(struct call *c, PyArrayObject *a, int tail) {
 /* Option o as an array of floats the core reads (converted where it cannot
  * read it in place); NULL with the error naming it. */
 static PyArrayObject *float_array(struct call *c, enum option o) {
-    const char *name = option_names[o];
+    const char *name = name_of(c, o);
     PyObject *x = c->opt[o];
     if (x == Py_None) {
         PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats, got None", c->fn, name);
@@ -369,7 +383,7 @@ static PyArrayObject *float_array(struct call *c, enum option o) {
 
 /* q, k or v: an array of floats of rank >= 2. */
 static int read_operand(struct call *c, enum option o, struct operand *op) {
-    const char *name = option_names[o];
+    const char *name = name_of(c, o);
     PyArrayObject *a = float_array(c, o);
     if (!a) return 0;
     if (PyArray_NDIM(a) < 2) {
@@ -417,6 +431,7 @@ static int read_qkv(struct call *c, int has_v) {
 }
 
 static PyObject *numbers_real; /* numbers.Real, imported when first needed */
+static PyObject *zero_int;     /* 0, made at import */
 
 /* A real number (never a bool) as a double: 1; not a real number: 0; an
  * error: -1. A value beyond the range of a double reads as infinity. */
@@ -740,6 +755,89 @@ static int read_threads(struct call *c) {
     return 1;
 }
 
+/* paged_attention's operands: q (B, H_q, L, D); key_pages (P, H_kv,
+ * page_size, D) and value_pages (P, H_kv, page_size, D_v), any strides;
+ * block_table (B, max_pages) and context_lens (B,) of ints; page_size None
+ * or key_pages.shape[2]. The pages are described in place, the page dim
+ * taking the place of a batch dim; the tables as int64 copies, O(B *
+ * max_pages). The core checks the live entries. */
+static int read_paged(struct call *c) {
+    if (!read_operand(c, OPT_q, &c->q) || !read_operand(c, OPT_k, &c->k) || !read_operand(c, OPT_v, &c->v)) return 0;
+    PyArrayObject *q = c->q.a, *k = c->k.a, *v = c->v.a;
+    if (PyArray_NDIM(q) != 4 || PyArray_NDIM(k) != 4 || PyArray_NDIM(v) != 4)
+        return shapes_break(c, "q must be (B, H_q, L, D), key_pages (P, H_kv, page_size, D) and value_pages "
+                               "(P, H_kv, page_size, D_v)");
+    const npy_intp *qs = PyArray_DIMS(q), *ks = PyArray_DIMS(k), *vs = PyArray_DIMS(v);
+    if (ks[3] != qs[3]) return shapes_break(c, "key_pages' row width D must equal q's");
+    if (vs[0] != ks[0] || vs[1] != ks[1] || vs[2] != ks[2])
+        return shapes_break(c, "value_pages must have key_pages' pages, heads and page size (P, H_kv, page_size)");
+    if (ks[2] < 1) return shapes_break(c, "pages must hold at least one row (page_size >= 1)");
+    PyObject *ps = c->opt[OPT_page_size];
+    int64_t page_size = ks[2];
+    if (ps != Py_None) {
+        if (!read_int64(c, ps, "page_size", 0, &page_size)) return 0;
+        if (page_size != ks[2]) {
+            PyErr_Format(PyExc_ValueError, "%s: page_size = %lld must equal key_pages.shape[2] = %lld", c->fn,
+                         (long long)page_size, (long long)ks[2]);
+            return 0;
+        }
+    }
+    c->result = promote(promote(core_dtype(q), core_dtype(k)), core_dtype(v));
+    c->nb = 1;
+    c->batch[0] = qs[0];
+
+    PyArrayObject *t = (PyArrayObject *)own(c, PyArray_FromAny(c->opt[OPT_block_table], NULL, 0, 0, 0, NULL));
+    if (!t) return 0;
+    const char kind = PyArray_DESCR(t)->kind;
+    if (kind != 'i' && kind != 'u') {
+        PyErr_Format(PyExc_TypeError, "%s: block_table must be an array of ints, got dtype %S", c->fn, PyArray_DESCR(t));
+        return 0;
+    }
+    if (PyArray_NDIM(t) != 2 || PyArray_DIM(t, 0) != qs[0]) {
+        PyObject *got = shape_of(t);
+        if (got)
+            PyErr_Format(PyExc_ValueError, "%s: block_table must have shape (B, max_pages) with B = %lld, got %S", c->fn,
+                         (long long)qs[0], got);
+        Py_XDECREF(got);
+        return 0;
+    }
+    PyArrayObject *table = new_array(c, PyArray_DIMS(t), 2, NPY_INT64, "block_table");
+    if (!table || PyArray_CopyInto(table, t) < 0) return 0;
+    struct npattn_problem *p = &c->p;
+    if (!(p->k_length = read_per_request(c, c->opt[OPT_context_lens], "context_lens"))) return 0;
+
+    c->pages.block_table = PyArray_DATA(table);
+    c->pages.max_pages = PyArray_DIM(t, 1);
+    c->pages.n_page = ks[0];
+    c->pages.page_size = page_size;
+    p->pages = &c->pages;
+    p->n_batch_dim = 1;
+    p->batch_shape = c->batch;
+    p->n_head_q = qs[1];
+    p->n_head_kv = ks[1];
+    p->n_query = qs[2];
+    if (__builtin_mul_overflow(c->pages.max_pages, page_size, &p->n_key)) p->n_key = INT64_MAX; /* refused: S overflows */
+    p->n_embd_k = qs[3];
+    p->n_embd_v = vs[3];
+    describe(c, &c->q, &p->q, core_dtype(q), 3);
+    /* the page dim reads as a batch dim; its stride goes to the pages */
+    describe(c, &c->k, &p->k, core_dtype(k), 3);
+    describe(c, &c->v, &p->v, core_dtype(v), 3);
+    c->pages.k_page_stride = c->k.batch_stride[0];
+    c->pages.v_page_stride = c->v.batch_stride[0];
+    c->k.batch_stride[0] = c->v.batch_stride[0] = 0;
+    /* no dense key ranges or key positions: keys sit at 0 .. context_lens[b] - 1 */
+    c->opt[OPT_k_offset] = zero_int;
+    c->opt[OPT_k_start] = c->opt[OPT_k_lengths] = Py_None;
+    PyObject *mask = c->opt[OPT_mask];
+    if (mask != Py_None && !PyUnicode_Check(mask)) {
+        PyErr_Format(PyExc_TypeError, "%s: mask must be \"causal\", \"causal_top_left\" or None, got %s", c->fn,
+                     type_name(mask));
+        return 0;
+    }
+    return 1;
+}
+
 /* Every option but the arrays of results, in the order the docs list them. */
 static int read_options(struct call *c) {
     return read_scale(c) && read_mask(c) && read_sinks(c) && read_window(c) && read_softcap(c) && read_offsets(c) &&
@@ -878,6 +976,12 @@ static int bad_range(struct call *c) {
         const int64_t start = p->k_start ? p->k_start[b] : 0, length = p->k_length ? p->k_length[b] : 0;
         const int bad_start = start < 0 || start > p->n_key;
         if (!bad_start && (length >= 0 && length <= p->n_key - start)) continue;
+        if (c->paged) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: context_lens[%lld] = %lld lies outside [0, max_pages * page_size] = [0, %lld]", c->fn,
+                         (long long)b, (long long)length, (long long)p->n_key);
+            return 0;
+        }
         char index[24 * NPY_MAXDIMS + 3] = "";
         if (c->nb > 0) {
             size_t at = 0;
@@ -905,7 +1009,7 @@ static int bad_range(struct call *c) {
  * backward problem, or NULL for the forward one. */
 static PyObject *refused(struct call *c, enum npattn_status status, const struct npattn_backward_problem *bp) {
     const struct npattn_problem *p = &c->p;
-    struct npattn_verdict why = {status, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE};
+    struct npattn_verdict why = {status, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE, -1};
     char rule[200];
     switch (status) {
     case NPATTN_STATUS_CANCELLED:
@@ -957,6 +1061,20 @@ static PyObject *refused(struct call *c, enum npattn_status status, const struct
         break;
     case NPATTN_STATUS_BAD_K_START:
     case NPATTN_STATUS_BAD_K_LENGTH: return bad_range(c), NULL;
+    case NPATTN_STATUS_BAD_PAGE: {
+        const int64_t m = c->pages.max_pages, b = why.entry / m, i = why.entry % m;
+        return PyErr_Format(PyExc_ValueError,
+                            "%s: block_table[%lld, %lld] = %lld is not a page of key_pages, which holds P = %lld pages; "
+                            "request %lld's context_lens = %lld keys live in its first %lld entries",
+                            c->fn, (long long)b, (long long)i, (long long)c->pages.block_table[why.entry],
+                            (long long)c->pages.n_page, (long long)b, (long long)p->k_length[b],
+                            (long long)((p->k_length[b] + c->pages.page_size - 1) / c->pages.page_size));
+    }
+    case NPATTN_STATUS_BAD_PAGES:
+        if (c->paged && p->n_key == INT64_MAX)
+            return PyErr_Format(PyExc_ValueError, "%s: max_pages * page_size = %lld * %lld passes int64", c->fn,
+                                (long long)c->pages.max_pages, (long long)c->pages.page_size);
+        break;
     default: break;
     }
     return PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s (%s)", c->fn, npattn_status_string(why.status),
@@ -976,39 +1094,60 @@ static enum npattn_status run_forward(struct call *c) {
 
 /* ---- the entry points ---- */
 
-static PyObject *core_sdpa(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    (void)self;
-    struct call c;
+/* The forward result of a call whose operands and options are read: out,
+ * or (out, lse) with return_lse. */
+static PyObject *forward_result(struct call *c) {
     PyObject *result = NULL;
-    call_init(&c, "sdpa");
-    if (!read_keywords(&c, args, nargs, kwnames, SDPA_OPTIONS) || !read_qkv(&c, 1) || !read_options(&c)) goto done;
-    PyObject *return_lse = c.opt[OPT_return_lse];
+    PyObject *return_lse = c->opt[OPT_return_lse];
     if (!PyBool_Check(return_lse) && !PyArray_IsScalar(return_lse, Bool)) {
-        PyErr_Format(PyExc_TypeError, "%s: return_lse must be True or False, got %s", c.fn, type_name(return_lse));
+        PyErr_Format(PyExc_TypeError, "%s: return_lse must be True or False, got %s", c->fn, type_name(return_lse));
         goto done;
     }
     const int with_lse = PyObject_IsTrue(return_lse);
-    const int wide = c.result == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    const int wide = c->result == NPATTN_DTYPE_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
     npy_intp shape[NPY_MAXDIMS + 2];
-    int nd = result_shape(&c, (npy_intp)c.p.n_head_q, (npy_intp)c.p.n_query, (npy_intp)c.p.n_embd_v, 1, shape);
+    int nd = result_shape(c, (npy_intp)c->p.n_head_q, (npy_intp)c->p.n_query, (npy_intp)c->p.n_embd_v, 1, shape);
     /* the result first: a result too large to allocate fails before the core is asked */
-    if (c.opt[OPT_out] == Py_None) {
-        if (!(c.out.a = new_array(&c, shape, nd, npy_type_of(c.result), "the result"))) goto done;
-    } else if (!read_out(&c, shape, nd) || !out_clear_of_given(&c)) {
+    if (c->opt[OPT_out] == Py_None) {
+        if (!(c->out.a = new_array(c, shape, nd, npy_type_of(c->result), "the result"))) goto done;
+    } else if (!read_out(c, shape, nd) || !out_clear_of_given(c)) {
         goto done;
     }
-    if (with_lse && !(c.lse.a = new_array(&c, shape, nd - 1, npy_type_of(wide), "lse"))) goto done;
-    describe(&c, &c.out, &c.p.out, c.result, 3);
-    if (c.lse.a) describe(&c, &c.lse, &c.p.lse, wide, 2);
-    enum npattn_status status = run_forward(&c);
+    if (with_lse && !(c->lse.a = new_array(c, shape, nd - 1, npy_type_of(wide), "lse"))) goto done;
+    describe(c, &c->out, &c->p.out, c->result, 3);
+    if (c->lse.a) describe(c, &c->lse, &c->p.lse, wide, 2);
+    enum npattn_status status = run_forward(c);
     if (status != NPATTN_STATUS_OK) {
-        refused(&c, status, NULL);
+        refused(c, status, NULL);
         goto done;
     }
-    result = c.lse.a ? PyTuple_Pack(2, c.out.a, c.lse.a) : Py_NewRef((PyObject *)c.out.a);
+    result = c->lse.a ? PyTuple_Pack(2, c->out.a, c->lse.a) : Py_NewRef((PyObject *)c->out.a);
 done:
-    call_release(&c);
+    call_release(c);
     return result;
+}
+
+static PyObject *core_sdpa(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    struct call c;
+    call_init(&c, "sdpa");
+    if (!read_keywords(&c, args, nargs, kwnames, SDPA_OPTIONS) || !read_qkv(&c, 1) || !read_options(&c)) {
+        call_release(&c);
+        return NULL;
+    }
+    return forward_result(&c);
+}
+
+static PyObject *core_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    struct call c;
+    call_init(&c, "paged_attention");
+    c.paged = 1;
+    if (!read_keywords(&c, args, nargs, kwnames, PAGED_OPTIONS) || !read_paged(&c) || !read_options(&c)) {
+        call_release(&c);
+        return NULL;
+    }
+    return forward_result(&c);
 }
 
 static PyObject *core_attention_weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -1042,7 +1181,7 @@ static npy_intp batch_size(const struct call *c, PyArrayObject *a, int d) {
  * naming that shape; an lse of float16 or bfloat16 is read as float32. */
 static int read_fitting(struct call *c, enum option o, struct operand *op, struct npattn_tensor *t, const npy_intp *shape,
                         int nd, const char *what) {
-    const char *name = option_names[o];
+    const char *name = name_of(c, o);
     PyArrayObject *a = float_array(c, o);
     if (!a) return 0;
     int fits = PyArray_NDIM(a) == nd;
@@ -1263,6 +1402,10 @@ static PyMethodDef core_methods[] = {
     {"attention_weights", (PyCFunction)(void (*)(void))core_attention_weights, METH_FASTCALL | METH_KEYWORDS,
      "attention_weights(*, q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, threads)\n--\n\n"
      "Private: npattn.attention_weights's arguments, by name, as given."},
+    {"paged_attention", (PyCFunction)(void (*)(void))core_paged_attention, METH_FASTCALL | METH_KEYWORDS,
+     "paged_attention(*, q, k, v, block_table, context_lens, page_size, scale, mask, sinks, window, softcap, q_offset, "
+     "return_lse, out, threads)\n--\n\n"
+     "Private: npattn.paged_attention's arguments, by name, as given (k, v: the key and value pages)."},
     {"sdpa_backward", (PyCFunction)(void (*)(void))core_sdpa_backward, METH_FASTCALL | METH_KEYWORDS,
      "sdpa_backward(*, dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, threads)\n--\n\n"
      "Private: (dq, dk, dv, dsinks) at the result's batch shape, and (q, k, v) as read."},
@@ -1301,6 +1444,7 @@ PyMODINIT_FUNC PyInit__core(void) {
                             "CPU, so npattn will not run; set OPENBLAS_CORETYPE=NEOVERSEN1 (on ARM) before starting "
                             "Python to use other kernels",
                             npattn_blas_core());
+    if (!zero_int && !(zero_int = PyLong_FromLong(0))) return NULL;
     for (int o = 0; o < N_OPTION; o++)
         if (!option_strings[o] && !(option_strings[o] = PyUnicode_InternFromString(option_names[o]))) return NULL;
     PyObject *m = PyModule_Create(&core_module);

@@ -37,6 +37,9 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_OVERLAPS] = "an output must share no byte with another operand",
     [NPATTN_STATUS_BAD_K_START] = "every k_start[b] must lie in [0, S]",
     [NPATTN_STATUS_BAD_K_LENGTH] = "every k_length[b] must be at least 0, with k_start[b] + k_length[b] at most S",
+    [NPATTN_STATUS_BAD_PAGES] = "paged K/V needs a block table, page_size >= 1, n_page >= 0, S = max_pages * page_size, "
+                                "no k_start, and no backward pass",
+    [NPATTN_STATUS_BAD_PAGE] = "every live block_table entry must lie in [0, n_page)",
 };
 
 const char *npattn_status_string(enum npattn_status status) {
@@ -78,6 +81,8 @@ static int span(int64_t n, int64_t stride, struct extent *e) {
     return !__builtin_add_overflow(reach > 0 ? e->hi : e->lo, reach, reach > 0 ? &e->hi : &e->lo);
 }
 
+static int extent_rest(const struct npattn_tensor *t, const int64_t dims[3], int64_t size, struct extent *e);
+
 /* The extent of t over the batch shape and (heads, rows, cols) = dims, with
  * elements of `size` bytes; 0 if it overflows int64. */
 static int extent_of(const struct npattn_problem *p, const struct npattn_tensor *t, const int64_t dims[3],
@@ -89,6 +94,22 @@ static int extent_of(const struct npattn_problem *p, const struct npattn_tensor 
     if (e->empty) return 1;
     for (int32_t d = 0; d < p->n_batch_dim; d++)
         if (!span(p->batch_shape[d], t->batch_stride[d], e)) return 0;
+    return extent_rest(t, dims, size, e);
+}
+
+/* The extent of a page store (k or v of a paged problem): n_page pages of
+ * (heads, page_size, cols), `page_stride` apart. */
+static int page_extent_of(const struct npattn_tensor *t, int64_t n_page, int64_t page_stride, const int64_t dims[3],
+                          int64_t size, struct extent *e) {
+    e->lo = e->hi = 0;
+    e->empty = n_page == 0 || dims[0] == 0 || dims[1] == 0 || dims[2] == 0;
+    if (e->empty) return 1;
+    if (!span(n_page, page_stride, e)) return 0;
+    return extent_rest(t, dims, size, e);
+}
+
+/* The extent's (heads, rows, cols) spans, in bytes; 0 if it overflows int64. */
+static int extent_rest(const struct npattn_tensor *t, const int64_t dims[3], int64_t size, struct extent *e) {
     const int64_t strides[3] = {t->head_stride, t->row_stride, t->col_stride};
     for (int i = 0; i < 3; i++)
         if (!span(dims[i], strides[i], e)) return 0;
@@ -176,6 +197,14 @@ static enum npattn_status check_operands(const struct npattn_problem *p, struct 
             o->e.lo = 0, o->e.hi = o->size * o->dims[0] - 1, o->e.empty = o->dims[0] == 0;
             continue;
         }
+        const struct npattn_pages *pg = p->pages;
+        if (pg && (i == NPATTN_OPERAND_K || i == NPATTN_OPERAND_V)) {
+            const int64_t dims[3] = {o->dims[0], pg->page_size, o->dims[2]};
+            const int64_t stride = i == NPATTN_OPERAND_K ? pg->k_page_stride : pg->v_page_stride;
+            if (!page_extent_of(o->t, pg->n_page, stride, dims, o->size, &o->e))
+                return refuse(why, NPATTN_STATUS_OUT_OF_RANGE, i, 0);
+            continue;
+        }
         if (p->n_batch_dim > 0 && !o->t->batch_stride) return refuse(why, NPATTN_STATUS_NO_STRIDES, i, 0);
         if (!extent_of(p, o->t, o->dims, o->size, &o->e)) return refuse(why, NPATTN_STATUS_OUT_OF_RANGE, i, 0);
     }
@@ -226,6 +255,25 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
         if (p->k_length && (p->k_length[b] < 0 || p->k_length[b] > p->n_key - start))
             return refuse(why, NPATTN_STATUS_BAD_K_LENGTH, none, none);
     }
+    if (p->pages) {
+        const struct npattn_pages *pg = p->pages;
+        int64_t S;
+        if (!pg->block_table || pg->page_size < 1 || pg->n_page < 0 || pg->max_pages < 0 || p->k_start ||
+            __builtin_mul_overflow(pg->max_pages, pg->page_size, &S) || S != p->n_key)
+            return refuse(why, NPATTN_STATUS_BAD_PAGES, none, none);
+        for (int64_t b = 0; b < n_batch; b++) {
+            /* the pages that hold rows below k_length[b] */
+            const int64_t live = p->k_length ? (p->k_length[b] + pg->page_size - 1) / pg->page_size : pg->max_pages;
+            for (int64_t i = 0; i < live; i++) {
+                const int64_t page = pg->block_table[b * pg->max_pages + i];
+                if (page < 0 || page >= pg->n_page) {
+                    refuse(why, NPATTN_STATUS_BAD_PAGE, NPATTN_OPERAND_NONE, none);
+                    why->entry = b * pg->max_pages + i;
+                    return NPATTN_STATUS_BAD_PAGE;
+                }
+            }
+        }
+    }
     const int has_mask = p->mask_kind != NPATTN_MASK_NONE, has_out = p->n_embd_v > 0;
     const int has_lse = p->lse.data != NULL, has_w = p->weights.data != NULL;
     if (!dtype_ok(p->q.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_Q, none);
@@ -257,7 +305,7 @@ enum npattn_status npattn_check(const struct npattn_problem *p, struct npattn_ve
     struct operand ops[N_FORWARD];
     int empty;
     if (!why) why = &ignored;
-    why->status = NPATTN_STATUS_OK, why->operand = why->other = NPATTN_OPERAND_NONE;
+    why->status = NPATTN_STATUS_OK, why->operand = why->other = NPATTN_OPERAND_NONE, why->entry = -1;
     enum npattn_status status = problem_operands(p, ops, &empty, why);
     return status != NPATTN_STATUS_OK ? status : check_operands(p, ops, N_FORWARD, empty, why);
 }
@@ -267,9 +315,10 @@ enum npattn_status npattn_check_backward(const struct npattn_backward_problem *b
     struct operand ops[N_ALL];
     int empty;
     if (!why) why = &ignored;
-    why->status = NPATTN_STATUS_OK, why->operand = why->other = NPATTN_OPERAND_NONE;
+    why->status = NPATTN_STATUS_OK, why->operand = why->other = NPATTN_OPERAND_NONE, why->entry = -1;
     if (!bp) return refuse(why, NPATTN_STATUS_NO_PROBLEM, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE);
     const struct npattn_problem *p = &bp->fwd;
+    if (p->pages) return refuse(why, NPATTN_STATUS_BAD_PAGES, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE);
     enum npattn_status status = problem_operands(p, ops, &empty, why);
     if (status != NPATTN_STATUS_OK) return status;
     /* forward's results are inputs here, the weights are unused */

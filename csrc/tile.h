@@ -6,19 +6,30 @@
 #define LOAD CAT(npattn_load_, SFX)
 #define STORE CAT(npattn_store_, SFX)
 
-/* Rows j0 .. j0+nk of an operand (k or v of one head, at base): the rows in
- * place, in t's own dtype, when they are read directly (direct, leading
- * dimension ld_direct: by BLAS as REAL, or by the streaming kernels), else
- * converted or gathered into buf as REAL (leading dimension width). */
-static const void *CAT(kv_rows_, SFX)(const struct npattn_tensor *t, const char *base, int64_t j0, int64_t nk,
-                                      int64_t width, int direct, int64_t ld_direct, REAL *buf, int64_t *ld) {
-    const int64_t es = (int64_t)npattn_dtype_size(t->dtype);
-    if (direct) {
-        *ld = ld_direct;
-        return base + j0 * t->row_stride * es;
-    }
-    for (int64_t j = 0; j < nk; j++) LOAD(t->dtype, base + (j0 + j) * t->row_stride * es, t->col_stride, width, buf + j * width);
+/* Rows j0 .. j0+nk of an operand (k or v of one head, rows at kv): the rows
+ * in place, in t's own dtype, when they are read directly (direct, leading
+ * dimension ld_direct: by BLAS as REAL, or by the streaming kernels) and lie
+ * in one page, else converted or gathered into buf as REAL (leading dimension
+ * width); *in_place says which. */
+static const void *CAT(kv_rows_, SFX)(const struct npattn_tensor *t, const struct npattn_kv *kv, int64_t j0,
+                                      int64_t nk, int64_t width, int direct, int64_t ld_direct, REAL *buf, int64_t *ld,
+                                      int *in_place) {
+    int64_t run;
+    *in_place = 0;
     *ld = width > 0 ? width : 1;
+    if (nk <= 0) return buf;
+    const char *first = npattn_kv_row(kv, j0, &run);
+    *in_place = direct && run >= nk;
+    if (*in_place) {
+        *ld = ld_direct;
+        return first;
+    }
+    for (int64_t j = 0; j < nk; j += run) {
+        const char *at = npattn_kv_row(kv, j0 + j, &run);
+        run = min64(run, nk - j);
+        for (int64_t i = 0; i < run; i++)
+            LOAD(t->dtype, at + i * kv->row_bytes, t->col_stride, width, buf + (j + i) * width);
+    }
     return buf;
 }
 

@@ -104,8 +104,10 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
     const int dk_first = bwd_first_visit(pl, &bp->dk, rep), dv_first = bwd_first_visit(pl, &bp->dv, rep);
 
     const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
-    const char *kbase = S > 0 ? npattn_elem(&p->k, ks, off_k, g, 0) : NULL;
-    const char *vbase = S > 0 && Dv > 0 ? npattn_elem(&p->v, vs, off_v, g, 0) : NULL;
+    const struct npattn_kv kk = {S > 0 ? npattn_elem(&p->k, ks, off_k, g, 0) : NULL, p->k.row_stride * ks, NULL, 0, 0};
+    const struct npattn_kv vv = {S > 0 && Dv > 0 ? npattn_elem(&p->v, vs, off_v, g, 0) : NULL, p->v.row_stride * vs, NULL,
+                                 0, 0};
+    int in_place;
     const int64_t kb_begin = n_kblock * split / pl->n_split, kb_end = n_kblock * (split + 1) / pl->n_split;
     const int64_t dks = (int64_t)npattn_dtype_size(bp->dk.dtype), dvs = (int64_t)npattn_dtype_size(bp->dv.dtype);
     /* keys the request never reads: zero gradients, stored by the first repeat to
@@ -124,8 +126,9 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
         const int64_t kc_end = kc + pl->chunk < kb_end ? kc + pl->chunk : kb_end;
         const int64_t c0 = k0 + kc * pl->bk, c1 = min64(k0 + kc_end * pl->bk, k1), nc = c1 - c0;
         int64_t ldk, ldv = 1;
-        const REAL *kchunk = CAT(kv_rows_, SFX)(&p->k, kbase, c0, nc, D, k_direct, pl->ldk, kt, &ldk);
-        const REAL *vchunk = Dv > 0 ? CAT(kv_rows_, SFX)(&p->v, vbase, c0, nc, Dv, v_direct, pl->ldv, vt, &ldv) : vt;
+        const REAL *kchunk = CAT(kv_rows_, SFX)(&p->k, &kk, c0, nc, D, k_direct, pl->ldk, kt, &ldk, &in_place);
+        const REAL *vchunk =
+            Dv > 0 ? CAT(kv_rows_, SFX)(&p->v, &vv, c0, nc, Dv, v_direct, pl->ldv, vt, &ldv, &in_place) : vt;
         /* a double tile whose rows are not all finite leaves hidden pairs out of its products */
         const int kv_finite = !f64 || (CAT(rows_finite_, SFX)(kchunk, nc, D, ldk) &&
                                        (Dv == 0 || CAT(rows_finite_, SFX)(vchunk, nc, Dv, ldv)));

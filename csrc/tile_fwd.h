@@ -21,7 +21,7 @@ struct CAT(fwd_task_, SFX) {
     int stream, k_direct;          /* streaming kernels; BLAS reads K in place */
     REAL *qt, *st, *mt, *lt, *at, *row, *kt, *bias;
     int32_t *lo, *hi;
-    const char *kbase;             /* K's rows of the unit's kv head */
+    struct npattn_kv kk, vv;       /* K's and V's rows of the unit's kv head */
     int64_t sld, sj, sr;           /* scores (j, r) at st[j * sj + r * sr], rows sld apart */
     SCORE_TILE tile;
 };
@@ -38,14 +38,23 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
     const int64_t D = p->n_embd_k, M = u->M;
     /* K in place where BLAS, or the streaming kernels in K's own type, can
      * read it; else converted here */
-    int64_t ldk;
-    const void *ktile = CAT(kv_rows_, SFX)(&p->k, s->kbase, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk);
-    if (s->stream)
-        npattn_kernels()->scores((const float *)s->qt, M, D, s->k_direct ? p->k.dtype : NPATTN_DTYPE_F32, ktile, ldk, nk,
-                                 (float *)s->st, s->sld);
-    else
-        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, (const REAL *)ktile, (int)ldk,
-             s->qt, (int)M, (REAL)0, s->st, (int)M);
+    if (s->stream && s->k_direct) { /* page by page, as stored */
+        for (int64_t j = 0, run; j < nk; j += run) {
+            const char *at = npattn_kv_row(&s->kk, j0 + j, &run);
+            run = min64(run, nk - j);
+            npattn_kernels()->scores((const float *)s->qt, M, D, p->k.dtype, at, pl->ldk, run, (float *)s->st + j, s->sld);
+        }
+    } else {
+        int64_t ldk;
+        int in_place;
+        const void *ktile =
+            CAT(kv_rows_, SFX)(&p->k, &s->kk, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
+        if (s->stream)
+            npattn_kernels()->scores((const float *)s->qt, M, D, NPATTN_DTYPE_F32, ktile, ldk, nk, (float *)s->st, s->sld);
+        else
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, (const REAL *)ktile,
+                 (int)ldk, s->qt, (int)M, (REAL)0, s->st, (int)M);
+    }
     s->tile.nk = nk;
     s->tile.bias = NULL;
     if (p->mask_kind != NPATTN_MASK_NONE) {
@@ -145,9 +154,8 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     /* this split's share of the key tiles the band lets the rows see */
     const int64_t n_ktile = (u->j1 - u->j0 + pl->bk - 1) / pl->bk;
     const int64_t t_begin = n_ktile * split / pl->n_split, t_end = n_ktile * (split + 1) / pl->n_split;
-    const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
-    s.kbase = n_ktile > 0 ? npattn_elem(&p->k, ks, u->off_k, u->g, 0) : NULL;
-    const char *vbase = n_ktile > 0 && Dv > 0 ? npattn_elem(&p->v, vs, u->off_v, u->g, 0) : NULL;
+    s.kk = kv_of(pl, u, &p->k, n_ktile > 0, pl->k_page_bytes);
+    s.vv = kv_of(pl, u, &p->v, n_ktile > 0 && Dv > 0, pl->v_page_bytes);
 
     /* scores (j, r): transposed (keys, M) for the gemms, by rows (M, bk) for
      * the streaming kernels; the bias likewise */
@@ -170,11 +178,20 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
          * place where BLAS, or the streaming kernels in V's own type, can
          * read it, else converted here */
         if (Dv == 0) continue;
+        if (s.stream && v_direct) { /* page by page, as stored */
+            for (int64_t j = 0, run; j < nk; j += run) {
+                const char *at = npattn_kv_row(&s.vv, j0 + j, &run);
+                run = min64(run, nk - j);
+                npattn_kernels()->accumulate((const float *)s.st + j, s.sld, M, run, p->v.dtype, at, pl->ldv, Dv,
+                                             (float *)ot);
+            }
+            continue;
+        }
         int64_t ldv;
-        const void *vtile = CAT(kv_rows_, SFX)(&p->v, vbase, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv);
+        int in_place;
+        const void *vtile = CAT(kv_rows_, SFX)(&p->v, &s.vv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
         if (s.stream)
-            npattn_kernels()->accumulate((const float *)s.st, s.sld, M, nk, v_direct ? p->v.dtype : NPATTN_DTYPE_F32,
-                                         vtile, ldv, Dv, (float *)ot);
+            npattn_kernels()->accumulate((const float *)s.st, s.sld, M, nk, NPATTN_DTYPE_F32, vtile, ldv, Dv, (float *)ot);
         else
             GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)Dv, (int)nk, (REAL)1, s.st, (int)M,
                  (const REAL *)vtile, (int)ldv, (REAL)1, ot, (int)Dv);

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _args, _core, _interop
 
-__all__ = ["sdpa", "attention_weights", "merge", "sdpa_backward", "Grads", "Lse"]
+__all__ = ["sdpa", "paged_attention", "attention_weights", "merge", "sdpa_backward", "Grads", "Lse"]
 
 
 class _SupportsArray(Protocol):
@@ -278,6 +278,151 @@ def sdpa(
     options = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap,
                "q_offset": q_offset, "k_offset": k_offset, "k_start": k_start, "k_lengths": k_lengths}  # fmt: skip
     return result[0], Lse._made(result[1], options)
+
+
+PagedMask: TypeAlias = Literal["causal", "causal_top_left"] | None
+
+
+@overload
+def paged_attention(
+    q: Any,
+    key_pages: Any,
+    value_pages: Any,
+    block_table: Any,
+    context_lens: Any,
+    page_size: int | None = None,
+    scale: Scale = None,
+    mask: PagedMask = "causal",
+    *,
+    sinks: Any = None,
+    window: Window = None,
+    softcap: float | None = None,
+    q_offset: Any = None,
+    return_lse: Literal[False] = False,
+    out: np.ndarray | None = None,
+    threads: int | None = None,
+) -> np.ndarray: ...
+@overload
+def paged_attention(
+    q: Any,
+    key_pages: Any,
+    value_pages: Any,
+    block_table: Any,
+    context_lens: Any,
+    page_size: int | None = None,
+    scale: Scale = None,
+    mask: PagedMask = "causal",
+    *,
+    sinks: Any = None,
+    window: Window = None,
+    softcap: float | None = None,
+    q_offset: Any = None,
+    return_lse: Literal[True],
+    out: np.ndarray | None = None,
+    threads: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def paged_attention(
+    q: Any,
+    key_pages: Any,
+    value_pages: Any,
+    block_table: Any,
+    context_lens: Any,
+    page_size: int | None = None,
+    scale: Scale = None,
+    mask: PagedMask = "causal",
+    *,
+    sinks: Any = None,
+    window: Window = None,
+    softcap: float | None = None,
+    q_offset: Any = None,
+    return_lse: bool = False,
+    out: np.ndarray | None = None,
+    threads: int | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Attention over a paged KV cache, reading the pages in place.
+
+    A batch of requests, each with its own context, whose keys and values
+    live in fixed-size physical pages that a block table maps (vLLM's paged
+    attention; tiny-llm's week 3, in the same positional order). Equal to
+    :func:`sdpa` on each request's gathered keys and values, to float32
+    rounding; nothing is gathered: each key tile is read from its page.
+
+    Parameters
+    ----------
+    q : array_like, shape (B, H_q, L, D)
+        One block of ``L`` query rows per request (``L = 1``: a decode step;
+        larger: a prefill chunk).
+    key_pages : array_like, shape (P, H_kv, page_size, D)
+        The physical pages of keys, any strides: a ``(P, page_size, H_kv,
+        D)`` store passes as ``pages.transpose(0, 2, 1, 3)``, no copy made.
+    value_pages : array_like, shape (P, H_kv, page_size, D_v)
+        The value pages, laid out as the key pages.
+    block_table : array_like of ints, shape (B, max_pages)
+        Request ``b``'s logical page ``i`` is physical page
+        ``block_table[b, i]``. Entries past a request's live pages (those
+        holding its first ``context_lens[b]`` keys) are ignored, so ``-1``
+        may pad them; two requests may share a page (a common prompt
+        prefix). A live entry outside ``[0, P)`` is a ``ValueError`` naming
+        ``block_table[b, i]`` and its value.
+    context_lens : array_like of ints, shape (B,)
+        Request ``b``'s number of keys, from 0 to ``max_pages * page_size``.
+        Its logical key ``j`` is row ``j % page_size`` of page
+        ``block_table[b, j // page_size]`` and sits at position ``j``.
+    page_size : int, optional
+        Rows per page; must equal ``key_pages.shape[2]``, its default.
+    scale : float, optional
+        As for :func:`sdpa`; ``None`` means ``1 / sqrt(D)``.
+    mask : {"causal", "causal_top_left", None}, default "causal"
+        ``"causal"``: query row ``i`` of request ``b`` sits at position
+        ``q_offset[b] + i``, by default ``context_lens[b] - L`` (the
+        bottom-right corner: a decode step sees all its keys, a prefill
+        chunk the keys up to its own rows). ``"causal_top_left"``:
+        ``q_offset = 0``. ``None``: every key of the request visible.
+    sinks, window, softcap
+        As for :func:`sdpa`, in the request's key positions.
+    q_offset : int or array_like of ints, optional
+        Position of query row 0, for every request or one per request
+        (shape ``(B,)``).
+    return_lse, out, threads
+        As for :func:`sdpa`. The ``lse`` is a plain array: there is no
+        backward pass through pages.
+
+    Returns
+    -------
+    out : numpy.ndarray, shape (B, H_q, L, D_v)
+        In ``np.result_type(q, key_pages, value_pages)``. A row that sees no
+        key (``context_lens[b] = 0``, or a causal row before the request's
+        first key) is zeros.
+    lse : numpy.ndarray, shape (B, H_q, L)
+        With ``return_lse=True``.
+
+    Raises
+    ------
+    TypeError, ValueError, MemoryError, KeyboardInterrupt
+        As :func:`sdpa`, each naming the argument and, for the tables, the
+        request and the entry.
+
+    Examples
+    --------
+    Two requests of 5 and 2 keys in pages of 4 rows:
+
+    >>> import numpy as np, npattn
+    >>> rng = np.random.default_rng(0)
+    >>> key_pages = rng.standard_normal((3, 1, 4, 8), dtype=np.float32)    # (P, H_kv, page_size, D)
+    >>> value_pages = rng.standard_normal((3, 1, 4, 8), dtype=np.float32)
+    >>> block_table = np.array([[2, 0], [1, -1]])     # request 1 uses one page
+    >>> q = rng.standard_normal((2, 2, 1, 8), dtype=np.float32)            # (B, H_q, L, D)
+    >>> out = npattn.paged_attention(q, key_pages, value_pages, block_table, [5, 2])
+    >>> k0 = np.concatenate([key_pages[2], key_pages[0]], axis=1)[:, :5]  # request 0, gathered
+    >>> v0 = np.concatenate([value_pages[2], value_pages[0]], axis=1)[:, :5]
+    >>> bool(np.allclose(out[0], npattn.sdpa(q[0], k0, v0), atol=1e-6))
+    True
+    """
+    return _core.paged_attention(
+        q=q, k=key_pages, v=value_pages, block_table=block_table, context_lens=context_lens, page_size=page_size,
+        scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
+        return_lse=return_lse, out=out, threads=threads,
+    )  # fmt: skip
 
 
 def attention_weights(
