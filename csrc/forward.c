@@ -47,6 +47,7 @@ struct fwd_plan {
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
     int64_t ldk, ldv;             /* their leading dimensions then */
     int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
+    int64_t k_elem, v_elem;       /* bytes per element of k and v */
     int64_t out_size;             /* bytes per element of out */
     struct layout lay, lay64;     /* a slot's scratch in the computed type, and in double */
     struct npattn_slots slots;    /* lay.size bytes each; lay64.size in double when a float task needs it */
@@ -120,6 +121,25 @@ static struct npattn_kv kv_of(const struct fwd_plan *pl, const struct unit *u, c
     struct npattn_kv kv = {reads ? npattn_elem(t, es, off, u->g, 0) : NULL, t->row_stride * es, NULL, 1, 0};
     if (reads && u->table) kv.table = u->table, kv.page_size = pl->p->pages->page_size, kv.page_bytes = page_bytes;
     return kv;
+}
+
+/* The rows a streaming kernel may prefetch after the `*run` rows from key j
+ * to the end of their page (dense: no end), cut to the `left` the tile
+ * reads: the rest of the page, or of a dense unit's keys. When the run ends
+ * its page, the next page's first rows (before key j1) go into L2 here, as
+ * the kernels would prefetch them were the pages one. */
+static inline int64_t next_page_ahead(const struct npattn_kv *kv, int64_t *run, int64_t left, int64_t j, int64_t j1,
+                                      int64_t row_width) {
+    const int64_t to_end = *run;
+    *run = min64(to_end, left);
+    if (!kv->table) return INT64_MAX;
+    if (to_end > *run || j + *run >= j1) return to_end - *run;
+    int64_t next_run;
+    const char *next = npattn_kv_row(kv, j + *run, &next_run);
+    const int64_t rows = min64(min64(next_run, j1 - j - *run), npattn_prefetch_rows(kv->row_bytes));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < row_width; b += 64) __builtin_prefetch(next + r * kv->row_bytes + b, 0, 2);
+    return 0;
 }
 
 #define TASK "tile_fwd.h"
@@ -238,6 +258,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     const int64_t run_rows = p->pages ? p->pages->page_size : S; /* rows that lie row_stride apart */
     pl.k_direct = npattn_blas_direct(&p->k, k_in, run_rows, D, &pl.ldk);
     pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, v_in, run_rows, Dv, &pl.ldv);
+    pl.k_elem = (int64_t)npattn_dtype_size(p->k.dtype);
+    pl.v_elem = (int64_t)npattn_dtype_size(p->v.dtype);
     if (p->pages) {
         pl.k_page_bytes = p->pages->k_page_stride * (int64_t)npattn_dtype_size(p->k.dtype);
         pl.v_page_bytes = p->pages->v_page_stride * (int64_t)npattn_dtype_size(p->v.dtype);

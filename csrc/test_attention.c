@@ -262,8 +262,8 @@ static void test_stream_kernels(void) {
                             npattn_load_f32(types[ty], kh + i, 1, 1, kf + i);
                         }
                         /* scores: as stored against the float32 copy, and against double */
-                        kt->scores(q, M, D, types[ty], kh, ld, nk, st, MAX_N);
-                        kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, sf, MAX_N);
+                        kt->scores(q, M, D, types[ty], kh, ld, nk, INT64_MAX, st, MAX_N);
+                        kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, 0, sf, MAX_N);
                         int same = 1, close = 1;
                         for (int64_t r = 0; r < M; r++)
                             for (int64_t j = 0; j < nk; j++) {
@@ -284,8 +284,8 @@ static void test_stream_kernels(void) {
                         /* accumulate: P (M, nk) in st against the rows as values, width D */
                         for (int64_t i = 0; i < M * MAX_N; i++) st[i] = (float)fabs(uniform());
                         for (int64_t i = 0; i < M * D; i++) o[i] = of[i] = o0[i] = (float)uniform();
-                        kt->accumulate(st, MAX_N, M, nk, types[ty], kh, ld, D, o);
-                        kt->accumulate(st, MAX_N, M, nk, NPATTN_DTYPE_F32, kf, ld, D, of);
+                        kt->accumulate(st, MAX_N, M, nk, INT64_MAX, types[ty], kh, ld, D, o);
+                        kt->accumulate(st, MAX_N, M, nk, 0, NPATTN_DTYPE_F32, kf, ld, D, of);
                         same = memcmp(o, of, sizeof(float) * (size_t)(M * D)) == 0;
                         close = 1;
                         for (int64_t r = 0; r < M; r++)

@@ -51,11 +51,14 @@ struct npattn_kernels {
      * scores: st (M, ldst) = raw scores of the M rows of q (M, D),
      * row-major, against nk rows of k (ldk elements apart). accumulate:
      * o (M, Dv) row-major += P @ v, P (M, nk) given as st (M, ldst). The
-     * arithmetic is the same, in float, whatever the types. */
+     * arithmetic is the same, in float, whatever the types. Both prefetch
+     * rows a fixed distance ahead of those they read, within the nk rows and
+     * the `ahead` rows after them that lie ldk (ldv) apart too: the rest of
+     * a dense tile's keys, or of a page. */
     void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk, int64_t nk,
-                   float *st, int64_t ldst);
-    void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt, const void *v,
-                       int64_t ldv, int64_t Dv, float *o);
+                   int64_t ahead, float *st, int64_t ldst);
+    void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, int64_t ahead, enum npattn_dtype vt,
+                       const void *v, int64_t ldv, int64_t Dv, float *o);
 
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
@@ -136,6 +139,12 @@ static inline const void *npattn_stream_at(enum npattn_dtype t, const void *row,
 static inline int64_t npattn_prefetch_rows(int64_t row_bytes) {
     int64_t n = 8192 / (row_bytes > 0 ? row_bytes : 1);
     return n < 4 ? 4 : n;
+}
+
+/* The rows j < this may prefetch row j + pf_rows: it lies within the nk rows
+ * read and the `ahead` rows after them. */
+static inline int64_t npattn_prefetch_until(int64_t nk, int64_t ahead, int64_t pf_rows) {
+    return ahead >= INT64_MAX - nk ? INT64_MAX : nk + ahead - pf_rows;
 }
 
 

@@ -1,0 +1,198 @@
+"""Batches of requests and paged KV caches: npattn.paged_attention and sdpa's key ranges.
+
+    python benchmarks/paged.py [--threads T] [--out paged.json] [--quick]
+
+Each figure is a ratio within one run, of medians over interleaved rounds (the
+two calls compared alternate, so that drift on a shared machine hits both):
+
+- **paged decode**: ``paged_attention`` against ``sdpa(..., k_lengths=)`` on the
+  same keys gathered into a dense cache (the speed of the dense decode on the
+  same work, so 1.00 means paging costs nothing), for the Qwen3-4B and
+  Qwen2-0.5B heads, pages of 16, 32 and 128 rows scattered at random, B = 1
+  (16k keys) and B = 8 requests of 1k-32k keys;
+- **ragged batch**: one ``sdpa`` call with ``k_lengths`` against the sum of the
+  requests' separate calls, and against the same batch as an ``L x S`` bool
+  mask;
+- **paged chunked prefill**: a chunk of 512 queries over 4096 keys, paged
+  against dense.
+
+Also the streaming-read bandwidth and the bytes each decode reads, so that a
+decode's GB/s reads against the machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import measure  # noqa: E402
+import report  # noqa: E402
+
+import npattn  # noqa: E402
+from npattn.testing import MODEL_HEADS  # noqa: E402
+
+
+def interleaved(calls: dict, rounds: int = 7, min_time: float = 0.3) -> dict:
+    """Median ms of each call, timed in alternating rounds (each round: every call
+    repeated until min_time / rounds has passed)."""
+    for call in calls.values():
+        call()
+    times: dict = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            n, start = 0, time.perf_counter()
+            while True:
+                call()
+                n += 1
+                elapsed = time.perf_counter() - start
+                if elapsed > min_time / rounds:
+                    break
+            times[name].append(1e3 * elapsed / n)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def paged_cache(rng, lengths, H_kv, D, page_size, dtype):
+    """Pages scattered at random: (key_pages, value_pages, block_table), and the same
+    keys gathered into a dense (B, H_kv, S, D) cache."""
+    lengths = np.asarray(lengths)
+    live = -(-lengths // page_size)
+    max_pages = int(live.max())
+    P = int(live.sum())
+    order = rng.permutation(P)
+    table = np.full((len(lengths), max_pages), -1, np.int32)
+    at = 0
+    for b, n in enumerate(live):
+        table[b, :n] = order[at : at + n]
+        at += n
+    kp = rng.standard_normal((P, H_kv, page_size, D), dtype=np.float32).astype(dtype)
+    vp = rng.standard_normal((P, H_kv, page_size, D), dtype=np.float32).astype(dtype)
+    S = max_pages * page_size
+    k = np.zeros((len(lengths), H_kv, S, D), dtype)
+    v = np.zeros_like(k)
+    for b, n in enumerate(live):
+        k[b] = np.concatenate([kp[table[b, :n]], np.zeros((max_pages - n, H_kv, page_size, D), dtype)]).transpose(1, 0, 2, 3).reshape(H_kv, S, D)  # fmt: skip
+        v[b] = np.concatenate([vp[table[b, :n]], np.zeros((max_pages - n, H_kv, page_size, D), dtype)]).transpose(1, 0, 2, 3).reshape(H_kv, S, D)  # fmt: skip
+    return kp, vp, table, k, v
+
+
+def dtype_of(name):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def paged_vs_dense(rng, model, lengths, page_size, L, dtype_name, threads):
+    H_q, H_kv, D = MODEL_HEADS[model]
+    dtype = dtype_of(dtype_name)
+    kp, vp, table, k, v = paged_cache(rng, lengths, H_kv, D, page_size, dtype)
+    q = rng.standard_normal((len(lengths), H_q, L, D), dtype=np.float32).astype(dtype)
+    cl = np.asarray(lengths, np.int32)
+    paged = npattn.paged_attention(q, kp, vp, table, cl, threads=threads)
+    dense = npattn.sdpa(q, k, v, k_lengths=cl, threads=threads)
+    diff = float(np.max(np.abs(paged.astype(np.float64) - dense.astype(np.float64))))
+    ms = interleaved({
+        "paged": lambda: npattn.paged_attention(q, kp, vp, table, cl, threads=threads),
+        "dense": lambda: npattn.sdpa(q, k, v, k_lengths=cl, threads=threads),
+    })  # fmt: skip
+    read = int(cl.sum()) * H_kv * D * 2 * np.dtype(dtype).itemsize
+    return {
+        "model": model, "B": len(lengths), "keys": int(cl.sum()), "page_size": page_size, "L": L, "dtype": dtype_name,
+        "paged_ms": ms["paged"], "dense_ms": ms["dense"], "paged_vs_dense": ms["dense"] / ms["paged"],
+        "paged_gbs": read / ms["paged"] / 1e6, "max_abs_diff": diff,
+    }  # fmt: skip
+
+
+def ragged_batch(rng, model, lengths, threads):
+    """One call with k_lengths, the requests' separate calls, and a bool mask."""
+    H_q, H_kv, D = MODEL_HEADS[model]
+    B, S = len(lengths), max(lengths)
+    cl = np.asarray(lengths)
+    q = rng.standard_normal((B, H_q, 1, D), dtype=np.float32)
+    k = rng.standard_normal((B, H_kv, S, D), dtype=np.float32)
+    v = rng.standard_normal((B, H_kv, S, D), dtype=np.float32)
+    mask = np.arange(S)[None, None, None, :] < cl[:, None, None, None]  # (B, 1, 1, S)
+    parts = [(q[b], k[b, :, : cl[b]], v[b, :, : cl[b]]) for b in range(B)]
+
+    def separate():
+        for qb, kb, vb in parts:
+            npattn.sdpa(qb, kb, vb, threads=threads)
+
+    ms = interleaved({
+        "ranges": lambda: npattn.sdpa(q, k, v, k_lengths=cl, threads=threads),
+        "separate": separate,
+        "mask": lambda: npattn.sdpa(q, k, v, mask=mask, threads=threads),
+    })  # fmt: skip
+    return {
+        "model": model, "B": B, "keys": int(cl.sum()), "ranges_ms": ms["ranges"], "separate_ms": ms["separate"],
+        "mask_ms": ms["mask"], "ranges_vs_separate": ms["separate"] / ms["ranges"], "ranges_vs_mask": ms["mask"] / ms["ranges"],
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
+    args = parser.parse_args()
+    T = args.threads
+    measure.limit_blas_pools(T)
+    rng = np.random.default_rng(0)
+    spread = [1024, 1536, 2560, 4096, 6144, 10240, 16384, 32768]
+    one, prefill_keys = [16384], 4096
+    if args.quick:
+        spread, one, prefill_keys = [256, 512, 1024], [2048], 1024
+    decode, prefill, ragged = [], [], []
+    for model in ("Qwen3-4B", "Qwen2-0.5B"):
+        for page_size in (16, 32, 128):
+            for lengths in (one, spread):
+                decode.append(paged_vs_dense(rng, model, lengths, page_size, 1, "float32", T))
+                print(decode[-1], flush=True)
+        decode.append(paged_vs_dense(rng, model, spread, 32, 1, "bfloat16", T))
+        print(decode[-1], flush=True)
+        for page_size in (16, 128):
+            prefill.append(paged_vs_dense(rng, model, [prefill_keys], page_size, 512, "float32", T))
+            print(prefill[-1], flush=True)
+        ragged.append(ragged_batch(rng, model, spread, T))
+        print(ragged[-1], flush=True)
+    data = {
+        "provenance": report.provenance(T),
+        "read_bandwidth": measure.read_bandwidth(T),
+        "decode": decode,
+        "prefill": prefill,
+        "ragged": ragged,
+    }
+    print(markdown(data))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(data, f, indent=1)
+
+
+def markdown(data: dict) -> str:
+    lines = [f"Read bandwidth: {data['read_bandwidth']['gbs']:.1f} GB/s on {data['read_bandwidth']['threads']} threads.", ""]
+    lines += ["| heads | B | keys | page | L | dtype | paged ms | dense ms | dense/paged | paged GB/s |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in data["decode"] + data["prefill"]:
+        lines.append(
+            f"| {r['model']} | {r['B']} | {r['keys']} | {r['page_size']} | {r['L']} | {r['dtype']} | {r['paged_ms']:.3g} "
+            f"| {r['dense_ms']:.3g} | {r['paged_vs_dense']:.2f} | {r['paged_gbs']:.1f} |"
+        )
+    lines += ["", "| heads | B | keys | k_lengths ms | separate calls ms | bool mask ms | separate/ranges | mask/ranges |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in data["ragged"]:
+        lines.append(
+            f"| {r['model']} | {r['B']} | {r['keys']} | {r['ranges_ms']:.3g} | {r['separate_ms']:.3g} | {r['mask_ms']:.3g} "
+            f"| {r['ranges_vs_separate']:.2f} | {r['ranges_vs_mask']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
