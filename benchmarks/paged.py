@@ -59,28 +59,34 @@ def interleaved(calls: dict, rounds: int = 7, min_time: float = 0.3) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def paged_cache(rng, lengths, H_kv, D, page_size, dtype):
-    """Pages scattered at random: (key_pages, value_pages, block_table), and the same
-    keys gathered into a dense (B, H_kv, S, D) cache."""
-    lengths = np.asarray(lengths)
-    live = -(-lengths // page_size)
-    max_pages = int(live.max())
-    P = int(live.sum())
-    order = rng.permutation(P)
-    table = np.full((len(lengths), max_pages), -1, np.int32)
+def dense_cache(rng, lengths, H_kv, D, dtype):
+    """A dense (B, H_kv, S, D) key and value cache, S the longest request, zeros past
+    each request's length."""
+    B, S = len(lengths), max(lengths)
+    k = rng.standard_normal((B, H_kv, S, D), dtype=np.float32).astype(dtype)
+    v = rng.standard_normal((B, H_kv, S, D), dtype=np.float32).astype(dtype)
+    for b, n in enumerate(lengths):
+        k[b, :, n:] = v[b, :, n:] = 0
+    return k, v
+
+
+def paged_cache(rng, k, v, lengths, page_size):
+    """The same keys in pages scattered at random: (key_pages, value_pages, block_table)."""
+    B, H_kv, S, D = k.shape
+    live = -(-np.asarray(lengths) // page_size)
+    order = rng.permutation(int(live.sum()))
+    table = np.full((B, int(live.max())), -1, np.int32)
+    kp = np.empty((len(order), H_kv, page_size, D), k.dtype)
+    vp = np.empty_like(kp)
     at = 0
     for b, n in enumerate(live):
         table[b, :n] = order[at : at + n]
+        for i in range(n):
+            rows = slice(i * page_size, min((i + 1) * page_size, S))
+            width = rows.stop - rows.start
+            kp[order[at + i], :, :width], vp[order[at + i], :, :width] = k[b, :, rows], v[b, :, rows]
         at += n
-    kp = rng.standard_normal((P, H_kv, page_size, D), dtype=np.float32).astype(dtype)
-    vp = rng.standard_normal((P, H_kv, page_size, D), dtype=np.float32).astype(dtype)
-    S = max_pages * page_size
-    k = np.zeros((len(lengths), H_kv, S, D), dtype)
-    v = np.zeros_like(k)
-    for b, n in enumerate(live):
-        k[b] = np.concatenate([kp[table[b, :n]], np.zeros((max_pages - n, H_kv, page_size, D), dtype)]).transpose(1, 0, 2, 3).reshape(H_kv, S, D)  # fmt: skip
-        v[b] = np.concatenate([vp[table[b, :n]], np.zeros((max_pages - n, H_kv, page_size, D), dtype)]).transpose(1, 0, 2, 3).reshape(H_kv, S, D)  # fmt: skip
-    return kp, vp, table, k, v
+    return kp, vp, table
 
 
 def dtype_of(name):
@@ -91,12 +97,16 @@ def dtype_of(name):
     return np.dtype(name)
 
 
-def paged_vs_dense(rng, model, lengths, page_size, L, dtype_name, threads):
+def paged_vs_dense(rng, model, cache, lengths, page_size, L, dtype_name, threads):
     H_q, H_kv, D = MODEL_HEADS[model]
-    dtype = dtype_of(dtype_name)
-    kp, vp, table, k, v = paged_cache(rng, lengths, H_kv, D, page_size, dtype)
-    q = rng.standard_normal((len(lengths), H_q, L, D), dtype=np.float32).astype(dtype)
+    k, v = cache
+    kp, vp, table = paged_cache(rng, k, v, lengths, page_size)
+    q = rng.standard_normal((len(lengths), H_q, L, D), dtype=np.float32).astype(k.dtype)
     cl = np.asarray(lengths, np.int32)
+    S = table.shape[1] * page_size  # the dense cache padded to the table's rows, so both read the same keys
+    if S > k.shape[2]:
+        pad = ((0, 0), (0, 0), (0, S - k.shape[2]), (0, 0))
+        k, v = np.pad(k, pad), np.pad(v, pad)
     paged = npattn.paged_attention(q, kp, vp, table, cl, threads=threads)
     dense = npattn.sdpa(q, k, v, k_lengths=cl, threads=threads)
     diff = float(np.max(np.abs(paged.astype(np.float64) - dense.astype(np.float64))))
@@ -104,7 +114,7 @@ def paged_vs_dense(rng, model, lengths, page_size, L, dtype_name, threads):
         "paged": lambda: npattn.paged_attention(q, kp, vp, table, cl, threads=threads),
         "dense": lambda: npattn.sdpa(q, k, v, k_lengths=cl, threads=threads),
     })  # fmt: skip
-    read = int(cl.sum()) * H_kv * D * 2 * np.dtype(dtype).itemsize
+    read = int(cl.sum()) * H_kv * D * 2 * np.dtype(k.dtype).itemsize
     return {
         "model": model, "B": len(lengths), "keys": int(cl.sum()), "page_size": page_size, "L": L, "dtype": dtype_name,
         "paged_ms": ms["paged"], "dense_ms": ms["dense"], "paged_vs_dense": ms["dense"] / ms["paged"],
@@ -153,14 +163,18 @@ def main() -> None:
         spread, one, prefill_keys = [256, 512, 1024], [2048], 1024
     decode, prefill, ragged = [], [], []
     for model in ("Qwen3-4B", "Qwen2-0.5B"):
-        for page_size in (16, 32, 128):
-            for lengths in (one, spread):
-                decode.append(paged_vs_dense(rng, model, lengths, page_size, 1, "float32", T))
+        H_q, H_kv, D = MODEL_HEADS[model]
+        for lengths in (one, spread):
+            cache = dense_cache(rng, lengths, H_kv, D, np.float32)
+            for page_size in (16, 32, 128):
+                decode.append(paged_vs_dense(rng, model, cache, lengths, page_size, 1, "float32", T))
                 print(decode[-1], flush=True)
-        decode.append(paged_vs_dense(rng, model, spread, 32, 1, "bfloat16", T))
+        cache = dense_cache(rng, spread, H_kv, D, dtype_of("bfloat16"))
+        decode.append(paged_vs_dense(rng, model, cache, spread, 32, 1, "bfloat16", T))
         print(decode[-1], flush=True)
+        cache = dense_cache(rng, [prefill_keys], H_kv, D, np.float32)
         for page_size in (16, 128):
-            prefill.append(paged_vs_dense(rng, model, [prefill_keys], page_size, 512, "float32", T))
+            prefill.append(paged_vs_dense(rng, model, cache, [prefill_keys], page_size, 512, "float32", T))
             print(prefill[-1], flush=True)
         ragged.append(ragged_batch(rng, model, spread, T))
         print(ragged[-1], flush=True)

@@ -47,7 +47,6 @@ struct fwd_plan {
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
     int64_t ldk, ldv;             /* their leading dimensions then */
     int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
-    int64_t k_elem, v_elem;       /* bytes per element of k and v */
     int64_t out_size;             /* bytes per element of out */
     struct layout lay, lay64;     /* a slot's scratch in the computed type, and in double */
     struct npattn_slots slots;    /* lay.size bytes each; lay64.size in double when a float task needs it */
@@ -123,24 +122,23 @@ static struct npattn_kv kv_of(const struct fwd_plan *pl, const struct unit *u, c
     return kv;
 }
 
-/* The rows a streaming kernel may prefetch after the `*run` rows from key j
- * to the end of their page (dense: no end), cut to the `left` the tile
- * reads: the rest of the page, or of a dense unit's keys. When the run ends
- * its page, the next page's first rows (before key j1) go into L2 here, as
- * the kernels would prefetch them were the pages one. */
-static inline int64_t next_page_ahead(const struct npattn_kv *kv, int64_t *run, int64_t left, int64_t j, int64_t j1,
-                                      int64_t row_width) {
-    const int64_t to_end = *run;
-    *run = min64(to_end, left);
-    if (!kv->table) return INT64_MAX;
-    if (to_end > *run || j + *run >= j1) return to_end - *run;
-    int64_t next_run;
-    const char *next = npattn_kv_row(kv, j + *run, &next_run);
-    const int64_t rows = min64(min64(next_run, j1 - j - *run), npattn_prefetch_rows(kv->row_bytes));
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t b = 0; b < row_width; b += 64) __builtin_prefetch(next + r * kv->row_bytes + b, 0, 2);
-    return 0;
+/* A streaming kernel reads the *run rows from key j to the end of their
+ * page (dense: no end), cut to the `left` the tile reads. What follows them,
+ * for its prefetches: NULL when dense (the rows after, in place), else in
+ * *next the rows from key j + *run to the end of that page, before key j1:
+ * the rest of this page, or the next page. */
+static inline const struct npattn_next *next_rows(const struct npattn_kv *kv, int64_t *run, int64_t left, int64_t j,
+                                                  int64_t j1, struct npattn_next *next) {
+    *run = min64(*run, left);
+    if (!kv->table) return NULL;
+    int64_t rest = 0;
+    next->rows = j + *run < j1 ? npattn_kv_row(kv, j + *run, &rest) : NULL;
+    next->n = min64(rest, j1 - j - *run);
+    return next;
 }
+
+/* Nothing to prefetch past the rows: a tile converted into scratch. */
+static const struct npattn_next no_next = {NULL, 0};
 
 #define TASK "tile_fwd.h"
 #include "reals.h"
@@ -258,8 +256,6 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     const int64_t run_rows = p->pages ? p->pages->page_size : S; /* rows that lie row_stride apart */
     pl.k_direct = npattn_blas_direct(&p->k, k_in, run_rows, D, &pl.ldk);
     pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, v_in, run_rows, Dv, &pl.ldv);
-    pl.k_elem = (int64_t)npattn_dtype_size(p->k.dtype);
-    pl.v_elem = (int64_t)npattn_dtype_size(p->v.dtype);
     if (p->pages) {
         pl.k_page_bytes = p->pages->k_page_stride * (int64_t)npattn_dtype_size(p->k.dtype);
         pl.v_page_bytes = p->pages->v_page_stride * (int64_t)npattn_dtype_size(p->v.dtype);
@@ -269,7 +265,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     /* The work, and the threads it repays: each beyond the caller must get
      * NPATTN_FLOPS_PER_THREAD. The same problem and n_threads always give the same
      * plan, whatever threads actually start. */
-    double flops = 0;
+    double flops = 0, unit_keys_sum = 0;
     int64_t most_keys = 0;
     /* every request alike, unless each has its own range or offset */
     const int64_t n_request = p->k_start || p->k_length || p->q_offsets ? n_batch : 1;
@@ -280,6 +276,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
             int64_t i0 = qb * pl.bq, nq = min64(pl.bq, p->n_query - i0), j0, j1;
             unit_keys(&band, i0, i0 + nq, k0, k1, S, &j0, &j1);
             flops += (double)nq * (double)(j1 - j0);
+            unit_keys_sum += (double)(j1 - j0);
             most_keys = max64(most_keys, j1 - j0);
         }
     }
@@ -294,6 +291,16 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         int64_t want = (2 * (int64_t)plan_threads + pl.n_unit - 1) / pl.n_unit;
         pl.n_split = max64(1, min64(want, most_keys / SPLIT_MIN_KEYS));
     }
+    /* Requests of unequal lengths: split every unit so that the longest one's
+     * parts are no longer than a thread's fair share of all units' keys. */
+    if (n_request > 1 && plan_threads > 1 && !p->weights.data && unit_keys_sum > 0) {
+        const double fair = unit_keys_sum * (double)(pl.n_unit / (n_request * pl.n_qblock)) / (double)plan_threads;
+        if ((double)most_keys > 1.5 * fair) {
+            /* at most 64 tasks per thread in all, so that the partials stay small */
+            int64_t want = min64((int64_t)ceil((double)most_keys / fair), 64 * (int64_t)plan_threads / pl.n_unit);
+            pl.n_split = max64(pl.n_split, max64(1, min64(want, most_keys / SPLIT_MIN_KEYS)));
+        }
+    }
     int64_t n_task = pl.n_unit * pl.n_split;
     const int32_t n_slot = (int32_t)min64(run_threads, n_task);
 
@@ -304,7 +311,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     if (status != NPATTN_STATUS_OK) return status;
     status = NPATTN_STATUS_NO_MEMORY;
     if (pl.n_split > 1) {
-        /* n_task < 2 * threads + n_unit here: small */
+        /* n_task < 64 * threads + n_unit here: small */
         pl.partials = npattn_alloc((size_t)n_task * (size_t)(pl.max_m * (Dv + 1)) * sizeof(double));
         if (!pl.partials) goto done;
     }

@@ -239,6 +239,7 @@ static void test_conversions(void) {
 static void test_stream_kernels(void) {
     enum { MAX_M = 16, MAX_N = 67, MAX_D = 130 };
     static const enum npattn_dtype types[3] = {NPATTN_DTYPE_F32, NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
+    static const struct npattn_next no_next = {NULL, 0}; /* nothing to prefetch past the rows */
     static const int64_t widths[] = {1, 5, 8, 15, 16, 24, 63, 64, 128, 130};
     static const int64_t rows[] = {1, 2, 3, 4, 5, 7, 8, 16}, keys[] = {1, 2, 3, 4, 64, 67};
     static float q[MAX_M * MAX_D], kf[MAX_N * (MAX_D + 3)], st[MAX_M * MAX_N], o[MAX_M * MAX_D], of[MAX_M * MAX_D];
@@ -262,8 +263,8 @@ static void test_stream_kernels(void) {
                             npattn_load_f32(types[ty], kh + i, 1, 1, kf + i);
                         }
                         /* scores: as stored against the float32 copy, and against double */
-                        kt->scores(q, M, D, types[ty], kh, ld, nk, INT64_MAX, st, MAX_N);
-                        kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, 0, sf, MAX_N);
+                        kt->scores(q, M, D, types[ty], kh, ld, nk, NULL, st, MAX_N);
+                        kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, &no_next, sf, MAX_N);
                         int same = 1, close = 1;
                         for (int64_t r = 0; r < M; r++)
                             for (int64_t j = 0; j < nk; j++) {
@@ -284,8 +285,8 @@ static void test_stream_kernels(void) {
                         /* accumulate: P (M, nk) in st against the rows as values, width D */
                         for (int64_t i = 0; i < M * MAX_N; i++) st[i] = (float)fabs(uniform());
                         for (int64_t i = 0; i < M * D; i++) o[i] = of[i] = o0[i] = (float)uniform();
-                        kt->accumulate(st, MAX_N, M, nk, INT64_MAX, types[ty], kh, ld, D, o);
-                        kt->accumulate(st, MAX_N, M, nk, 0, NPATTN_DTYPE_F32, kf, ld, D, of);
+                        kt->accumulate(st, MAX_N, M, nk, NULL, types[ty], kh, ld, D, o);
+                        kt->accumulate(st, MAX_N, M, nk, &no_next, NPATTN_DTYPE_F32, kf, ld, D, of);
                         same = memcmp(o, of, sizeof(float) * (size_t)(M * D)) == 0;
                         close = 1;
                         for (int64_t r = 0; r < M; r++)

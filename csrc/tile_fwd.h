@@ -41,8 +41,9 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
     if (s->stream && s->k_direct) { /* page by page, as stored */
         for (int64_t j = 0, run; j < nk; j += run) {
             const char *at = npattn_kv_row(&s->kk, j0 + j, &run);
-            const int64_t ahead = next_page_ahead(&s->kk, &run, nk - j, j0 + j, u->j1, D * pl->k_elem);
-            npattn_kernels()->scores((const float *)s->qt, M, D, p->k.dtype, at, pl->ldk, run, ahead, (float *)s->st + j,
+            struct npattn_next next;
+            const struct npattn_next *after = next_rows(&s->kk, &run, nk - j, j0 + j, u->j1, &next);
+            npattn_kernels()->scores((const float *)s->qt, M, D, p->k.dtype, at, pl->ldk, run, after, (float *)s->st + j,
                                      s->sld);
         }
     } else {
@@ -51,7 +52,7 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
         const void *ktile =
             CAT(kv_rows_, SFX)(&p->k, &s->kk, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
         if (s->stream)
-            npattn_kernels()->scores((const float *)s->qt, M, D, NPATTN_DTYPE_F32, ktile, ldk, nk, 0, (float *)s->st, s->sld);
+            npattn_kernels()->scores((const float *)s->qt, M, D, NPATTN_DTYPE_F32, ktile, ldk, nk, &no_next, (float *)s->st, s->sld);
         else
             GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, (const REAL *)ktile,
                  (int)ldk, s->qt, (int)M, (REAL)0, s->st, (int)M);
@@ -182,8 +183,9 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         if (s.stream && v_direct) { /* page by page, as stored */
             for (int64_t j = 0, run; j < nk; j += run) {
                 const char *at = npattn_kv_row(&s.vv, j0 + j, &run);
-                const int64_t ahead = next_page_ahead(&s.vv, &run, nk - j, j0 + j, u->j1, Dv * pl->v_elem);
-                npattn_kernels()->accumulate((const float *)s.st + j, s.sld, M, run, ahead, p->v.dtype, at, pl->ldv, Dv,
+                struct npattn_next next;
+                const struct npattn_next *after = next_rows(&s.vv, &run, nk - j, j0 + j, u->j1, &next);
+                npattn_kernels()->accumulate((const float *)s.st + j, s.sld, M, run, after, p->v.dtype, at, pl->ldv, Dv,
                                              (float *)ot);
             }
             continue;
@@ -192,7 +194,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         int in_place;
         const void *vtile = CAT(kv_rows_, SFX)(&p->v, &s.vv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
         if (s.stream)
-            npattn_kernels()->accumulate((const float *)s.st, s.sld, M, nk, 0, NPATTN_DTYPE_F32, vtile, ldv, Dv, (float *)ot);
+            npattn_kernels()->accumulate((const float *)s.st, s.sld, M, nk, &no_next, NPATTN_DTYPE_F32, vtile, ldv, Dv, (float *)ot);
         else
             GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)Dv, (int)nk, (REAL)1, s.st, (int)M,
                  (const REAL *)vtile, (int)ldv, (REAL)1, ot, (int)Dv);

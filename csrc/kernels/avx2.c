@@ -202,15 +202,15 @@ AVX2 INLINE void prefetch_row(const void *p, int64_t n) {
 /* Scores of nr <= 4 query rows against nkb <= 3 keys (rows of type kt at
  * kr), into st (nr, ldst), a small GEMM's microkernel for 16 registers: 12
  * accumulators, 3 key vectors (converted once, used 4 times) and a query
- * vector; then one reduction tree per 8 scores. pf: the offset (in elements)
- * of the rows to prefetch, or 0. */
+ * vector; then one reduction tree per 8 scores. pf: where the rows to
+ * prefetch for these keys start, or NULL. */
 AVX2 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
-                              int nkb, float *st, int64_t ldst, int64_t pf) {
+                              int nkb, float *st, int64_t ldst, const void *pf) {
     __m256 acc[16]; /* acc[3 * row + key]; 12 .. 15 stay zero, for the reduction */
     for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();
     int64_t d = 0;
-    if (pf) /* the rows pf elements ahead, into L2 */
-        for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, kr, a * ldk + pf), D * npattn_stream_size(kt));
+    if (pf) /* the rows ahead, into L2 */
+        for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk), D * npattn_stream_size(kt));
     for (; d + 8 <= D; d += 8) {
         __m256 kv[3];
         for (int a = 0; a < nkb; a++) kv[a] = load8(kt, npattn_stream_at(kt, kr, a * ldk + d));
@@ -233,10 +233,10 @@ AVX2 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int
 /* Keys j .. j+nkb-1 against every row, 4 rows at a time, the row count of
  * the last block specialised. */
 AVX2 INLINE void scores_keys(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *kr, int64_t ldk,
-                             int nkb, float *st, int64_t ldst, int64_t pf) {
+                             int nkb, float *st, int64_t ldst, const void *pf) {
     int64_t r = 0;
-    for (; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, nkb, st + r * ldst, ldst, r == 0 ? pf : 0);
-    int64_t pr = r == 0 ? pf : 0;
+    for (; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, nkb, st + r * ldst, ldst, r == 0 ? pf : NULL);
+    const void *pr = r == 0 ? pf : NULL;
     switch (M - r) {
     case 3: scores_block(kt, q + r * D, 3, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
     case 2: scores_block(kt, q + r * D, 2, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
@@ -246,37 +246,37 @@ AVX2 INLINE void scores_keys(enum npattn_dtype kt, const float *q, int64_t M, in
 }
 
 AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
-                           int64_t nk, int64_t ahead, float *st, int64_t ldst) {
-    const int64_t pf_rows = npattn_prefetch_rows(ldk * npattn_stream_size(kt)), pf = pf_rows * ldk;
-    const int64_t until = npattn_prefetch_until(nk, ahead, pf_rows); /* the first row block prefetches */
+                           int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+    const int64_t pf_rows = npattn_prefetch_rows(ldk * npattn_stream_size(kt)); /* the first row block prefetches */
     int64_t j = 0;
     for (; j + 3 <= nk; j += 3)
-        scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 3, st + j, ldst, j + 2 < until ? pf : 0);
-    if (nk - j == 2) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 2, st + j, ldst, 0);
-    if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, st + j, ldst, 0);
+        scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 3, st + j, ldst,
+                    npattn_row_ahead(kt, k, ldk, nk, next, j + pf_rows));
+    if (nk - j == 2) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 2, st + j, ldst, NULL);
+    if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, st + j, ldst, NULL);
 }
 
 /* One copy of the loops per key type, its conversion inlined. */
 AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                             int64_t nk, int64_t ahead, float *st, int64_t ldst) {
-    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, ahead, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, ahead, st, ldst);
-    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, ahead, st, ldst);
+                             int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
+    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
 /* o (nr <= 6 rows, 8 * nc <= 16 columns from e0) += P @ v, o in registers
  * while the value rows (type vt) stream past: 12 accumulators, 2 value
- * vectors (converted once, used 6 times) and a broadcast weight. pf: as for
- * scores_block, whole rows. */
+ * vectors (converted once, used 6 times) and a broadcast weight. pf_rows:
+ * the prefetch distance, whole rows (0: none); next as for scores. */
 AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
-                                  const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf,
-                                  int64_t until) {
+                                  const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
+                                  const struct npattn_next *next) {
     __m256 acc[12]; /* acc[2 * row + chunk] */
     for (int a = 0; a < nr; a++)
         for (int c = 0; c < nc; c++) acc[2 * a + c] = _mm256_loadu_ps(o + a * Dv + e0 + 8 * c);
     for (int64_t j = 0; j < nk; j++) {
-        if (pf && j < until) /* whole rows pf elements ahead, into L2 */
-            prefetch_row(npattn_stream_at(vt, v, j * ldv + pf), Dv * npattn_stream_size(vt));
+        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j + pf_rows) : NULL;
+        if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
         __m256 vv[2];
         for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, j * ldv + e0 + 8 * c));
         for (int a = 0; a < nr; a++) {
@@ -292,30 +292,29 @@ AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t
  * count of the last block specialised. */
 AVX2 INLINE void accumulate_columns(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int nc,
                                     int64_t nk, const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o,
-                                    int64_t pf, int64_t until) {
+                                    int64_t pf_rows, const struct npattn_next *next) {
     int64_t r = 0;
     for (; r + 6 <= M; r += 6)
-        accumulate_block(vt, st + r * ldst, ldst, 6, nc, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 ? pf : 0, until);
-    int64_t pr = r == 0 ? pf : 0;
+        accumulate_block(vt, st + r * ldst, ldst, 6, nc, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 ? pf_rows : 0, next);
+    int64_t pr = r == 0 ? pf_rows : 0;
     switch (M - r) {
-    case 5: accumulate_block(vt, st + r * ldst, ldst, 5, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
-    case 4: accumulate_block(vt, st + r * ldst, ldst, 4, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
-    case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
-    case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
-    case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
+    case 5: accumulate_block(vt, st + r * ldst, ldst, 5, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+    case 4: accumulate_block(vt, st + r * ldst, ldst, 4, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+    case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+    case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+    case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
     default: break;
     }
 }
 
 AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
-                               int64_t ahead, const void *v, int64_t ldv, int64_t Dv, float *o) {
+                               const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
     /* the first block of the first pass prefetches */
-    const int64_t pf_rows = npattn_prefetch_rows(ldv * npattn_stream_size(vt)), pf = pf_rows * ldv;
-    const int64_t until = npattn_prefetch_until(nk, ahead, pf_rows);
+    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt));
     int64_t e0 = 0;
-    for (; e0 + 16 <= Dv; e0 += 16) accumulate_columns(vt, st, ldst, M, 2, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, until);
+    for (; e0 + 16 <= Dv; e0 += 16) accumulate_columns(vt, st, ldst, M, 2, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
     if (e0 + 8 <= Dv) {
-        accumulate_columns(vt, st, ldst, M, 1, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, until);
+        accumulate_columns(vt, st, ldst, M, 1, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
         e0 += 8;
     }
     if (e0 < Dv) /* columns left over, fewer than 8 */
@@ -328,11 +327,11 @@ AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ld
 }
 
 /* One copy of the loops per value type, its conversion inlined. */
-AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, int64_t nk, int64_t ahead, enum npattn_dtype vt,
+AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next, enum npattn_dtype vt,
                                  const void *v, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, ahead, v, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, ahead, v, ldv, Dv, o);
-    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, ahead, v, ldv, Dv, o);
+    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, next, v, ldv, Dv, o);
+    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, next, v, ldv, Dv, o);
+    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, next, v, ldv, Dv, o);
 }
 
 AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) {

@@ -205,9 +205,9 @@ AVX512 INLINE void prefetch_row(const void *p, int64_t n) {
 
 /* Scores of nr <= 4 query rows (at qr) against nkb <= 4 keys (rows of type
  * kt at kr), into st (nr, ldst): 16 products per pair of loaded vectors, one
- * reduction tree. pf: the offset (in elements) of the rows to prefetch, or 0. */
+ * reduction tree. pf: where the rows to prefetch for these keys start, or NULL. */
 AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
-                                int nkb, float *st, int64_t ldst, int64_t pf) {
+                                int nkb, float *st, int64_t ldst, const void *pf) {
     __m512 acc[16]; /* acc[4 * row + key] */
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
     const int64_t es = npattn_stream_size(kt);
@@ -215,7 +215,7 @@ AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, i
         __mmask16 m = lanes(D, c);
         __m512 kv[4], qv[4];
         if (pf && (16 * c * es) % 64 == 0) /* one prefetch per cache line */
-            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, kr, a * ldk + 16 * c + pf), 1);
+            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + 16 * c), 1);
         for (int a = 0; a < nkb; a++) kv[a] = load16(kt, npattn_stream_at(kt, kr, a * ldk), D, c);
         for (int b = 0; b < nr; b++) qv[b] = _mm512_maskz_loadu_ps(m, qr + b * D + 16 * c);
         for (int b = 0; b < nr; b++)
@@ -236,19 +236,18 @@ AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, i
 }
 
 AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
-                             int64_t nk, int64_t ahead, float *st, int64_t ldst) {
+                             int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     const int64_t pf_rows = npattn_prefetch_rows(ldk * npattn_stream_size(kt)); /* the first row block prefetches */
-    const int64_t until = npattn_prefetch_until(nk, ahead, pf_rows);
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
         const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const int64_t pf = j + 3 < until ? pf_rows * ldk : 0;
+        const void *pf = npattn_row_ahead(kt, k, ldk, nk, next, j + pf_rows);
         int64_t r = 0;
         if (M >= 4) {
             scores_block(kt, q, 4, D, kr, ldk, 4, st + j, ldst, pf);
-            for (r = 4; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, 4, st + r * ldst + j, ldst, 0);
+            for (r = 4; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, 4, st + r * ldst + j, ldst, NULL);
         }
-        int64_t pr = r == 0 ? pf : 0;
+        const void *pr = r == 0 ? pf : NULL;
         switch (M - r) { /* the rows left, each count specialised */
         case 3: scores_block(kt, q + r * D, 3, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
         case 2: scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
@@ -259,22 +258,23 @@ AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, in
     if (j < nk)
         for (int64_t r = 0; r < M; r += 4)
             scores_block(kt, q + r * D, (int)(M - r < 4 ? M - r : 4), D, npattn_stream_at(kt, k, j * ldk), ldk,
-                         (int)(nk - j), st + r * ldst + j, ldst, 0);
+                         (int)(nk - j), st + r * ldst + j, ldst, NULL);
 }
 
 /* One copy of the loops per key type, its conversion inlined. */
 AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k,
-                                 int64_t ldk, int64_t nk, int64_t ahead, float *st, int64_t ldst) {
-    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, ahead, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, ahead, st, ldst);
-    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, ahead, st, ldst);
+                                 int64_t ldk, int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
+    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
 /* o (nr <= 4 rows, 64 columns from e0) += P @ v: o in registers while the
- * value rows (type vt) stream past. pf: as for scores_block, whole rows. */
+ * value rows (type vt) stream past. pf_rows: the prefetch distance, whole
+ * rows (0: none); next as for scores. */
 AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int64_t nk,
-                                    const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf,
-                                    int64_t until) {
+                                    const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
+                                    const struct npattn_next *next) {
     __mmask16 m[4];
     for (int c = 0; c < 4; c++) m[c] = lanes(Dv - e0, c);
     __m512 acc[16]; /* acc[4 * row + chunk] */
@@ -282,7 +282,8 @@ AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64
         for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_maskz_loadu_ps(m[c], o + a * Dv + e0 + 16 * c);
     for (int64_t j = 0; j < nk; j++) {
         const void *vr = npattn_stream_at(vt, v, j * ldv + e0);
-        if (pf && j < until) prefetch_row(npattn_stream_at(vt, v, j * ldv + pf), Dv * npattn_stream_size(vt));
+        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j + pf_rows) : NULL;
+        if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt));
         __m512 vv[4];
         for (int c = 0; c < 4; c++) vv[c] = load16(vt, vr, Dv - e0, c);
         for (int a = 0; a < nr; a++) {
@@ -295,33 +296,32 @@ AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64
 }
 
 AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
-                                 int64_t ahead, const void *v, int64_t ldv, int64_t Dv, float *o) {
+                                 const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
     /* the first block of each pass prefetches */
-    const int64_t pf_rows = npattn_prefetch_rows(ldv * npattn_stream_size(vt)), pf = pf_rows * ldv;
-    const int64_t until = npattn_prefetch_until(nk, ahead, pf_rows);
+    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt));
     for (int64_t e0 = 0; e0 < Dv; e0 += 64) {
         int64_t r = 0;
         if (M >= 4) {
-            accumulate_block(vt, st, ldst, 4, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, until);
+            accumulate_block(vt, st, ldst, 4, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
             for (r = 4; r + 4 <= M; r += 4)
-                accumulate_block(vt, st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, 0, until);
+                accumulate_block(vt, st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, 0, next);
         }
         int64_t pr = r == 0 && e0 == 0 ? pf : 0;
         switch (M - r) {
-        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
-        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
-        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
+        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
         default: break;
         }
     }
 }
 
 /* One copy of the loops per value type, its conversion inlined. */
-AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, int64_t nk, int64_t ahead, enum npattn_dtype vt,
+AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next, enum npattn_dtype vt,
                                      const void *v, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, ahead, v, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, ahead, v, ldv, Dv, o);
-    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, ahead, v, ldv, Dv, o);
+    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, next, v, ldv, Dv, o);
+    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, next, v, ldv, Dv, o);
+    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, next, v, ldv, Dv, o);
 }
 
 AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst) {

@@ -26,6 +26,13 @@ struct npattn_score_tile {
     const int32_t *lo, *hi;  /* NULL, or [M]: column r sees tile keys lo[r] <= j <= hi[r] */
 };
 
+/* Where the rows after those a streaming kernel reads lie (the next page):
+ * n rows at `rows`, as far apart as the ones read. */
+struct npattn_next {
+    const void *rows;
+    int64_t n;
+};
+
 struct npattn_kernels {
     const char *name;
 
@@ -52,13 +59,12 @@ struct npattn_kernels {
      * row-major, against nk rows of k (ldk elements apart). accumulate:
      * o (M, Dv) row-major += P @ v, P (M, nk) given as st (M, ldst). The
      * arithmetic is the same, in float, whatever the types. Both prefetch
-     * rows a fixed distance ahead of those they read, within the nk rows and
-     * the `ahead` rows after them that lie ldk (ldv) apart too: the rest of
-     * a dense tile's keys, or of a page. */
+     * rows a fixed distance ahead of those they read: past the nk rows,
+     * those of `next` (NULL: the rows that follow, ldk apart). */
     void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk, int64_t nk,
-                   int64_t ahead, float *st, int64_t ldst);
-    void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, int64_t ahead, enum npattn_dtype vt,
-                       const void *v, int64_t ldv, int64_t Dv, float *o);
+                   const struct npattn_next *next, float *st, int64_t ldst);
+    void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next,
+                       enum npattn_dtype vt, const void *v, int64_t ldv, int64_t Dv, float *o);
 
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
@@ -141,10 +147,13 @@ static inline int64_t npattn_prefetch_rows(int64_t row_bytes) {
     return n < 4 ? 4 : n;
 }
 
-/* The rows j < this may prefetch row j + pf_rows: it lies within the nk rows
- * read and the `ahead` rows after them. */
-static inline int64_t npattn_prefetch_until(int64_t nk, int64_t ahead, int64_t pf_rows) {
-    return ahead >= INT64_MAX - nk ? INT64_MAX : nk + ahead - pf_rows;
+/* Row `row` of the nk rows at k followed by those of next (NULL: by the rows
+ * after them), ldk elements apart, for a prefetch; NULL past them. */
+static inline const void *npattn_row_ahead(enum npattn_dtype t, const void *k, int64_t ldk, int64_t nk,
+                                           const struct npattn_next *next, int64_t row) {
+    if (row < nk || !next) return npattn_stream_at(t, k, row * ldk);
+    row -= nk;
+    return row < next->n ? npattn_stream_at(t, next->rows, row * ldk) : NULL;
 }
 
 

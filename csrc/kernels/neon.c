@@ -203,14 +203,14 @@ INLINE void prefetch_row(const void *p, int64_t n) {
 
 /* Scores of nr <= 2 query rows against nkb <= 4 keys (rows of type kt at
  * kr), into st (nr, ldst): 8 products per loaded pair of vectors, then one
- * reduction per score. pf: the offset (in elements) of the rows to prefetch, or 0. */
+ * reduction per score. pf: where the rows to prefetch for these keys start, or NULL. */
 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
-                         int nkb, float *st, int64_t ldst, int64_t pf) {
+                         int nkb, float *st, int64_t ldst, const void *pf) {
     float32x4_t acc[8]; /* acc[4 * row + key] */
     for (int i = 0; i < 8; i++) acc[i] = vdupq_n_f32(0.0f);
     int64_t d = 0;
-    if (pf) /* the rows pf elements ahead, into L2 */
-        for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, kr, a * ldk + pf), D * npattn_stream_size(kt));
+    if (pf) /* the rows ahead, into L2 */
+        for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk), D * npattn_stream_size(kt));
     for (; d + 4 <= D; d += 4) {
         float32x4_t kv[4], qv[2];
         for (int a = 0; a < nkb; a++) kv[a] = load4(kt, npattn_stream_at(kt, kr, a * ldk + d));
@@ -227,42 +227,43 @@ INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t 
 }
 
 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
-                      int64_t nk, int64_t ahead, float *st, int64_t ldst) {
+                      int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     const int64_t pf_rows = npattn_prefetch_rows(ldk * npattn_stream_size(kt)); /* the first row block prefetches */
-    const int64_t until = npattn_prefetch_until(nk, ahead, pf_rows);
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
         const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const int64_t pf = j + 3 < until ? pf_rows * ldk : 0;
+        const void *pf = npattn_row_ahead(kt, k, ldk, nk, next, j + pf_rows);
         int64_t r = 0;
         for (; r + 2 <= M; r += 2)
-            scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
-        if (r < M) scores_block(kt, q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : 0);
+            scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : NULL);
+        if (r < M) scores_block(kt, q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : NULL);
     }
     if (j < nk)
         for (int64_t r = 0; r < M; r += 2)
             scores_block(kt, q + r * D, (int)(M - r < 2 ? M - r : 2), D, npattn_stream_at(kt, k, j * ldk), ldk,
-                         (int)(nk - j), st + r * ldst + j, ldst, 0);
+                         (int)(nk - j), st + r * ldst + j, ldst, NULL);
 }
 
 /* One copy of the loops per key type, its conversion inlined. */
 static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                        int64_t nk, int64_t ahead, float *st, int64_t ldst) {
-    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, ahead, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, ahead, st, ldst);
-    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, ahead, st, ldst);
+                        int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
+    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
 /* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers while the
- * value rows (type vt) stream past. pf: as for scores_block, whole rows. */
+ * value rows (type vt) stream past. pf_rows: the prefetch distance, whole
+ * rows (0: none); next as for scores. */
 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int64_t nk, const void *v,
-                             int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf, int64_t until) {
+                             int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
+                             const struct npattn_next *next) {
     float32x4_t acc[16]; /* acc[4 * row + chunk] */
     for (int a = 0; a < nr; a++)
         for (int c = 0; c < 4; c++) acc[4 * a + c] = vld1q_f32(o + a * Dv + e0 + 4 * c);
     for (int64_t j = 0; j < nk; j++) {
-        if (pf && j < until) /* whole rows pf elements ahead, into L2 */
-            prefetch_row(npattn_stream_at(vt, v, j * ldv + pf), Dv * npattn_stream_size(vt));
+        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j + pf_rows) : NULL;
+        if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
         float32x4_t vv[4];
         for (int c = 0; c < 4; c++) vv[c] = load4(vt, npattn_stream_at(vt, v, j * ldv + e0 + 4 * c));
         for (int a = 0; a < nr; a++) {
@@ -274,21 +275,20 @@ INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst
         for (int c = 0; c < 4; c++) vst1q_f32(o + a * Dv + e0 + 4 * c, acc[4 * a + c]);
 }
 
-INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk, int64_t ahead,
-                          const void *v, int64_t ldv, int64_t Dv, float *o) {
+INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
+                          const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
     /* the first block of the first pass prefetches */
-    const int64_t pf_rows = npattn_prefetch_rows(ldv * npattn_stream_size(vt)), pf = pf_rows * ldv;
-    const int64_t until = npattn_prefetch_until(nk, ahead, pf_rows);
+    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt));
     int64_t e0 = 0;
     for (; e0 + 16 <= Dv; e0 += 16) {
         int64_t r = 0;
         for (; r + 4 <= M; r += 4)
-            accumulate_block(vt, st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0 ? pf : 0, until);
+            accumulate_block(vt, st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0 ? pf : 0, next);
         int64_t pr = r == 0 && e0 == 0 ? pf : 0;
         switch (M - r) {
-        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
-        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
-        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr, until); break;
+        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
         default: break;
         }
     }
@@ -302,11 +302,11 @@ INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, i
 }
 
 /* One copy of the loops per value type, its conversion inlined. */
-static void accumulate_neon(const float *st, int64_t ldst, int64_t M, int64_t nk, int64_t ahead, enum npattn_dtype vt, const void *v,
+static void accumulate_neon(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next, enum npattn_dtype vt, const void *v,
                             int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, ahead, v, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, ahead, v, ldv, Dv, o);
-    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, ahead, v, ldv, Dv, o);
+    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, next, v, ldv, Dv, o);
+    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, next, v, ldv, Dv, o);
+    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, next, v, ldv, Dv, o);
 }
 
 static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {

@@ -146,8 +146,8 @@ static int softmax_rows_portable(float *st, const struct npattn_score_tile *t, f
 }
 
 static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                            int64_t nk, int64_t ahead, float *st, int64_t ldst) {
-    (void)ahead; /* no prefetch */
+                            int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+    (void)next; /* no prefetch */
     for (int64_t r = 0; r < M; r++)
         for (int64_t j = 0; j < nk; j++) {
             const void *kr = npattn_stream_at(kt, k, j * ldk);
@@ -157,9 +157,10 @@ static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dt
         }
 }
 
-static void accumulate_portable(const float *st, int64_t ldst, int64_t M, int64_t nk, int64_t ahead,
-                                enum npattn_dtype vt, const void *v, int64_t ldv, int64_t Dv, float *o) {
-    (void)ahead;
+static void accumulate_portable(const float *st, int64_t ldst, int64_t M, int64_t nk,
+                                const struct npattn_next *next, enum npattn_dtype vt, const void *v, int64_t ldv,
+                                int64_t Dv, float *o) {
+    (void)next;
     for (int64_t r = 0; r < M; r++)
         for (int64_t j = 0; j < nk; j++) {
             float p = st[r * ldst + j];
