@@ -251,7 +251,7 @@ AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int6
     int64_t j = 0;
     for (; j + 3 <= nk; j += 3)
         scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 3, st + j, ldst,
-                    npattn_row_ahead(kt, k, ldk, nk, next, j + pf_rows));
+                    npattn_row_ahead(kt, k, ldk, nk, next, j, pf_rows));
     if (nk - j == 2) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 2, st + j, ldst, NULL);
     if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, st + j, ldst, NULL);
 }
@@ -275,7 +275,7 @@ AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t
     for (int a = 0; a < nr; a++)
         for (int c = 0; c < nc; c++) acc[2 * a + c] = _mm256_loadu_ps(o + a * Dv + e0 + 8 * c);
     for (int64_t j = 0; j < nk; j++) {
-        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j + pf_rows) : NULL;
+        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
         if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
         __m256 vv[2];
         for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, j * ldv + e0 + 8 * c));

@@ -241,7 +241,7 @@ AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, in
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
         const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const void *pf = npattn_row_ahead(kt, k, ldk, nk, next, j + pf_rows);
+        const void *pf = npattn_row_ahead(kt, k, ldk, nk, next, j, pf_rows);
         int64_t r = 0;
         if (M >= 4) {
             scores_block(kt, q, 4, D, kr, ldk, 4, st + j, ldst, pf);
@@ -282,7 +282,7 @@ AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64
         for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_maskz_loadu_ps(m[c], o + a * Dv + e0 + 16 * c);
     for (int64_t j = 0; j < nk; j++) {
         const void *vr = npattn_stream_at(vt, v, j * ldv + e0);
-        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j + pf_rows) : NULL;
+        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
         if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt));
         __m512 vv[4];
         for (int c = 0; c < 4; c++) vv[c] = load16(vt, vr, Dv - e0, c);

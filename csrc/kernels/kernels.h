@@ -147,13 +147,16 @@ static inline int64_t npattn_prefetch_rows(int64_t row_bytes) {
     return n < 4 ? 4 : n;
 }
 
-/* Row `row` of the nk rows at k followed by those of next (NULL: by the rows
- * after them), ldk elements apart, for a prefetch; NULL past them. */
+/* The row to prefetch while reading row j of the nk rows at k, followed by
+ * those of next (NULL: by the rows after them), ldk elements apart: pf rows
+ * ahead, or as far as next reaches if it holds fewer (a short page); NULL
+ * past them. */
 static inline const void *npattn_row_ahead(enum npattn_dtype t, const void *k, int64_t ldk, int64_t nk,
-                                           const struct npattn_next *next, int64_t row) {
-    if (row < nk || !next) return npattn_stream_at(t, k, row * ldk);
-    row -= nk;
-    return row < next->n ? npattn_stream_at(t, next->rows, row * ldk) : NULL;
+                                           const struct npattn_next *next, int64_t j, int64_t pf) {
+    if (!next) return npattn_stream_at(t, k, (j + pf) * ldk);
+    const int64_t row = j + (pf < next->n ? pf : next->n);
+    if (row < nk) return row > j ? npattn_stream_at(t, k, row * ldk) : NULL;
+    return row - nk < next->n ? npattn_stream_at(t, next->rows, (row - nk) * ldk) : NULL;
 }
 
 

@@ -232,7 +232,7 @@ INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
         const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const void *pf = npattn_row_ahead(kt, k, ldk, nk, next, j + pf_rows);
+        const void *pf = npattn_row_ahead(kt, k, ldk, nk, next, j, pf_rows);
         int64_t r = 0;
         for (; r + 2 <= M; r += 2)
             scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : NULL);
@@ -262,7 +262,7 @@ INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst
     for (int a = 0; a < nr; a++)
         for (int c = 0; c < 4; c++) acc[4 * a + c] = vld1q_f32(o + a * Dv + e0 + 4 * c);
     for (int64_t j = 0; j < nk; j++) {
-        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j + pf_rows) : NULL;
+        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
         if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
         float32x4_t vv[4];
         for (int c = 0; c < 4; c++) vv[c] = load4(vt, npattn_stream_at(vt, v, j * ldv + e0 + 4 * c));
