@@ -51,6 +51,13 @@ def main() -> None:
     assert_type(weights, Array)
     print("weights", weights.sum(axis=-1).shape)
 
+    # a paged cache: 3 pages of 4 rows, request 0 in pages 2 and 0, request 1 in page 1
+    key_pages = rng.standard_normal((3, 2, 4, 16), dtype=np.float32)
+    table = np.array([[2, 0], [1, -1]], np.int32)
+    paged: np.ndarray = npattn.paged_attention(np.concatenate([q, q])[:, :, :1], key_pages, key_pages, table, [7, 3], 4)
+    paged_out, paged_lse = npattn.paged_attention(np.concatenate([q, q])[:, :, :1], key_pages, key_pages, table, [7, 3], return_lse=True)
+    print("paged", paged.shape, paged_out.shape, paged_lse.shape)
+
     a = npattn.sdpa(q, k[..., :3, :], v[..., :3, :], q_offset=0, return_lse=True)
     b = npattn.sdpa(q, k[..., 3:, :], v[..., 3:, :], q_offset=0, k_offset=3, return_lse=True)
     merged, merged_lse = npattn.merge([a[0], b[0]], [a[1], b[1]])
