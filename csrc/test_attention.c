@@ -420,6 +420,26 @@ static void test_invalid(void) {
     INVALID("k_length past S", (p.k_start = start_ok, p.k_length = length_past), NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
     INVALID("negative k_length", p.k_length = length_negative, NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
     INVALID("a key range within S is OK", (p.k_start = start_ok, p.k_length = start_ok), NPATTN_STATUS_OK, NONE, NONE);
+    /* paged: the one page of 5 rows holds the 5 keys */
+    const int64_t table_ok[1] = {0}, table_past[1] = {1}, no_key[1] = {0};
+    struct npattn_pages pages = {table_ok, 1, 1, 5, 0, 0};
+    INVALID("pages: one page of every key is OK", p.pages = &pages, NPATTN_STATUS_OK, NONE, NONE);
+    INVALID("pages: S not max_pages * page_size", (p.pages = &pages, p.n_key = 4), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
+    INVALID("pages: with k_start", (p.pages = &pages, p.k_start = start_ok), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
+    INVALID("pages: no block table", (pages.block_table = NULL, p.pages = &pages), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
+    pages.block_table = table_past;
+    INVALID("pages: a live entry past n_page", p.pages = &pages, NPATTN_STATUS_BAD_PAGE, NONE, NONE);
+    expect(why.entry == 0, "verdict: the bad entry is named");
+    INVALID("pages: entries past the live pages are never read", (p.pages = &pages, p.k_length = no_key),
+            NPATTN_STATUS_OK, NONE, NONE);
+    pages.block_table = table_ok;
+    {
+        struct npattn_backward_problem bp;
+        memset(&bp, 0, sizeof bp);
+        fill_problem(&bp.fwd, &c, NPATTN_DTYPE_F32, &x, NULL, bshape);
+        bp.fwd.pages = &pages;
+        expect(npattn_check_backward(&bp, NULL) == NPATTN_STATUS_BAD_PAGES, "pages: no backward pass");
+    }
 #undef INVALID
     expect_status(npattn_sdpa(NULL), NPATTN_STATUS_NO_PROBLEM, "NULL problem");
     expect(npattn_check(NULL, NULL) == NPATTN_STATUS_NO_PROBLEM, "NULL problem, no verdict asked");
