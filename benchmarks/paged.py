@@ -33,11 +33,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import measure  # noqa: E402
-import report  # noqa: E402
-
-import npattn  # noqa: E402
-from npattn.testing import MODEL_HEADS  # noqa: E402
+import measure
+import npattn
+import report
+from npattn.testing import MODEL_HEADS
 
 
 def interleaved(calls: dict, rounds: int = 7, min_time: float = 0.3) -> dict:
@@ -144,7 +143,8 @@ def ragged_batch(rng, model, lengths, threads):
     })  # fmt: skip
     return {
         "model": model, "B": B, "keys": int(cl.sum()), "ranges_ms": ms["ranges"], "separate_ms": ms["separate"],
-        "mask_ms": ms["mask"], "ranges_vs_separate": ms["separate"] / ms["ranges"], "ranges_vs_mask": ms["mask"] / ms["ranges"],
+        "mask_ms": ms["mask"], "ranges_vs_separate": ms["separate"] / ms["ranges"],
+        "ranges_vs_mask": ms["mask"] / ms["ranges"],
     }  # fmt: skip
 
 
@@ -192,18 +192,28 @@ def main() -> None:
 
 
 def markdown(data: dict) -> str:
-    lines = [f"Read bandwidth: {data['read_bandwidth']['gbs']:.1f} GB/s on {data['read_bandwidth']['threads']} threads.", ""]
-    lines += ["| heads | B | keys | page | L | dtype | paged ms | dense ms | dense/paged | paged GB/s |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"Read bandwidth: {data['read_bandwidth']['gbs']:.1f} GB/s on {data['read_bandwidth']['threads']} threads.",
+        "",
+    ]
+    lines += [
+        "| heads | B | keys | page | L | dtype | paged ms | dense ms | dense/paged | paged GB/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in data["decode"] + data["prefill"]:
         lines.append(
-            f"| {r['model']} | {r['B']} | {r['keys']} | {r['page_size']} | {r['L']} | {r['dtype']} | {r['paged_ms']:.3g} "
-            f"| {r['dense_ms']:.3g} | {r['paged_vs_dense']:.2f} | {r['paged_gbs']:.1f} |"
+            f"| {r['model']} | {r['B']} | {r['keys']} | {r['page_size']} | {r['L']} | {r['dtype']} "
+            f"| {r['paged_ms']:.3g} | {r['dense_ms']:.3g} | {r['paged_vs_dense']:.2f} | {r['paged_gbs']:.1f} |"
         )
-    lines += ["", "| heads | B | keys | k_lengths ms | separate calls ms | bool mask ms | separate/ranges | mask/ranges |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| heads | B | keys | k_lengths ms | separate calls ms | bool mask ms | separate/ranges | mask/ranges |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in data["ragged"]:
         lines.append(
-            f"| {r['model']} | {r['B']} | {r['keys']} | {r['ranges_ms']:.3g} | {r['separate_ms']:.3g} | {r['mask_ms']:.3g} "
-            f"| {r['ranges_vs_separate']:.2f} | {r['ranges_vs_mask']:.2f} |"
+            f"| {r['model']} | {r['B']} | {r['keys']} | {r['ranges_ms']:.3g} | {r['separate_ms']:.3g} "
+            f"| {r['mask_ms']:.3g} | {r['ranges_vs_separate']:.2f} | {r['ranges_vs_mask']:.2f} |"
         )
     return "\n".join(lines)
 

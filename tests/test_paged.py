@@ -57,7 +57,9 @@ def check_paged(q, key_pages, value_pages, table, lengths, **kwargs):
     gathered keys; lse too when asked for. Returns npattn's result (and lse)."""
     before = snapshot(*map(np.asarray, (q, key_pages, value_pages, table, lengths)))
     got = npattn.paged_attention(q, key_pages, value_pages, table, lengths, **kwargs)
-    ref_kwargs = {key: f64(val) if key == "sinks" else val for key, val in kwargs.items() if key not in ("threads", "out")}
+    ref_kwargs = {
+        key: f64(val) if key == "sinks" else val for key, val in kwargs.items() if key not in ("threads", "out")
+    }
     with np.errstate(all="ignore"):
         want = reference.paged_attention(f64(q), f64(key_pages), f64(value_pages), table, lengths, **ref_kwargs)
     if kwargs.get("return_lse"):
@@ -142,7 +144,10 @@ def test_paged_strided_stores(rng, layout):
     row, every other column (read through the gather), reversed pages."""
     q, kp, vp, table, cl = paged_problem(rng, B=3, L=1, page_size=8, lengths=(5, 16, 40), D=16, D_v=16)
     if layout == "pages-rows-heads":
-        store_k, store_v = np.ascontiguousarray(kp.transpose(0, 2, 1, 3)), np.ascontiguousarray(vp.transpose(0, 2, 1, 3))
+        store_k, store_v = (
+            np.ascontiguousarray(kp.transpose(0, 2, 1, 3)),
+            np.ascontiguousarray(vp.transpose(0, 2, 1, 3)),
+        )
         kp2, vp2 = store_k.transpose(0, 2, 1, 3), store_v.transpose(0, 2, 1, 3)
     elif layout == "strided-rows":
         kp2, vp2 = np.repeat(kp, 2, axis=2)[:, :, ::2], np.repeat(vp, 2, axis=2)[:, :, ::2]
@@ -221,7 +226,9 @@ def test_bad_block_table_entry_names_it(rng, capfd):
                              "block_table", [f"block_table[1, 1] = {value}", f"P = {P}"], function=P_ERR)  # fmt: skip
     dead = table.copy()
     dead[2, 1:] = 10**9  # past request 2's live page: never read
-    np.testing.assert_array_equal(npattn.paged_attention(q, kp, vp, dead, cl), npattn.paged_attention(q, kp, vp, table, cl))
+    np.testing.assert_array_equal(
+        npattn.paged_attention(q, kp, vp, dead, cl), npattn.paged_attention(q, kp, vp, table, cl)
+    )
 
 
 @pytest.mark.parametrize("length, text", [(-1, "context_lens[2] = -1"), (1, "past the last page")])
@@ -239,7 +246,12 @@ def test_argument_errors(rng, capfd):
     q, kp, vp, table, cl = paged_problem(rng, B=2, L=1, page_size=4, lengths=(5, 3))
     call = npattn.paged_attention
     cases = [
-        (lambda: call(q, kp, vp, table, cl, page_size=8), ValueError, "page_size", ["must equal key_pages.shape[2] = 4"]),
+        (
+            lambda: call(q, kp, vp, table, cl, page_size=8),
+            ValueError,
+            "page_size",
+            ["must equal key_pages.shape[2] = 4"],
+        ),
         (lambda: call(q, kp, vp, table, cl, 4.0), TypeError, "page_size", []),
         (lambda: call(q, kp, vp, table.astype(float), cl), TypeError, "block_table", ["array of ints"]),
         (lambda: call(q, kp, vp, table[0], cl), ValueError, "block_table", ["(B, max_pages)"]),

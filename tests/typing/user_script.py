@@ -55,7 +55,9 @@ def main() -> None:
     key_pages = rng.standard_normal((3, 2, 4, 16), dtype=np.float32)
     table = np.array([[2, 0], [1, -1]], np.int32)
     paged: np.ndarray = npattn.paged_attention(np.concatenate([q, q])[:, :, :1], key_pages, key_pages, table, [7, 3], 4)
-    paged_out, paged_lse = npattn.paged_attention(np.concatenate([q, q])[:, :, :1], key_pages, key_pages, table, [7, 3], return_lse=True)
+    paged_out, paged_lse = npattn.paged_attention(
+        np.concatenate([q, q])[:, :, :1], key_pages, key_pages, table, [7, 3], return_lse=True
+    )
     print("paged", paged.shape, paged_out.shape, paged_lse.shape)
 
     a = npattn.sdpa(q, k[..., :3, :], v[..., :3, :], q_offset=0, return_lse=True)
