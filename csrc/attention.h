@@ -71,6 +71,14 @@ enum npattn_dtype {
     NPATTN_DTYPE_BF16, /* bfloat16, the top half of a float */
 };
 
+/* How half-precision inputs may be computed (SPEC section 11). */
+enum npattn_precision {
+    NPATTN_PRECISION_HIGHEST, /* correctly rounded from a float32 computation, subnormals included */
+    NPATTN_PRECISION_FAST,    /* half inputs: the weights may be rounded to the half type before P @ V, and
+                                 the products may use half-precision dot products (float32 accumulation).
+                                 This build has no such kernels yet: it computes as HIGHEST */
+};
+
 /* An array mask, besides the band of positions. */
 enum npattn_mask_kind {
     NPATTN_MASK_NONE, /* no array mask */
@@ -113,6 +121,7 @@ enum npattn_status {
     NPATTN_STATUS_BAD_PAGES,          /* pages: no block table, page_size < 1, n_page < 0, S not
                                          max_pages * page_size, k_start given, or a backward pass */
     NPATTN_STATUS_BAD_PAGE,           /* pages: a live block_table entry outside [0, n_page) */
+    NPATTN_STATUS_BAD_PRECISION,      /* precision not one of enum npattn_precision */
     NPATTN_STATUS_COUNT
 };
 
@@ -222,6 +231,8 @@ struct npattn_problem {
 
     const double *sinks;              /* NULL, or [n_head_q] logits: exp(sink) joins the
                                          denominator, unscaled and unmasked */
+
+    enum npattn_precision precision;  /* HIGHEST (0) unless asked */
 
     int32_t n_threads;                /* 1 .. NPATTN_MAX_THREADS: at most this many threads, the caller included;
                                          0: the CPUs this process may run on (capped by

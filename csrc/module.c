@@ -55,7 +55,7 @@ static int check_signals(void *arg) {
 
 #define OPTIONS(X)                                                                                                     \
     X(q) X(k) X(v) X(dout) X(out) X(lse) X(scale) X(mask) X(sinks) X(window) X(softcap) X(q_offset) X(k_offset)        \
-        X(k_start) X(k_lengths) X(return_lse) X(threads) X(block_table) X(context_lens) X(page_size)
+        X(k_start) X(k_lengths) X(return_lse) X(precision) X(threads) X(block_table) X(context_lens) X(page_size)
 #define AS_ENUM(name) OPT_##name,
 #define AS_NAME(name) #name,
 enum option { OPTIONS(AS_ENUM) N_OPTION };
@@ -68,13 +68,14 @@ static PyObject *option_strings[N_OPTION]; /* interned at import */
 /* The options every entry point takes, and each one's own. */
 #define COMMON                                                                                                         \
     (BIT(q) | BIT(k) | BIT(scale) | BIT(mask) | BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) |              \
-     BIT(k_offset) | BIT(k_start) | BIT(k_lengths) | BIT(threads))
+     BIT(k_offset) | BIT(k_start) | BIT(k_lengths) | BIT(precision) | BIT(threads))
 #define SDPA_OPTIONS (COMMON | BIT(v) | BIT(return_lse) | BIT(out))
 #define WEIGHTS_OPTIONS COMMON
 #define BACKWARD_OPTIONS (COMMON | BIT(v) | BIT(dout) | BIT(out) | BIT(lse))
 #define PAGED_OPTIONS                                                                                                  \
     (BIT(q) | BIT(k) | BIT(v) | BIT(block_table) | BIT(context_lens) | BIT(page_size) | BIT(scale) | BIT(mask) |       \
-     BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) | BIT(return_lse) | BIT(out) | BIT(threads))
+     BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) | BIT(return_lse) | BIT(precision) | BIT(out) |         \
+     BIT(threads))
 
 /* ---- one call: what it read, what it owns ---- */
 
@@ -838,10 +839,23 @@ static int read_paged(struct call *c) {
     return 1;
 }
 
+/* precision: "highest" or "fast" (SPEC section 11). */
+static int read_precision(struct call *c) {
+    PyObject *x = c->opt[OPT_precision];
+    if (PyUnicode_Check(x) && PyUnicode_CompareWithASCIIString(x, "highest") == 0) {
+        c->p.precision = NPATTN_PRECISION_HIGHEST;
+    } else if (PyUnicode_Check(x) && PyUnicode_CompareWithASCIIString(x, "fast") == 0) {
+        c->p.precision = NPATTN_PRECISION_FAST;
+    } else {
+        return raise_with(c, PyExc_ValueError, "precision must be \"highest\" or \"fast\", got %U", short_repr(x, 60));
+    }
+    return 1;
+}
+
 /* Every option but the arrays of results, in the order the docs list them. */
 static int read_options(struct call *c) {
     return read_scale(c) && read_mask(c) && read_sinks(c) && read_window(c) && read_softcap(c) && read_offsets(c) &&
-           read_threads(c);
+           read_precision(c) && read_threads(c);
 }
 
 /* ---- results ---- */
@@ -1397,17 +1411,20 @@ static PyObject *core_set_num_threads(PyObject *self, PyObject *arg) {
 
 static PyMethodDef core_methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))core_sdpa, METH_FASTCALL | METH_KEYWORDS,
-     "sdpa(*, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, return_lse, out, threads)\n--\n\n"
+     "sdpa(*, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, return_lse, precision, out, "
+     "threads)\n--\n\n"
      "Private: npattn.sdpa's arguments, by name, as given."},
     {"attention_weights", (PyCFunction)(void (*)(void))core_attention_weights, METH_FASTCALL | METH_KEYWORDS,
-     "attention_weights(*, q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, threads)\n--\n\n"
+     "attention_weights(*, q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, precision, "
+     "threads)\n--\n\n"
      "Private: npattn.attention_weights's arguments, by name, as given."},
     {"paged_attention", (PyCFunction)(void (*)(void))core_paged_attention, METH_FASTCALL | METH_KEYWORDS,
      "paged_attention(*, q, k, v, block_table, context_lens, page_size, scale, mask, sinks, window, softcap, q_offset, "
-     "return_lse, out, threads)\n--\n\n"
+     "return_lse, precision, out, threads)\n--\n\n"
      "Private: npattn.paged_attention's arguments, by name, as given (k, v: the key and value pages)."},
     {"sdpa_backward", (PyCFunction)(void (*)(void))core_sdpa_backward, METH_FASTCALL | METH_KEYWORDS,
-     "sdpa_backward(*, dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, threads)\n--\n\n"
+     "sdpa_backward(*, dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, "
+     "k_lengths, precision, threads)\n--\n\n"
      "Private: (dq, dk, dv, dsinks) at the result's batch shape, and (q, k, v) as read."},
     {"check_mask", core_check_mask, METH_VARARGS,
      "check_mask(fn, mask, full)\n--\n\nThe mask as sdpa reads it for a result of shape full = (*B, H_q, L, S)."},

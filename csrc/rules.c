@@ -40,6 +40,7 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_BAD_PAGES] = "paged K/V needs a block table, page_size >= 1, n_page >= 0, S = max_pages * page_size, "
                                 "no k_start, and no backward pass",
     [NPATTN_STATUS_BAD_PAGE] = "every live block_table entry must lie in [0, n_page)",
+    [NPATTN_STATUS_BAD_PRECISION] = "precision must be one of enum npattn_precision",
 };
 
 const char *npattn_status_string(enum npattn_status status) {
@@ -249,6 +250,8 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
     if (p->mask_kind < NPATTN_MASK_NONE || p->mask_kind > NPATTN_MASK_ADD)
         return refuse(why, NPATTN_STATUS_BAD_MASK_KIND, NPATTN_OPERAND_MASK, none);
     if (p->n_threads < 0 || p->n_threads > NPATTN_MAX_THREADS) return refuse(why, NPATTN_STATUS_BAD_THREADS, none, none);
+    if (p->precision != NPATTN_PRECISION_HIGHEST && p->precision != NPATTN_PRECISION_FAST)
+        return refuse(why, NPATTN_STATUS_BAD_PRECISION, none, none);
     for (int64_t b = 0; b < n_batch && (p->k_start || p->k_length); b++) {
         const int64_t start = p->k_start ? p->k_start[b] : 0;
         if (start < 0 || start > p->n_key) return refuse(why, NPATTN_STATUS_BAD_K_START, none, none);

@@ -419,6 +419,8 @@ static void test_invalid(void) {
     INVALID("k_start past S", p.k_start = start_past, NPATTN_STATUS_BAD_K_START, NONE, NONE);
     INVALID("k_length past S", (p.k_start = start_ok, p.k_length = length_past), NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
     INVALID("negative k_length", p.k_length = length_negative, NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
+    INVALID("precision unknown", p.precision = (enum npattn_precision)7, NPATTN_STATUS_BAD_PRECISION, NONE, NONE);
+    INVALID("precision fast is OK", p.precision = NPATTN_PRECISION_FAST, NPATTN_STATUS_OK, NONE, NONE);
     INVALID("a key range within S is OK", (p.k_start = start_ok, p.k_length = start_ok), NPATTN_STATUS_OK, NONE, NONE);
     /* paged: the one page of 5 rows holds the 5 keys */
     const int64_t table_ok[1] = {0}, table_past[1] = {1}, no_key[1] = {0};

@@ -309,6 +309,10 @@ ROWS = [
     ("k_offset None", call(k_offset=None), TypeError, "k_offset", ()),
     ("k_offset a string", call(k_offset="0"), TypeError, "k_offset", ()),
     ("k_offset below int64", call(k_offset=-(2**64)), ValueError, "k_offset", ()),
+    # precision (SPEC section 11)
+    ("precision unknown", call(precision="low"), ValueError, "precision", ("\"highest\" or \"fast\"", "'low'")),
+    ("precision None", call(precision=None), ValueError, "precision", ("None",)),
+    ("precision upper case", call(precision="FAST"), ValueError, "precision", ("'FAST'",)),
     # per-request key ranges and positions (B = (1,), S = 5)
     ("k_start beyond S", call(k_start=6), ValueError, "k_start", ("k_start[0] = 6 lies outside [0, S] = [0, 5]",)),
     ("k_start negative", call(k_start=[-1]), ValueError, "k_start", ("k_start[0] = -1",)),

@@ -268,6 +268,7 @@ def test_argument_errors(rng, capfd):
         (lambda: call(q, kp.astype(np.int32), vp, table, cl), TypeError, "key_pages", []),
         (lambda: call(q, kp, vp, table, cl, out=kp), ValueError, "out", []),
         (lambda: call(q, kp, vp, table, cl, threads=0), ValueError, "threads", []),
+        (lambda: call(q, kp, vp, table, cl, precision="half"), ValueError, "precision", ["'half'"]),
     ]
     for fn, exc, name, texts in cases:
         assert_raises_naming(capfd, fn, exc, name, texts, function=P_ERR)

@@ -36,6 +36,7 @@ ArrayLike: TypeAlias = (
 MaskLike: TypeAlias = Literal["causal", "causal_top_left"] | None | ArrayLike
 Scale: TypeAlias = SupportsFloat | _SupportsArray | None  # a number, a 0-d array, mx.rsqrt(D)
 Window: TypeAlias = tuple[int | None, int | None] | None
+Precision: TypeAlias = Literal["highest", "fast"]
 
 
 @overload
@@ -54,6 +55,7 @@ def sdpa(
     k_start: Any = None,
     k_lengths: Any = None,
     return_lse: Literal[False] = False,
+    precision: Precision = "highest",
     out: np.ndarray | None = None,
     threads: int | None = None,
 ) -> np.ndarray: ...
@@ -73,6 +75,7 @@ def sdpa(
     k_start: Any = None,
     k_lengths: Any = None,
     return_lse: Literal[True],
+    precision: Precision = "highest",
     out: np.ndarray | None = None,
     threads: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]: ...
@@ -92,6 +95,7 @@ def sdpa(
     k_start: Any = None,
     k_lengths: Any = None,
     return_lse: bool = False,
+    precision: Precision = "highest",
     out: np.ndarray | None = None,
     threads: int | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
@@ -112,6 +116,7 @@ def sdpa(
     k_start: Any = None,
     k_lengths: Any = None,
     return_lse: bool = False,
+    precision: Precision = "highest",
     out: np.ndarray | None = None,
     threads: int | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -191,6 +196,14 @@ def sdpa(
         key and has no sink. It is an ``npattn.Lse``, a NumPy array that
         remembers this call's options (``lse.options``), so that
         :func:`sdpa_backward` refuses options that differ.
+    precision : {"highest", "fast"}, default "highest"
+        ``"highest"``: float16 and bfloat16 results are correctly rounded from
+        a float32 computation, subnormals included. ``"fast"`` allows, for half
+        inputs only, the weights rounded to the half type before ``P @ V``
+        and the CPU's half-precision dot products (within
+        ``npattn.testing.tolerance(..., precision="fast")``); this release
+        computes it as ``"highest"`` on every CPU. float32 and float64 inputs
+        compute the same either way.
     out : numpy.ndarray, optional
         A writeable array of exactly the result's shape and dtype that shares
         no memory with an input; it is filled and returned.
@@ -269,8 +282,8 @@ def sdpa(
     """
     result = _core.sdpa(
         q=q, k=k, v=v, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
-        k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, return_lse=return_lse, out=out,
-        threads=threads,
+        k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, return_lse=return_lse, precision=precision,
+        out=out, threads=threads,
     )  # fmt: skip
     if not return_lse:
         return result
@@ -299,6 +312,7 @@ def paged_attention(
     softcap: float | None = None,
     q_offset: Any = None,
     return_lse: Literal[False] = False,
+    precision: Precision = "highest",
     out: np.ndarray | None = None,
     threads: int | None = None,
 ) -> np.ndarray: ...
@@ -318,6 +332,7 @@ def paged_attention(
     softcap: float | None = None,
     q_offset: Any = None,
     return_lse: Literal[True],
+    precision: Precision = "highest",
     out: np.ndarray | None = None,
     threads: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]: ...
@@ -336,6 +351,7 @@ def paged_attention(
     softcap: float | None = None,
     q_offset: Any = None,
     return_lse: bool = False,
+    precision: Precision = "highest",
     out: np.ndarray | None = None,
     threads: int | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -383,7 +399,7 @@ def paged_attention(
     q_offset : int or array_like of ints, optional
         Position of query row 0, for every request or one per request
         (shape ``(B,)``).
-    return_lse, out, threads
+    return_lse, precision, out, threads
         As for :func:`sdpa`. The ``lse`` is a plain array: there is no
         backward pass through pages.
 
@@ -421,7 +437,7 @@ def paged_attention(
     return _core.paged_attention(
         q=q, k=key_pages, v=value_pages, block_table=block_table, context_lens=context_lens, page_size=page_size,
         scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
-        return_lse=return_lse, out=out, threads=threads,
+        return_lse=return_lse, precision=precision, out=out, threads=threads,
     )  # fmt: skip
 
 
@@ -438,6 +454,7 @@ def attention_weights(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    precision: Precision = "highest",
     threads: int | None = None,
 ) -> np.ndarray:
     """The attention probabilities ``softmax(s + mask)``, for plotting and teaching.
@@ -448,7 +465,7 @@ def attention_weights(
 
     Parameters
     ----------
-    q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, threads
+    q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, precision, threads
         As for :func:`sdpa`. Keys outside a request's range get weight 0.
 
     Returns
@@ -468,7 +485,7 @@ def attention_weights(
     """
     return _core.attention_weights(
         q=q, k=k, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
-        k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, threads=threads,
+        k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, precision=precision, threads=threads,
     )  # fmt: skip
 
 
@@ -688,6 +705,7 @@ def sdpa_backward(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    precision: Precision = "highest",
     threads: int | None = None,
 ) -> Grads:
     """The gradients of ``sum(dout * sdpa(q, k, v, ...))``: the backward pass.
@@ -712,7 +730,7 @@ def sdpa_backward(
         As given to :func:`sdpa`.
     out, lse : array_like
         What ``sdpa(q, k, v, ..., return_lse=True)`` returned.
-    scale, mask, sinks, window, softcap, q_offset, k_offset, threads
+    scale, mask, sinks, window, softcap, q_offset, k_offset, precision, threads
         As given to :func:`sdpa`. The mask gets no gradient.
     k_start, k_lengths
         As given to :func:`sdpa`. Key rows a request does not read get a
@@ -759,7 +777,7 @@ def sdpa_backward(
     dq, dk, dv, dsinks, operands = _core.sdpa_backward(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, scale=scale, mask=mask, sinks=sinks, window=window,
         softcap=softcap, q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths,
-        threads=threads,
+        precision=precision, threads=threads,
     )  # fmt: skip
     # after the glue has checked each argument, so that a bad one gets its own error first
     _check_options_agree(

@@ -133,6 +133,7 @@ def sdpa(
     q_offset: int | None = None,
     k_offset: int = 0,
     return_lse: Literal[False] = False,
+    precision: str = "highest",
     threads: int | None = None,
     split_every: int = 4,
 ) -> da.Array: ...
@@ -152,6 +153,7 @@ def sdpa(
     q_offset: int | None = None,
     k_offset: int = 0,
     return_lse: Literal[True],
+    precision: str = "highest",
     threads: int | None = None,
     split_every: int = 4,
 ) -> tuple[da.Array, da.Array]: ...
@@ -171,6 +173,7 @@ def sdpa(
     q_offset: int | None = None,
     k_offset: int = 0,
     return_lse: bool = False,
+    precision: str = "highest",
     threads: int | None = None,
     split_every: int = 4,
 ) -> da.Array | tuple[da.Array, da.Array]: ...
@@ -189,6 +192,7 @@ def sdpa(
     q_offset: int | None = None,
     k_offset: int = 0,
     return_lse: bool = False,
+    precision: str = "highest",
     threads: int | None = None,
     split_every: int = 4,
 ) -> da.Array | tuple[da.Array, da.Array]:
@@ -199,7 +203,7 @@ def sdpa(
     q, k, v : dask.array.Array or array_like
         As for :func:`npattn.sdpa`, in any chunking; NumPy arrays are wrapped.
         The last axis (D, D_v) is taken whole.
-    scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse
+    scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, precision
         As for :func:`npattn.sdpa`. An array mask may be a Dask array too; it
         is chunked like the scores' query and key chunks.
     threads : int, optional
@@ -244,7 +248,7 @@ def sdpa(
         return np.broadcast_to(np.zeros((), dtype=x.dtype), shape)
 
     _sdpa(view(q, L), view(k, S), view(v, S), scale, window=window, softcap=softcap, q_offset=q_offset,
-          k_offset=k_offset, threads=threads, **probe)  # fmt: skip
+          k_offset=k_offset, precision=precision, threads=threads, **probe)  # fmt: skip
     if isinstance(mask, str) and mask == "causal_top_left":  # "causal" from 0; query chunks then shift it
         mask, q_offset = "causal", 0
     result_dtype = _args.result_dtype(q.dtype, k.dtype, v.dtype)
@@ -288,7 +292,7 @@ def sdpa(
         sinks_array = da.from_array(np.asarray(sinks, dtype=np.float64).reshape(H_kv, n_rep), chunks=(kv_heads, n_rep))
 
     bi = tuple(f"b{i}" for i in range(len(batch)))
-    options = {"scale": scale, "window": window, "softcap": softcap}
+    options = {"scale": scale, "window": window, "softcap": softcap, "precision": precision}
     parts, start = [], 0
     for j, n in enumerate(s_chunks or (0,)):
         ks, vs = k[..., start : start + n, :], v[..., start : start + n, :]

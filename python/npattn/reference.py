@@ -330,13 +330,14 @@ def sdpa(
     k_start: Any = None,
     k_lengths: Any = None,
     return_lse: bool = False,
+    precision: Any = "highest",
     out: Any = None,
     threads: Any = None,
 ) -> Any:
     """Scaled dot-product attention with grouped-query attention, in float64.
 
-    Same signature and semantics as ``npattn.sdpa``; ``threads`` is accepted
-    and ignored. Returns an array of ``np.result_type(q, k, v)``, and with
+    Same signature and semantics as ``npattn.sdpa``; ``precision`` and
+    ``threads`` are accepted and ignored (the reference is exact). Returns an array of ``np.result_type(q, k, v)``, and with
     ``return_lse`` also the log-sum-exp (float64 for float64 results, else
     float32).
     """
@@ -393,6 +394,7 @@ def paged_attention(
     softcap: Any = None,
     q_offset: Any = None,
     return_lse: bool = False,
+    precision: Any = "highest",
     out: Any = None,
     threads: Any = None,
 ) -> Any:
@@ -442,6 +444,7 @@ def attention_weights(
     k_offset=0,
     k_start=None,
     k_lengths=None,
+    precision="highest",
     threads=None,
 ):
     """The probabilities ``softmax(...)``, shape ``(*B, H_q, L, S)``, in float64
@@ -479,7 +482,7 @@ def formula(q, k, v, scale=None, mask=None):
 
 def sdpa_backward(
     dout, q, k, v, out, lse, scale=None, mask="causal", *, sinks=None, window=None, softcap=None,
-    q_offset=None, k_offset=0, k_start=None, k_lengths=None, threads=None,
+    q_offset=None, k_offset=0, k_start=None, k_lengths=None, precision="highest", threads=None,
 ):  # fmt: skip
     """The gradients of ``sum(dout * sdpa(q, k, v, ...))``, in float64: ``(dq, dk, dv, dsinks)``.
 
