@@ -14,7 +14,7 @@ import pytest
 
 import npattn
 from helpers import assert_raises_naming, f64, kernels, own_tolerance, representable, runnable_kernels, snapshot
-from npattn import reference
+from npattn import reference, testing
 
 
 def paged_problem(rng, B=3, H_q=4, H_kv=2, L=1, D=8, D_v=8, page_size=4, lengths=(0, 1, 4, 5), dtype=np.float32,
@@ -41,15 +41,7 @@ def paged_problem(rng, B=3, H_q=4, H_kv=2, L=1, D=8, D_v=8, page_size=4, lengths
 
 def gathered(key_pages, value_pages, table, lengths):
     """Each request's keys and values gathered into a dense (B, H_kv, S, D) cache, zeros past its length."""
-    P, H_kv, size, D = key_pages.shape
-    B, max_pages = table.shape
-    k = np.zeros((B, H_kv, max_pages * size, D), key_pages.dtype)
-    v = np.zeros((B, H_kv, max_pages * size, value_pages.shape[3]), value_pages.dtype)
-    for b in range(B):
-        for i in range(-(-int(lengths[b]) // size)):
-            k[b, :, i * size : (i + 1) * size] = key_pages[table[b, i]]
-            v[b, :, i * size : (i + 1) * size] = value_pages[table[b, i]]
-    return k, v
+    return reference.gather_pages(key_pages, value_pages, table, lengths)[:2]
 
 
 def check_paged(q, key_pages, value_pages, table, lengths, **kwargs):
@@ -279,3 +271,15 @@ def test_out_sharing_a_page_store_is_refused(rng, capfd):
     out = kp.reshape(-1)[: 2 * 4 * 8].reshape(2, 4, 1, 8)  # the result's shape, inside key_pages
     assert_raises_naming(capfd, lambda: npattn.paged_attention(q, kp, vp, table, cl, out=out), ValueError, "out",
                          ["share memory"], function=P_ERR)  # fmt: skip
+
+
+def test_the_checker_takes_paged_calls(rng):
+    """assert_paged_attention_close passes npattn's result and names a planted mistake."""
+    q, kp, vp, table, cl = paged_problem(rng, B=3, H_q=4, L=3, page_size=4, lengths=(5, 9, 12))
+    got = npattn.paged_attention(q, kp, vp, table, cl)
+    testing.assert_paged_attention_close(got, q, kp, vp, table, cl)
+    top_left = npattn.paged_attention(q, kp, vp, table, cl, mask="causal_top_left")
+    with pytest.raises(AssertionError, match="top-left"):
+        testing.assert_paged_attention_close(top_left, q, kp, vp, table, cl)
+    with pytest.raises(ValueError, match=r"block_table\[1, 1\]"):
+        testing.assert_paged_attention_close(got, q, kp, vp, np.where(table == table[1, 1], 99, table), cl)

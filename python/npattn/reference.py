@@ -45,7 +45,7 @@ import numpy as np
 
 from ._args import result_dtype
 
-__all__ = ["causal_mask", "sdpa", "paged_attention", "sdpa_backward", "attention_weights", "formula"]
+__all__ = ["causal_mask", "sdpa", "paged_attention", "gather_pages", "sdpa_backward", "attention_weights", "formula"]
 
 MASK_STRINGS = ("causal", "causal_top_left")
 
@@ -379,6 +379,34 @@ def sdpa(
     return result
 
 
+def gather_pages(key_pages: Any, value_pages: Any, block_table: Any, context_lens: Any, page_size: Any = None) -> Any:
+    """A paged cache as a dense one: ``(k, v, lengths)``, ``k`` of shape ``(B, H_kv,
+    max_pages * page_size, D)`` holding each request's live pages in table order
+    (zeros past them), ``lengths`` the context lengths as int64; then
+    ``sdpa(q, k, v, k_lengths=lengths)`` is ``paged_attention``. Raises the
+    ``ValueError`` of a bad ``page_size``, context length or live table entry."""
+    key_pages, value_pages = np.asarray(key_pages), np.asarray(value_pages)
+    table, lengths = np.asarray(block_table), np.asarray(context_lens)
+    P, H_kv, size, _ = key_pages.shape
+    if page_size is not None and page_size != size:
+        raise ValueError(f"paged_attention: page_size = {page_size} must equal key_pages.shape[2] = {size}")
+    B, max_pages = table.shape
+    lengths = np.broadcast_to(lengths, (B,)).astype(np.int64)
+    S = max_pages * size
+    k = np.zeros((B, H_kv, S, key_pages.shape[3]), key_pages.dtype)
+    v = np.zeros((B, H_kv, S, value_pages.shape[3]), value_pages.dtype)
+    for b in range(B):
+        if not 0 <= lengths[b] <= S:
+            raise ValueError(f"paged_attention: context_lens[{b}] = {lengths[b]} lies outside [0, {S}]")
+        for i in range(-(-int(lengths[b]) // size)):  # the live pages
+            page = int(table[b, i])
+            if not 0 <= page < P:
+                raise ValueError(f"paged_attention: block_table[{b}, {i}] = {page} is not a page of key_pages")
+            k[b, :, i * size : (i + 1) * size] = key_pages[page]
+            v[b, :, i * size : (i + 1) * size] = value_pages[page]
+    return k, v, lengths
+
+
 def paged_attention(
     q: Any,
     key_pages: Any,
@@ -402,29 +430,11 @@ def paged_attention(
 
     Same signature and semantics as ``npattn.paged_attention``. Each request's
     live pages are copied into a dense cache of ``max_pages * page_size`` rows
-    (the rows past ``context_lens[b]`` never read), and the key ranges of
-    ``sdpa`` do the rest: ``k_lengths=context_lens``, keys at positions
+    (:func:`gather_pages`; the rows past ``context_lens[b]`` never read), and
+    the key ranges of ``sdpa`` do the rest: ``k_lengths=context_lens``, keys at positions
     ``0 .. context_lens[b] - 1``.
     """
-    key_pages, value_pages = np.asarray(key_pages), np.asarray(value_pages)
-    table, lengths = np.asarray(block_table), np.asarray(context_lens)
-    P, H_kv, size, _ = key_pages.shape
-    if page_size is not None and page_size != size:
-        raise ValueError(f"paged_attention: page_size = {page_size} must equal key_pages.shape[2] = {size}")
-    B, max_pages = table.shape
-    lengths = np.broadcast_to(lengths, (B,)).astype(np.int64)
-    S = max_pages * size
-    k = np.zeros((B, H_kv, S, key_pages.shape[3]), key_pages.dtype)
-    v = np.zeros((B, H_kv, S, value_pages.shape[3]), value_pages.dtype)
-    for b in range(B):
-        if not 0 <= lengths[b] <= S:
-            raise ValueError(f"paged_attention: context_lens[{b}] = {lengths[b]} lies outside [0, {S}]")
-        for i in range(-(-int(lengths[b]) // size)):  # the live pages
-            page = int(table[b, i])
-            if not 0 <= page < P:
-                raise ValueError(f"paged_attention: block_table[{b}, {i}] = {page} is not a page of key_pages")
-            k[b, :, i * size : (i + 1) * size] = key_pages[page]
-            v[b, :, i * size : (i + 1) * size] = value_pages[page]
+    k, v, lengths = gather_pages(key_pages, value_pages, block_table, context_lens, page_size)
     return sdpa(
         q, k, v, scale, mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset, k_lengths=lengths,
         return_lse=return_lse, out=out,

@@ -49,6 +49,7 @@ from . import _args, _interop, reference
 
 __all__ = [
     "assert_attention_close",
+    "assert_paged_attention_close",
     "tolerance",
     "backward_tolerance",
     "max_logit",
@@ -690,6 +691,53 @@ def assert_attention_close(
     lines.insert(1, _diagnosis(got64, q64, k64, v64, options, name, atol if given else None, rtol, precision))
     lines += checked
     raise AssertionError("\n".join(lines))
+
+
+def assert_paged_attention_close(
+    actual: _Any,
+    q: _Any,
+    key_pages: _Any,
+    value_pages: _Any,
+    block_table: _Any,
+    context_lens: _Any,
+    page_size: int | None = None,
+    scale: _Any = None,
+    mask: _Any = "causal",
+    *,
+    sinks: _Any = None,
+    window: _Any = None,
+    softcap: float | None = None,
+    q_offset: _Any = None,
+    peer: str | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    precision: str = "highest",
+) -> None:
+    """:func:`assert_attention_close` for a paged cache: asserts that ``actual`` is
+    ``npattn.paged_attention`` over these pages, with the same keywords as that call.
+
+    The pages are gathered (:func:`npattn.reference.gather_pages`) and the check
+    is :func:`assert_attention_close`'s on the dense cache with
+    ``k_lengths=context_lens``, so its message says where the result is wrong
+    and which usual mistake it matches; a bad block table or context length is
+    the ``ValueError`` ``paged_attention`` would raise.
+
+    Examples
+    --------
+    >>> import numpy as np, npattn
+    >>> from npattn.testing import assert_paged_attention_close
+    >>> rng = np.random.default_rng(0)
+    >>> pages = rng.standard_normal((3, 1, 4, 8), dtype=np.float32)     # (P, H_kv, page_size, D)
+    >>> table, lengths = np.array([[2, 0], [1, -1]]), np.array([6, 3])
+    >>> q = rng.standard_normal((2, 2, 1, 8), dtype=np.float32)
+    >>> assert_paged_attention_close(npattn.paged_attention(q, pages, pages, table, lengths),
+    ...                              q, pages, pages, table, lengths)
+    """
+    k, v, lengths = reference.gather_pages(key_pages, value_pages, block_table, context_lens, page_size)
+    assert_attention_close(
+        actual, q, k, v, scale, mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
+        k_lengths=lengths, peer=peer, rtol=rtol, atol=atol, precision=precision,
+    )  # fmt: skip
 
 
 def _diagnosis(got, q, k, v, options, name, atol, rtol, precision) -> str:
