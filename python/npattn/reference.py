@@ -337,9 +337,9 @@ def sdpa(
     """Scaled dot-product attention with grouped-query attention, in float64.
 
     Same signature and semantics as ``npattn.sdpa``; ``precision`` and
-    ``threads`` are accepted and ignored (the reference is exact). Returns an array of ``np.result_type(q, k, v)``, and with
-    ``return_lse`` also the log-sum-exp (float64 for float64 results, else
-    float32).
+    ``threads`` are accepted and ignored (the reference is exact). Returns an
+    array of ``np.result_type(q, k, v)``, and with ``return_lse`` also the
+    log-sum-exp (float64 for float64 results, else float32).
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     dtype = result_dtype(q.dtype, k.dtype, v.dtype)
@@ -431,8 +431,8 @@ def paged_attention(
     Same signature and semantics as ``npattn.paged_attention``. Each request's
     live pages are copied into a dense cache of ``max_pages * page_size`` rows
     (:func:`gather_pages`; the rows past ``context_lens[b]`` never read), and
-    the key ranges of ``sdpa`` do the rest: ``k_lengths=context_lens``, keys at positions
-    ``0 .. context_lens[b] - 1``.
+    the key ranges of ``sdpa`` do the rest: ``k_lengths=context_lens``, keys at
+    positions ``0 .. context_lens[b] - 1``.
     """
     k, v, lengths = gather_pages(key_pages, value_pages, block_table, context_lens, page_size)
     return sdpa(
