@@ -310,7 +310,7 @@ ROWS = [
     ("k_offset a string", call(k_offset="0"), TypeError, "k_offset", ()),
     ("k_offset below int64", call(k_offset=-(2**64)), ValueError, "k_offset", ()),
     # precision (SPEC section 11)
-    ("precision unknown", call(precision="low"), ValueError, "precision", ("\"highest\" or \"fast\"", "'low'")),
+    ("precision unknown", call(precision="low"), ValueError, "precision", ('"highest" or "fast"', "'low'")),
     ("precision None", call(precision=None), ValueError, "precision", ("None",)),
     ("precision upper case", call(precision="FAST"), ValueError, "precision", ("'FAST'",)),
     # per-request key ranges and positions (B = (1,), S = 5)
