@@ -45,15 +45,17 @@ def worker(spec: dict) -> dict:
     import npattn  # noqa: F401  (loads npattn's OpenBLAS)
     from systems import SYSTEMS
 
-    out: dict = {"threads": threads, "cpus": cpus, "ceiling": {}, "bandwidth": {}, "cases": {}, "loop": {}}
+    out: dict = {"threads": threads, "cpus": cpus, "ceiling": {}, "bandwidth": {}, "fma": {}, "cases": {}, "loop": {}}
     blas = measure.OpenBLAS()
     out["openblas_path"] = blas.path
     for t in spec["ceiling_threads"]:
         out["ceiling"][str(t)] = blas.gflops(spec["ceiling_n"], t)
         out["bandwidth"][str(t)] = measure.read_bandwidth(t)
+        out["fma"][str(t)] = measure.fma_peak(t)
         log(
             f"  sgemm on {t} thread(s): {out['ceiling'][str(t)]['gflops']:.0f} GFLOP/s; "
-            f"read bandwidth {out['bandwidth'][str(t)]['gbs']:.1f} GB/s"
+            f"read bandwidth {out['bandwidth'][str(t)]['gbs']:.1f} GB/s; "
+            f"FMA peak ({out['fma'][str(t)]['kernels']}) {out['fma'][str(t)]['gflops']:.0f} GFLOP/s"
         )
     out["threadpools"] = measure.limit_blas_pools(threads)
     out["knobs"] = {name: SYSTEMS[name].set_threads(threads) for name in spec["systems"]}

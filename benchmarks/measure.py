@@ -143,6 +143,27 @@ class OpenBLAS:
         return {"n": n, "threads": threads, "ms": t["ms"], "gflops": 2 * n**3 / (t["ms"] / 1e3) / 1e9}
 
 
+def fma_peak(threads: int, seconds: float = 0.2) -> dict:
+    """The float32 FMA peak of `threads` cores for npattn's kernel table in use: its
+    register-only FMA loop (npattn._core.fma_peak), one per Python thread at once
+    (the GIL released), their GFLOP/s summed; median of 3."""
+    from npattn import _core
+
+    def one(out, i):
+        out[i] = _core.fma_peak(seconds)
+
+    runs = []
+    for _ in range(3):
+        got = [0.0] * threads
+        workers = [threading.Thread(target=one, args=(got, i)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        runs.append(sum(got))
+    return {"threads": threads, "gflops": statistics.median(runs), "kernels": _core.simd()}
+
+
 def read_bandwidth(threads: int, gib: float = 1.0) -> dict:
     """The memory's streaming-read bandwidth: np.maximum.reduce over 1 GiB of float32
     (far beyond the caches), one part per thread, each part in its own Python thread

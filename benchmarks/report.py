@@ -98,7 +98,13 @@ def markdown(data: dict) -> str:
             cells = [case.label, fmt(ours["ms"], "us")] + [peer_cell(res.get(p), ours, "us") for p in peers]
             cells.append(f"{kv:.1f}" if case.decode else "—")
         elif suite == "prefill":
-            pct = f"{100 * gflops / worker['ceiling'][t]['gflops']:.0f}%" if not case.decode else "—"
+            # prefill against sgemm; decode against one FMA loop per thread (older runs have none)
+            fma = worker.get("fma", {}).get(t)
+            pct = (
+                f"{100 * gflops / worker['ceiling'][t]['gflops']:.0f}%"
+                if not case.decode
+                else (f"{100 * gflops / fma['gflops']:.0f}% of FMA" if fma else "—")
+            )
             kv_cell = f"{kv:.1f} ({100 * kv / worker['bandwidth'][t]['gbs']:.0f}%)" if case.decode else "—"
             cells = [case.label, t, fmt(ours["ms"]), f"{gflops:.0f}", pct, kv_cell]
             cells += [peer_cell(res.get(p), ours) if p in shown else "—" for p in peers]
@@ -153,10 +159,14 @@ def markdown(data: dict) -> str:
     p = data["provenance"]
     ceil = ", ".join(f"{v['gflops']:.0f} GFLOP/s on {t}" for t, v in sorted(ceiling.items()))
     band = ", ".join(f"{v['gbs']:.1f} GB/s on {t}" for t, v in sorted(bw.items()))
+    fma = main.get("fma", {})
+    peak = ", ".join(f"{v['gflops']:.0f} GFLOP/s on {t}" for t, v in sorted(fma.items()))
     out.append(
         f"float32, causal (bottom-right); every system on {threads} threads unless said; median of repeated calls "
         f"after a warm-up. In the same run: the sgemm ceiling (4096³ through npattn's own OpenBLAS) {ceil} "
-        f"thread(s); the streaming-read bandwidth (1 GiB) {band} thread(s). GFLOP/s counts the visible query/key "
+        f"thread(s); the streaming-read bandwidth (1 GiB) {band} thread(s)"
+        + (f"; the FMA peak (a register-only loop of the kernels in use) {peak} thread(s)" if peak else "")
+        + ". GFLOP/s counts the visible query/key "
         "pairs only; × npattn is a peer's time over npattn's (above 1: npattn is faster). "
         f"{p['cpu_model']}, {p['cpus_available']} CPUs; npattn {p['versions']['npattn']} "
         f"({p['git_commit'][:10]}{', dirty' if p['git_dirty'] else ''}, {p['kernels']} kernels), {p['blas_info']}; "

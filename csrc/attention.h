@@ -310,6 +310,12 @@ const char *npattn_blas_config(void);
  * an allocation promise, so the glue refuses it before allocating. */
 uint64_t npattn_memory_limit(void);
 
+/* The float32 FMA peak of the calling thread's core in GFLOP/s, for the
+ * kernel table in use: a loop of FMAs in registers only, timed for about
+ * `seconds`. A ceiling the benchmarks read decode against; attention never
+ * calls it. */
+double npattn_fma_peak(double seconds);
+
 /* Forces the named kernel table, for the tests ("" restores the best this
  * CPU runs); nonzero where this CPU cannot run it. */
 int npattn_debug_force_simd(const char *name);

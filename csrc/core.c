@@ -1,12 +1,14 @@
 /* core.c: what the forward and backward drivers share: checked allocation,
  * per-slot scratch, the BLAS (checked once), and the helpers of the tiles.
  * The rules of attention.h are in rules.c. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #if defined(__linux__)
 #include <sys/sysinfo.h>
 #endif
@@ -176,6 +178,34 @@ struct npattn_threads npattn_plan_threads(double flops, int32_t n_threads) {
 const char *npattn_simd(void) { return npattn_kernels()->name; }
 
 int npattn_debug_force_simd(const char *name) { return npattn_kernels_force(name); }
+
+static volatile float fma_sink;
+
+double npattn_fma_peak(double seconds) {
+    const struct npattn_kernels *k = npattn_kernels();
+    float sink = 0;
+    int64_t n = 1 << 12;
+    for (;;) { /* double the rounds until one run takes a tenth of the time, then time the best of a few */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        double flops = k->fma_loop(n, &sink);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (dt > seconds / 10 || n > ((int64_t)1 << 40)) {
+            double best = flops / dt;
+            for (int i = 0; i < 5; i++) {
+                clock_gettime(CLOCK_MONOTONIC, &t0);
+                flops = k->fma_loop(n, &sink);
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+                if (flops / dt > best) best = flops / dt;
+            }
+            fma_sink = sink; /* the loop's result is used */
+            return best / 1e9;
+        }
+        n *= 2;
+    }
+}
 
 const char *npattn_blas_config(void) { return npattn_blas_get_config(); }
 

@@ -1383,6 +1383,16 @@ static PyObject *core_debug_pool_mode(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *core_fma_peak(PyObject *self, PyObject *arg) {
+    (void)self;
+    double seconds = PyFloat_AsDouble(arg);
+    if (seconds == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(seconds > 0 && seconds <= 60)) return PyErr_Format(PyExc_ValueError, "fma_peak: seconds must be in (0, 60]");
+    double gflops;
+    Py_BEGIN_ALLOW_THREADS gflops = npattn_fma_peak(seconds);
+    Py_END_ALLOW_THREADS return PyFloat_FromDouble(gflops);
+}
+
 static PyObject *core_simd(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     return PyUnicode_FromString(npattn_simd());
@@ -1435,6 +1445,9 @@ static PyMethodDef core_methods[] = {
     {"blas_info", core_blas_info, METH_NOARGS, "blas_info()\n--\n\nWhich OpenBLAS npattn runs on."},
     {"shutdown", core_shutdown, METH_NOARGS,
      "shutdown()\n--\n\nAt exit (atexit): stop every call in flight; later calls raise SystemExit."},
+    {"fma_peak", core_fma_peak, METH_O,
+     "fma_peak(seconds)\n--\n\nThe float32 FMA peak of this thread's core in GFLOP/s (the kernel table in use), for "
+     "benchmarks."},
     {"simd", core_simd, METH_NOARGS, "simd()\n--\n\nThe kernel table in use: avx512, avx2, neon or portable."},
     {"get_num_threads", core_get_num_threads, METH_NOARGS,
      "get_num_threads()\n--\n\nThe default thread count: the CPUs available, capped by set_num_threads."},

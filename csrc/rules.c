@@ -37,8 +37,7 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_OVERLAPS] = "an output must share no byte with another operand",
     [NPATTN_STATUS_BAD_K_START] = "every k_start[b] must lie in [0, S]",
     [NPATTN_STATUS_BAD_K_LENGTH] = "every k_length[b] must be at least 0, with k_start[b] + k_length[b] at most S",
-    [NPATTN_STATUS_BAD_PAGES] = "paged K/V needs a block table, page_size >= 1, n_page >= 0, S = max_pages * page_size, "
-                                "no k_start, and no backward pass",
+    [NPATTN_STATUS_BAD_PAGES] = "paged K/V needs a block table, page_size >= 1, S = max_pages * page_size, no k_start",
     [NPATTN_STATUS_BAD_PAGE] = "every live block_table entry must lie in [0, n_page)",
     [NPATTN_STATUS_BAD_PRECISION] = "precision must be one of enum npattn_precision",
 };

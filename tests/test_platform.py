@@ -9,7 +9,7 @@ import platform
 import pytest
 
 import npattn
-from helpers import run_script
+from helpers import kernels, run_script, runnable_kernels
 from npattn import _loader
 
 THREADPOOL = """
@@ -87,3 +87,14 @@ def test_the_blas_passed_npattn_s_check():
 
     q = np.ones((1, 4), np.float32)
     np.testing.assert_array_equal(npattn.sdpa(q, q, q), q)
+
+
+@pytest.mark.parametrize("name", runnable_kernels())
+def test_fma_peak_runs_on_every_kernel_table(name):
+    """The benchmarks' FMA ceiling: a rate on each kernel table this CPU runs, and a
+    named error for a bad duration."""
+    with kernels(name):
+        rate = npattn._core.fma_peak(0.02)
+    assert 0.01 < rate < 1e5, rate
+    with pytest.raises(ValueError, match="seconds"):
+        npattn._core.fma_peak(0.0)

@@ -341,6 +341,20 @@ AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) {
     for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
 }
 
+/* 12 chains of 8 lanes: two FMA units of 4-cycle latency want 8 or more. */
+AVX2 static double fma_loop_avx2(int64_t n, float *sink) {
+    __m256 acc[12], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_ps((float)i);
+    for (int64_t r = 0; r < n; r++)
+        for (int i = 0; i < 12; i++) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
+    __m256 s = acc[0];
+    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, acc[i]);
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    *sink = out[0];
+    return 2.0 * 8 * 12 * (double)n;
+}
+
 const struct npattn_kernels npattn_kernels_avx2 = {
     .name = "avx2",
     .softmax_f32 = softmax_avx2,
@@ -348,5 +362,6 @@ const struct npattn_kernels npattn_kernels_avx2 = {
     .scores = scores_avx2,
     .accumulate = accumulate_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
+    .fma_loop = fma_loop_avx2,
 };
 #endif

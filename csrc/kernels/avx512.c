@@ -331,6 +331,18 @@ AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst)
     for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
 }
 
+/* 16 chains of 16 lanes. */
+AVX512 static double fma_loop_avx512(int64_t n, float *sink) {
+    __m512 acc[16], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (int64_t r = 0; r < n; r++)
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+    __m512 s = acc[0];
+    for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, acc[i]);
+    *sink = _mm512_reduce_add_ps(s);
+    return 2.0 * 16 * 16 * (double)n;
+}
+
 const struct npattn_kernels npattn_kernels_avx512 = {
     .name = "avx512",
     .softmax_f32 = softmax_avx512,
@@ -338,5 +350,6 @@ const struct npattn_kernels npattn_kernels_avx512 = {
     .scores = scores_avx512,
     .accumulate = accumulate_avx512,
     .f16_to_f32 = f16_to_f32_avx512,
+    .fma_loop = fma_loop_avx512,
 };
 #endif

@@ -68,6 +68,12 @@ struct npattn_kernels {
 
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
+
+    /* A ceiling for the benchmarks, not used by attention: n rounds of
+     * independent float32 FMAs in registers only, as many chains as the
+     * ISA's FMA units need to stay busy; returns the flops done (and a sum
+     * that keeps the compiler from dropping the loop in *sink). */
+    double (*fma_loop)(int64_t n, float *sink);
 };
 
 /* The tables; dispatch.c chooses among those this CPU can run. */

@@ -315,6 +315,18 @@ static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {
     for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
 }
 
+/* 16 chains of 4 lanes. */
+static double fma_loop_neon(int64_t n, float *sink) {
+    float32x4_t acc[16], x = vdupq_n_f32(0.999999f), y = vdupq_n_f32(1e-7f);
+    for (int i = 0; i < 16; i++) acc[i] = vdupq_n_f32((float)i);
+    for (int64_t r = 0; r < n; r++)
+        for (int i = 0; i < 16; i++) acc[i] = vfmaq_f32(y, acc[i], x);
+    float32x4_t s = acc[0];
+    for (int i = 1; i < 16; i++) s = vaddq_f32(s, acc[i]);
+    *sink = vaddvq_f32(s);
+    return 2.0 * 4 * 16 * (double)n;
+}
+
 const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",
     .softmax_f32 = softmax_neon,
@@ -322,5 +334,6 @@ const struct npattn_kernels npattn_kernels_neon = {
     .scores = scores_neon,
     .accumulate = accumulate_neon,
     .f16_to_f32 = f16_to_f32_neon,
+    .fma_loop = fma_loop_neon,
 };
 #endif

@@ -173,6 +173,18 @@ static void f16_to_f32_portable(const uint16_t *src, int64_t n, float *dst) {
     for (int64_t j = 0; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
 }
 
+/* 8 scalar chains (the compiler may vectorise them). */
+static double fma_loop_portable(int64_t n, float *sink) {
+    float acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = (float)i;
+    for (int64_t r = 0; r < n; r++)
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] * 0.999999f + 1e-7f;
+    float s = 0;
+    for (int i = 0; i < 8; i++) s += acc[i];
+    *sink = s;
+    return 2.0 * 8 * (double)n;
+}
+
 const struct npattn_kernels npattn_kernels_portable = {
     .name = "portable",
     .softmax_f32 = softmax_portable,
@@ -180,6 +192,7 @@ const struct npattn_kernels npattn_kernels_portable = {
     .scores = scores_portable,
     .accumulate = accumulate_portable,
     .f16_to_f32 = f16_to_f32_portable,
+    .fma_loop = fma_loop_portable,
 };
 
 /* ---- double precision: libm's exp and tanh, NaN and infinities as the formula says ---- */
