@@ -13,60 +13,13 @@ import numpy as np
 import pytest
 
 import npattn
-from helpers import assert_raises_naming, f64, kernels, own_tolerance, representable, runnable_kernels, snapshot
+from helpers import assert_raises_naming, check_paged, kernels, paged_problem, random_paged_problem, runnable_kernels
 from npattn import reference, testing
-
-
-def paged_problem(rng, B=3, H_q=4, H_kv=2, L=1, D=8, D_v=8, page_size=4, lengths=(0, 1, 4, 5), dtype=np.float32,
-                  spare=3, shared=False):  # fmt: skip
-    """(q, key_pages, value_pages, block_table, context_lens): each request's pages at
-    random among P physical pages (a few spare), -1 past its live pages."""
-    lengths = np.array([lengths[b % len(lengths)] for b in range(B)])
-    live = -(-lengths // page_size)
-    max_pages = max(1, int(live.max()) + 1)
-    P = int(live.sum()) + spare
-    order = rng.permutation(P)
-    table = np.full((B, max_pages), -1, np.int64)
-    at = 0
-    for b in range(B):
-        table[b, : live[b]] = order[at : at + live[b]]
-        at += live[b]
-    if shared and B > 1 and live[0] > 0:  # every request starts with request 0's first page
-        table[1:, 0] = np.where(live[1:] > 0, table[0, 0], -1)
-    q = rng.standard_normal((B, H_q, L, D)).astype(dtype)
-    key_pages = rng.standard_normal((P, H_kv, page_size, D)).astype(dtype)
-    value_pages = rng.standard_normal((P, H_kv, page_size, D_v)).astype(dtype)
-    return q, key_pages, value_pages, table, lengths
 
 
 def gathered(key_pages, value_pages, table, lengths):
     """Each request's keys and values gathered into a dense (B, H_kv, S, D) cache, zeros past its length."""
     return reference.gather_pages(key_pages, value_pages, table, lengths)[:2]
-
-
-def check_paged(q, key_pages, value_pages, table, lengths, **kwargs):
-    """npattn.paged_attention == the reference within the tolerance of sdpa on the
-    gathered keys; lse too when asked for. Returns npattn's result (and lse)."""
-    before = snapshot(*map(np.asarray, (q, key_pages, value_pages, table, lengths)))
-    got = npattn.paged_attention(q, key_pages, value_pages, table, lengths, **kwargs)
-    ref_kwargs = {
-        key: f64(val) if key == "sinks" else val for key, val in kwargs.items() if key not in ("threads", "out")
-    }
-    with np.errstate(all="ignore"):
-        want = reference.paged_attention(f64(q), f64(key_pages), f64(value_pages), table, lengths, **ref_kwargs)
-    if kwargs.get("return_lse"):
-        (got, got_lse), (want, want_lse) = got, want
-        np.testing.assert_array_equal(np.isinf(got_lse), np.isinf(want_lse))
-        finite = np.isfinite(want_lse)
-        np.testing.assert_allclose(got_lse[finite], want_lse[finite], rtol=1e-5, atol=1e-5)
-    dtype = np.result_type(q.dtype, key_pages.dtype, value_pages.dtype)
-    assert got.dtype == dtype and got.shape == want.shape, (got.dtype, got.shape, want.shape)
-    k, v = gathered(key_pages, value_pages, table, lengths)
-    bound = {key: kwargs[key] for key in ("scale", "mask", "sinks", "window", "softcap", "q_offset") if key in kwargs}
-    rtol, atol = own_tolerance(q, k, v, np.dtype(dtype), k_lengths=lengths, **bound)
-    np.testing.assert_allclose(f64(got), representable(want, np.dtype(dtype)), rtol=rtol, atol=atol)
-    assert snapshot(*map(np.asarray, (q, key_pages, value_pages, table, lengths))) == before  # inputs unchanged
-    return (got, got_lse) if kwargs.get("return_lse") else got
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16, 33])
@@ -283,3 +236,10 @@ def test_the_checker_takes_paged_calls(rng):
         testing.assert_paged_attention_close(top_left, q, kp, vp, table, cl)
     with pytest.raises(ValueError, match=r"block_table\[1, 1\]"):
         testing.assert_paged_attention_close(got, q, kp, vp, np.where(table == table[1, 1], 99, table), cl)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_paged_problems(seed):
+    """The fuzzer's paged draws, a few of them here: every one a valid call within tolerance."""
+    q, kp, vp, table, cl, kwargs = random_paged_problem(np.random.default_rng([7, seed]))
+    check_paged(q, kp, vp, table, cl, **kwargs)

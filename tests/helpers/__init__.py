@@ -6,7 +6,8 @@
 - ``core``: the core's test hooks (kernel tables, pool modes, failing allocations)
   and scripts in a fresh interpreter;
 - ``peers``: the shapes compared with PyTorch and MLX, and the parity check;
-- ``problems``: random problems of npattn.sdpa's whole contract.
+- ``problems``: random problems of npattn.sdpa's whole contract;
+- ``paged``: paged caches for npattn.paged_attention, random ones, and their check.
 
 The tests import it as ``helpers`` (pytest puts tests/ on the path), the fuzzer
 as ``tests.helpers`` (``python -m fuzz.differential`` from the repository root);
@@ -45,6 +46,7 @@ from .inputs import (
     unaligned,
 )
 from .peers import PEER_PHASES, PEER_SHAPES, ParityStats, assert_gradient_parity, assert_parity, peer_visible
+from .paged import check_paged, paged_problem, random_paged_problem
 from .problems import SPECIAL_SIZE, random_problem
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "backward_tolerance",
     "check",
     "check_backward",
+    "check_paged",
     "compare_with_nan",
     "dtype_of",
     "f64",
@@ -75,10 +78,12 @@ __all__ = [
     "layout_fits",
     "make_mask",
     "own_tolerance",
+    "paged_problem",
     "peer_visible",
     "pool_mode",
     "qkv",
     "randn",
+    "random_paged_problem",
     "random_problem",
     "read_only",
     "reference_call",
