@@ -45,8 +45,8 @@ from .inputs import (
     read_only,
     unaligned,
 )
-from .peers import PEER_PHASES, PEER_SHAPES, ParityStats, assert_gradient_parity, assert_parity, peer_visible
 from .paged import check_paged, paged_problem, random_paged_problem
+from .peers import PEER_PHASES, PEER_SHAPES, ParityStats, assert_gradient_parity, assert_parity, peer_visible
 from .problems import SPECIAL_SIZE, random_problem
 
 __all__ = [
