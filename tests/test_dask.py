@@ -35,7 +35,8 @@ def whole_vs_chunked(q, k, v, q_chunks, kv_chunks, scheduler="sync", mask_chunks
     assert out.shape == want.shape and lse.shape == want_lse.shape
     got, got_lse = dask.compute(out, lse, scheduler=scheduler)
     assert got.dtype == want.dtype
-    rtol, atol = own_tolerance(q, k, v, want.dtype, **{x: kwargs.get(x) for x in ("scale", "mask", "sinks", "softcap")})
+    bound = ("scale", "mask", "sinks", "softcap", "k_start", "k_lengths")
+    rtol, atol = own_tolerance(q, k, v, want.dtype, **{x: kwargs.get(x) for x in bound})
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=2 * atol)
     np.testing.assert_array_equal(np.isinf(got_lse), np.isinf(want_lse))
     finite = np.isfinite(want_lse)
@@ -50,6 +51,42 @@ CHUNKINGS = {
     "one key per chunk": ((2, 3, 37, 8), (2, 1, 1, 8)),
     "batch and heads": ((1, 3, 40, 8), (1, 1, 101, 8)),
 }
+
+
+RANGES = [
+    {"k_start": [0, 5, 90], "k_lengths": [101, 12, 11]},  # whole, inside a chunk, at the end
+    {"k_lengths": [3, 101, 0]},  # right-padded, one empty
+    {"k_start": [10, 0, 101]},  # to the end, one empty at S
+    {"q_offset": [0, 5, 60]},  # per-request positions only
+    {"k_start": 7, "k_lengths": [9, 40, 94], "q_offset": [3, 4, 200], "k_offset": 11},
+]
+
+
+# every mask kind with every range (causal_top_left means q_offset=0: not with one given)
+MASKED_RANGES = [
+    (m, r) for m in ("causal", "causal_top_left", None) for r in RANGES if m != "causal_top_left" or "q_offset" not in r
+]
+
+
+@pytest.mark.parametrize("chunking", CHUNKINGS, ids=str)
+@pytest.mark.parametrize("mask, ranges", MASKED_RANGES, ids=str)
+def test_per_request_ranges(rng, chunking, mask, ranges):
+    """k_start, k_lengths and an int-array q_offset: each request's range cut to each key
+    chunk, its positions kept; with a window and sinks too."""
+    q_chunks, kv_chunks = CHUNKINGS[chunking]
+    q, k, v = qkv(rng, (3,), 6, 2, 37, 101, 8, 8)
+    q_chunks, kv_chunks = (min(q_chunks[0], 3), *q_chunks[1:]), (min(kv_chunks[0], 3), *kv_chunks[1:])
+    whole_vs_chunked(q, k, v, q_chunks, kv_chunks, mask=mask, **ranges)
+    whole_vs_chunked(q, k, v, q_chunks, kv_chunks, mask=mask, window=(6, 0), sinks=rng.standard_normal(6), **ranges)
+
+
+def test_ranges_are_checked_against_the_whole_cache(rng):
+    q, k, v = qkv(rng, (2,), 2, 1, 3, 20, 4, 4)
+    chunked = [da.from_array(x, chunks=(1, 1, 7, 4)) for x in (q, k, v)]
+    with pytest.raises(ValueError, match=r"k_lengths\[1\] = 21 runs past S = 20"):
+        nd.sdpa(*chunked, k_lengths=[3, 21])
+    with pytest.raises(ValueError, match=r"k_start\[0\] = -1"):
+        nd.sdpa(*chunked, k_start=[-1, 0])
 
 
 @pytest.mark.parametrize("chunking", CHUNKINGS, ids=str)

@@ -7,7 +7,9 @@ memory or time. Every block is one :func:`npattn.sdpa` call:
   key/value heads its GQA groups read (the query heads are rechunked where a
   boundary would split a group);
 - query chunks get their own ``q_offset``, so the causal rule and windows hold
-  across chunks;
+  across chunks; per-request key ranges (``k_start``, ``k_lengths``) are cut
+  to each key chunk, each request's positions shifted so that they keep their
+  differences;
 - each key chunk gives a partial result with ``return_lse=True`` and its
   ``k_offset``; the partials are combined by :func:`npattn.merge` in a tree
   (``split_every`` at a time), so no task holds an ``L x S`` block, only
@@ -79,13 +81,21 @@ def _offsets(q_pos: int, k_pos: int) -> tuple[int, int]:
     return q, k
 
 
-def _partial(q, k, v, mask, sinks, rows, *, k_offset, q_offset, threads, options, wide):
+def _partial(q, k, v, mask, sinks, rows, starts, lengths, q_offsets, *, k_offset, q_offset, threads, options, wide):
     """One block: (*b, g, r, l, d) queries against one key chunk; the packed result
     (*b, g, r, l, D_v + 1): the output, then lse, in `wide`. q_offset and k_offset are
-    the positions of the whole q's first row and of this chunk's first key."""
+    the positions of the whole q's first row and of this chunk's first key; with
+    per-request ranges, starts and lengths are each request's rows of this chunk and
+    q_offsets its first query's position, shifted so that only differences count."""
     *batch, g, r, n_rows, d = q.shape
     flat = (*batch, g * r, n_rows)
-    q_offset, k_offset = _offsets(q_offset + (int(rows[0]) if rows.size else 0), k_offset)
+    first = int(rows[0]) if rows.size else 0
+    ranges = {}
+    if starts is not None:
+        ranges = {"k_start": starts, "k_lengths": lengths}
+        q_offset = np.asarray(q_offsets, dtype=np.int64) + first
+    else:
+        q_offset, k_offset = _offsets(q_offset + first, k_offset)
     out, lse = _sdpa(
         q.reshape(*flat, d).astype(wide, copy=False),
         k[..., 0, :, :].astype(wide, copy=False),
@@ -96,6 +106,7 @@ def _partial(q, k, v, mask, sinks, rows, *, k_offset, q_offset, threads, options
         k_offset=k_offset,
         return_lse=True,
         threads=_task_threads() if threads is None else threads,
+        **ranges,
         **options,
     )
     packed = np.concatenate([out, lse[..., None].astype(wide)], axis=-1)
@@ -130,8 +141,10 @@ def sdpa(
     sinks: Any = None,
     window: Any = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: Any = None,
     k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
     return_lse: Literal[False] = False,
     precision: str = "highest",
     threads: int | None = None,
@@ -150,8 +163,10 @@ def sdpa(
     sinks: Any = None,
     window: Any = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: Any = None,
     k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
     return_lse: Literal[True],
     precision: str = "highest",
     threads: int | None = None,
@@ -170,8 +185,10 @@ def sdpa(
     sinks: Any = None,
     window: Any = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: Any = None,
     k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
     return_lse: bool = False,
     precision: str = "highest",
     threads: int | None = None,
@@ -189,8 +206,10 @@ def sdpa(
     sinks: Any = None,
     window: Any = None,
     softcap: float | None = None,
-    q_offset: int | None = None,
+    q_offset: Any = None,
     k_offset: int = 0,
+    k_start: Any = None,
+    k_lengths: Any = None,
     return_lse: bool = False,
     precision: str = "highest",
     threads: int | None = None,
@@ -203,8 +222,9 @@ def sdpa(
     q, k, v : dask.array.Array or array_like
         As for :func:`npattn.sdpa`, in any chunking; NumPy arrays are wrapped.
         The last axis (D, D_v) is taken whole.
-    scale, mask, sinks, window, softcap, q_offset, k_offset, return_lse, precision
-        As for :func:`npattn.sdpa`. An array mask may be a Dask array too; it
+    scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, return_lse, precision
+        As for :func:`npattn.sdpa`: per-request key ranges and positions too, each
+        request's range cut to each key chunk. An array mask may be a Dask array too; it
         is chunked like the scores' query and key chunks.
     threads : int, optional
         Threads for each task's call. Default: what the worker running the
@@ -243,12 +263,17 @@ def sdpa(
     probe = {"mask": mask if mask is None or isinstance(mask, str) else np.zeros(()), "sinks": sinks}
     L, S = q.shape[-2] if q.ndim >= 2 else 0, k.shape[-2] if k.ndim >= 2 else 0
 
-    def view(x, rows):
-        shape = (*x.shape[:-2], min(rows, 1), x.shape[-1]) if x.ndim >= 2 else x.shape
+    def view(x, rows):  # rows 0 or 1, or all of them with per-request ranges (zero strides either way)
+        shape = (*x.shape[:-2], rows if ranged else min(rows, 1), x.shape[-1]) if x.ndim >= 2 else x.shape
         return np.broadcast_to(np.zeros((), dtype=x.dtype), shape)
 
-    _sdpa(view(q, L), view(k, S), view(v, S), scale, window=window, softcap=softcap, q_offset=q_offset,
-          k_offset=k_offset, precision=precision, threads=threads, **probe)  # fmt: skip
+    ranged = k_start is not None or k_lengths is not None or (q_offset is not None and np.ndim(q_offset) > 0)
+    if ranged:  # the ranges against the whole S: no query row, so nothing is computed
+        q_view, k_view, v_view = view(q, 0), view(k, S), view(v, S)
+    else:
+        q_view, k_view, v_view = view(q, L), view(k, S), view(v, S)
+    _sdpa(q_view, k_view, v_view, scale, window=window, softcap=softcap, q_offset=q_offset, k_offset=k_offset,
+          k_start=k_start, k_lengths=k_lengths, precision=precision, threads=threads, **probe)  # fmt: skip
     if isinstance(mask, str) and mask == "causal_top_left":  # "causal" from 0; query chunks then shift it
         mask, q_offset = "causal", 0
     result_dtype = _args.result_dtype(q.dtype, k.dtype, v.dtype)
@@ -292,24 +317,42 @@ def sdpa(
         sinks_array = da.from_array(np.asarray(sinks, dtype=np.float64).reshape(H_kv, n_rep), chunks=(kv_heads, n_rep))
 
     bi = tuple(f"b{i}" for i in range(len(batch)))
+    if ranged:  # each request's rows and first query position, over the batch (int64, as sdpa reads them)
+        start = np.broadcast_to(np.asarray(0 if k_start is None else k_start, dtype=np.int64), batch)
+        length = S - start if k_lengths is None else np.broadcast_to(np.asarray(k_lengths, dtype=np.int64), batch)
+        if q_offset is None:
+            first_q = k_offset + length - L if k_start is not None or k_lengths is not None else np.full(batch, S - L)
+        else:
+            first_q = np.broadcast_to(np.asarray(q_offset, dtype=np.int64), batch)
+
+    def per_request(x):
+        return da.from_array(np.array(x, dtype=np.int64), chunks=b_chunks), bi  # (ascontiguousarray makes 0-d 1-d)
+
     options = {"scale": scale, "window": window, "softcap": softcap, "precision": precision}
-    parts, start = [], 0
+    parts, c0 = [], 0
     for j, n in enumerate(s_chunks or (0,)):
-        ks, vs = k[..., start : start + n, :], v[..., start : start + n, :]
+        ks, vs = k[..., c0 : c0 + n, :], v[..., c0 : c0 + n, :]
         args = [q, (*bi, "g", "r", "l", "d"), ks, (*bi, "g", "x", "s", "d"), vs, (*bi, "g", "x", "s", "e")]
         if isinstance(mask, da.Array):
-            args += [mask[..., start : start + n], (*bi, "g", "r", "l", "s")]
+            args += [mask[..., c0 : c0 + n], (*bi, "g", "r", "l", "s")]
         else:
             args += [mask, None]
         args += [sinks_array if j == 0 else None, ("g", "r") if j == 0 and sinks is not None else None]
         args += [rows, ("l",)]
+        if ranged:  # this chunk's rows of each request; positions keep their differences
+            cut_start = np.clip(start - c0, 0, n)
+            cut_end = np.clip(start + length - c0, 0, n)
+            cut_length = np.maximum(cut_end - cut_start, 0)
+            args += [*per_request(cut_start), *per_request(cut_length), *per_request(first_q + start - cut_start)]
+        else:
+            args += [None, None, None, None, None, None]
         parts.append(
             da.blockwise(
                 _partial,
                 (*bi, "g", "r", "l", "e"),
                 *args,
-                k_offset=int(k_offset) + start,  # exact ints: _partial shifts them into range
-                q_offset=(S - L if q_offset is None else int(q_offset)),
+                k_offset=int(k_offset) + c0,  # exact ints: _partial shifts them into range
+                q_offset=0 if ranged else (S - L if q_offset is None else int(q_offset)),  # ranged: q_offsets
                 threads=threads,
                 options=options,
                 wide=wide,
@@ -319,7 +362,7 @@ def sdpa(
                 meta=np.empty((0,) * (len(batch) + 5), dtype=wide),
             )  # fmt: skip
         )
-        start += n
+        c0 += n
     while len(parts) > 1:  # the tree of merges
         groups = [parts[i : i + split_every] for i in range(0, len(parts), split_every)]
         parts = [g[0] if len(g) == 1 else da.map_blocks(_merge_packed, *g, dtype=wide) for g in groups]
