@@ -769,7 +769,7 @@ def sdpa_backward(
     >>> grads.dq.shape, grads.dsinks
     ((1, 2, 4, 8), None)
     >>> out, lse = npattn.sdpa(q, k, v, mask=None, return_lse=True)
-    >>> npattn.sdpa_backward(np.ones_like(out), q, k, v, out, lse)  # mask=None forgotten
+    >>> npattn.sdpa_backward(np.ones_like(out), q, k, v, out, lse)  # mask=None forgotten  # doctest: +ELLIPSIS
     Traceback (most recent call last):
         ...
     ValueError: sdpa_backward: mask is 'causal', but lse was computed by sdpa with mask=None; ...
