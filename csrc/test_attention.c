@@ -504,6 +504,62 @@ static void test_key_ranges(void) {
     }
 }
 
+/* Paged K/V: pages scattered at random (a fixed permutation), request b's
+ * key j in row j % PS of page table[b][j / PS]; equal to the dense problem on
+ * the gathered keys (k_length, bottom-right q_offsets), decode (streamed, L =
+ * 1) and gemm tiles (L = 5), on every kernel table, pages whose rows are not
+ * contiguous (a stride of 2 D) too. Run under valgrind, it checks the table
+ * walk reads nothing outside the live pages. */
+static void test_pages(void) {
+    enum { B = 3, HQ = 4, HKV = 2, D = 8, PS = 3, MAXP = 6, NP = 14, S = MAXP * PS, LMAX = 5 };
+    const int64_t length[B] = {7, 0, 18};
+    int64_t table[B * MAXP], q_offsets[B], zero[1] = {0}, bshape[1] = {B};
+    for (int64_t i = 0; i < B * MAXP; i++) table[i] = -1;
+    for (int64_t b = 0, next = 0; b < B; b++)
+        for (int64_t i = 0; i < (length[b] + PS - 1) / PS; i++) table[b * MAXP + i] = (next++ * 5 + 3) % NP; /* scattered */
+    static float q[B * HQ * LMAX * D], kp[NP * HKV * PS * 2 * D], vp[NP * HKV * PS * 2 * D];
+    static float k[B * HKV * S * D], v[B * HKV * S * D], want[B * HQ * LMAX * D], got[B * HQ * LMAX * D];
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) q[i] = (float)uniform();
+    for (size_t i = 0; i < sizeof kp / sizeof kp[0]; i++) kp[i] = (float)uniform(), vp[i] = (float)uniform();
+    for (int stride = 1; stride <= 2; stride++) { /* rows D (contiguous) or 2 D apart */
+        memset(k, 0, sizeof k), memset(v, 0, sizeof v);
+        const int64_t row = stride * D, head = PS * row, page = HKV * head;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < HKV; h++)
+                for (int64_t j = 0; j < length[b]; j++)
+                    for (int64_t e = 0; e < D; e++) {
+                        const int64_t at = table[b * MAXP + j / PS] * page + h * head + (j % PS) * row + e;
+                        k[((b * HKV + h) * S + j) * D + e] = kp[at];
+                        v[((b * HKV + h) * S + j) * D + e] = vp[at];
+                    }
+        const struct npattn_pages pages = {table, MAXP, NP, PS, page, page};
+        for (int64_t L = 1; L <= LMAX; L += LMAX - 1)
+            for (int t = 0; t < N_KERNEL_TABLES; t++) {
+                if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+                for (int64_t b = 0; b < B; b++) q_offsets[b] = length[b] - L;
+                const struct case_ c = {B, HQ, HKV, L, S, D, D, 1, NPATTN_UNBOUNDED, NPATTN_UNBOUNDED, INT64_MIN, 0,
+                                        MASK_NONE, 0, 0, 2};
+                struct buffers x = {{0}, q, k, v, want, NULL, NULL, NULL};
+                struct npattn_problem p;
+                fill_problem(&p, &c, NPATTN_DTYPE_F32, &x, NULL, bshape);
+                p.lse.data = p.weights.data = NULL;
+                p.k_length = length, p.q_offsets = q_offsets;
+                expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "pages: the dense problem");
+                p.out.data = got;
+                p.pages = &pages;
+                p.k.data = kp, p.v.data = vp;
+                p.k.batch_stride = p.v.batch_stride = zero;
+                p.k.head_stride = p.v.head_stride = head;
+                p.k.row_stride = p.v.row_stride = row;
+                expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "pages: the paged problem");
+                double err = 0;
+                for (int64_t i = 0; i < B * HQ * L * D; i++) err = fmax(err, fabs((double)got[i] - (double)want[i]));
+                expect(err < 1e-6, "pages: equal to the dense problem on the gathered keys");
+            }
+        npattn_kernels_force("");
+    }
+}
+
 /* A BLAS that fails its check: every call refused, nothing computed. */
 static int refused_everywhere(void) {
     const int64_t U = NPATTN_UNBOUNDED;
@@ -555,6 +611,7 @@ int main(void) {
         {1, 2, 1, 6, 9, 8, 8, 0, U, INT64_MAX, -(INT64_C(1) << 62) - 1, INT64_C(1) << 62, MASK_NONE, 0, 0, 1},
     };
     for_each_table(cases, sizeof cases / sizeof cases[0], run_case);
+    test_pages();
     static const struct case_ small = {1, 2, 1, 40, 50, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 0, 1};
     static const struct case_ split = {1, 2, 1, 1, 60000, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2};
     test_allocation_failure(&small, NPATTN_DTYPE_F64, 0.5);
