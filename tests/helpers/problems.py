@@ -47,11 +47,11 @@ def _request_shape(rng, B):
 
 
 def _edge_ints(rng, shape, high):
-    """Ints in [0, high] (high an int or an array of `shape`), a quarter of them 0 and a
-    quarter `high`: empty ranges, full ones, ranges touching 0 and S."""
+    """Ints in [0, high] (high an int or an array of `shape`), a fifth of them 0 and a
+    fifth `high`: empty ranges, full ones, ranges touching 0 and S."""
     x = rng.integers(0, np.asarray(high) + 1, size=shape)
     pick = rng.random(shape)
-    return np.where(pick < 0.25, 0, np.where(pick < 0.5, high, x))
+    return np.where(pick < 0.2, 0, np.where(pick < 0.4, high, x))
 
 
 def _least_over_broadcast(room, shape, S):
@@ -118,10 +118,12 @@ def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), sp
     ranks 2 to 6 with broadcast batch dims, GQA groups, empty sizes, every layout
     of helpers.LAYOUTS, float dtypes (mixed now and then), every mask kind and
     broadcast shape, sinks, scale (extremes included), window, softcap,
-    positions, return_lse and threads. `large`: now and then model-sized decode and
-    prefill.
+    positions, return_lse and threads; in one case in four, per-request key ranges
+    and positions (k_start, k_lengths, an int-array q_offset: _per_request_options).
+    `large`: now and then model-sized decode and prefill.
 
-    `specials`: NaN and infinities in q, k, v, and every key visible. So that each
+    `specials`: NaN and infinities in q, k, v, and every key visible (every key of
+    each request's range, where there are ranges; the rest are never read). So that each
     result has one right answer, every finite logit then lies within 2 * 1.5**2 *
     sqrt(D) <= 51 of its row's largest (finite values within SPECIAL_SIZE, |scale| at
     most 1/sqrt(D), sinks within 4): no weight comes near float32's underflow (e**-87),
