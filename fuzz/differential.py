@@ -7,8 +7,9 @@
 run from the repository root, where the test support package tests/helpers
 imports as ``tests.helpers``. Each case is tests.helpers.random_problem(seed): the whole contract of
 npattn.sdpa (ranks, broadcasting, GQA, empty sizes, layouts, dtypes, masks,
-sinks, scale, window, softcap, positions, lse, threads), one in ten with NaN
-and infinities in q, k, v, now and then a model-sized one. Three calls per
+sinks, scale, window, softcap, positions, lse, threads; one in four with
+per-request key ranges k_start/k_lengths or an int-array q_offset), one in ten
+with NaN and infinities in q, k, v, now and then a model-sized one. Three calls per
 case, cycling through the kernel tables this CPU runs: the result against the
 reference (the tolerance npattn's tests use; NaN and infinities where the
 reference has them), a second call bitwise equal, a call into out= bitwise
@@ -98,6 +99,8 @@ def describe(seed: int, case: int) -> str:
     q, k, v, kwargs, specials = problem(seed, case)
 
     def show(x):
+        if isinstance(x, np.ndarray) and x.dtype.kind in "iu" and x.size <= 64:  # per-request ints: their values
+            return f"array({x.tolist()}) {x.dtype} strides {x.strides}"
         if isinstance(x, np.ndarray):
             return f"array{x.shape} {x.dtype} strides {x.strides}"
         return repr(x)

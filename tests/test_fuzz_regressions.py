@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import npattn
-from helpers import check
+from helpers import check, check_backward, kernels, runnable_kernels
 from npattn import reference
 
 
@@ -76,3 +76,19 @@ def test_a_float64_mask_beyond_float32_range_with_float32_inputs(sign):
     np.testing.assert_array_equal(grads.dv, [[[[0.5, 2.0], [0.0, 0.0]]]])
     np.testing.assert_array_equal(grads.dq, 0)
     np.testing.assert_array_equal(grads.dk, 0)
+
+
+def test_backward_tolerance_at_logits_float32_cannot_hold():
+    """fuzz 7:94658: float32 (bfloat16 in the case found), logits of about 1e7, one key row
+    repeated 564 times. The exact weights are uniform; float32 scores of that size are off by
+    tens of units, and lse by its own ulp, so the recomputed weights are off by factors of
+    e**10 and more. The tolerance took a logit error u as a relative weight error u, true
+    only to first order; the weight error is expm1(u), and the check refused the result."""
+    rng = np.random.default_rng(0)
+    q = (rng.standard_normal((14, 1, 128)) * 1e3).astype(np.float32)
+    k = np.repeat((rng.standard_normal((1, 1, 128)) * 1e3).astype(np.float32), 564, axis=1)
+    v = np.repeat(rng.standard_normal((1, 1, 128)).astype(np.float32), 564, axis=1)
+    dout = rng.standard_normal((14, 1, 128)).astype(np.float32)
+    for table in runnable_kernels():
+        with kernels(table):
+            check_backward(q, k, v, dout, scale=-2.7, threads=1)

@@ -282,3 +282,24 @@ def test_backward_ranges_with_kv_broadcast_sum_each_request_own_gradients(thread
     np.testing.assert_allclose(got.dk, want_dk, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(got.dv, want_dv, rtol=1e-12, atol=1e-13)
     assert not got.dk[..., 8, :].any() and not got.dv[..., 8, :].any()
+
+
+def test_reference_takes_k_start_alone_for_one_request(rng):
+    """With batch shape B = () (rank-3 operands here) and k_start alone, the reference's
+    default k_lengths = S - k_start is the request's own: the call equals one on the slice
+    (the reference took S - k_start for an array and failed)."""
+    q, k, v = (x[0] for x in qkv(rng, (1,), 2, 1, 3, 9, 8, dtype=np.float64))
+    for k_start in (2, np.array(2, np.int16), np.uint8(9)):
+        got = reference.sdpa(q, k, v, k_start=k_start, return_lse=True)
+        want = reference.sdpa(q, k[:, int(k_start) :], v[:, int(k_start) :], return_lse=True)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-13, atol=1e-15)
+        np.testing.assert_array_equal(np.isinf(got[1]), np.isinf(want[1]))
+        check(q, k, v, k_start=k_start, return_lse=True)
+
+
+def test_lse_tolerance_reads_the_batch_dims_of_v(rng):
+    """The batch shape B that per-request arguments broadcast to includes v's batch dims:
+    the check of lse (a tolerance taken with a v of ones) computes at that B too."""
+    q, k, _ = qkv(rng, (), 2, 1, 3, 7, 8)
+    v = rng.standard_normal((2, 1, 7, 4)).astype(np.float32)
+    check(q, k, v, k_lengths=np.array([7, 3]), q_offset=np.array([4, 0]), return_lse=True)

@@ -162,6 +162,7 @@ def key_ranges(B, S, k_start=None, k_lengths=None, fn="sdpa"):
     """
     start = _per_request(fn, "k_start", 0 if k_start is None else k_start, B).astype(object)
     length = S - start if k_lengths is None else _per_request(fn, "k_lengths", k_lengths, B).astype(object)
+    length = np.asarray(length, dtype=object)  # for B = (), S - start is an int, not an array
     for b in np.ndindex(*B):
         where = f"[{', '.join(map(str, b))}]" if b else ""
         if not 0 <= start[b] <= S:

@@ -334,8 +334,9 @@ def backward_tolerance(
     those of the ``sdpa`` call (``mask`` defaults to ``"causal"``, as there); its other
     keywords (``threads``, ``return_lse``, ``out``) are accepted and ignored.
 
-    The derivation. A weight recomputed from the saved lse is off by
-    ``u = ulps eps (1 + m + log(S+1) + sqrt(n))`` relative, ``m`` the logit bound of
+    The derivation. A weight recomputed from the saved lse has its logit off by
+    ``ulps eps (1 + m + log(S+1) + sqrt(n))``, so it is off by ``u``, the expm1 of
+    that, relative (the logit error itself while it is small), ``m`` the logit bound of
     :func:`max_logit` (``log(S+1)`` bounds how far lse exceeds it), ``n`` the longest
     sum (rows, keys, widths), ``ulps`` ``OWN_ULPS`` of the dtype computed in (float32
     for the half dtypes). Every product of the pass then adds ulps of its terms, so
@@ -359,7 +360,10 @@ def backward_tolerance(
     L, S, D, D_v = q64.shape[-2], k64.shape[-2], q64.shape[-1], v64.shape[-1]
     m = max_logit(q64, k64, scale, options["mask"], options["sinks"], softcap)
     n = max(L * (q64.size // max(L * D, 1)), S, D, D_v)
-    u = ulps * EPS[computed] * (1 + m + _np.log1p(S) + _np.sqrt(n))
+    logit_error = ulps * EPS[computed] * (1 + m + _np.log1p(S) + _np.sqrt(n))
+    # a weight whose logit is off by that is off by expm1 of it relative: the logit error
+    # itself only while it is small (capped where e**x would overflow)
+    u = float(_np.expm1(min(logit_error, 700.0)))
     via_d = u + (EPS[dtype.name] / 2 if dtype.name != computed else 0.0)
     normal = float(_np.finfo(computed).smallest_normal)
     rows = _math.prod(_np.shape(dout)[:-1])  # every query row of the whole batch

@@ -62,9 +62,11 @@ def check(q, k, v, **kwargs):
         np.testing.assert_array_equal(np.isinf(got_lse), np.isinf(want_lse))
         finite = np.isfinite(want_lse)
         # lse is a logit: off by the logit error the output tolerance allows per unit of
-        # v (the tolerance of a v of ones), plus the rounding of the log-sum itself, a few
-        # ulps of |lse|
-        logit_atol = own_tolerance(q, k, np.ones((*np.shape(k)[:-1], 1)), dtype, **kwargs)[1]
+        # v (the tolerance of a v of ones, with v's batch dims, which the batch shape that
+        # per-request arguments broadcast to includes), plus the rounding of the log-sum
+        # itself, a few ulps of |lse|
+        ones = np.ones((*np.broadcast_shapes(np.shape(k)[:-1], np.shape(v)[:-1]), 1))
+        logit_atol = own_tolerance(q, k, ones, dtype, **kwargs)[1]
         ulps = OWN_ULPS["float64" if dtype == np.float64 else "float32"]
         rtol = ulps * testing.EPS["float64" if dtype == np.float64 else "float32"]
         np.testing.assert_allclose(got_lse[finite], want_lse[finite], rtol=rtol, atol=logit_atol)

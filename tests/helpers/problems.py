@@ -3,9 +3,11 @@ differential fuzzer (fuzz/differential.py) draw the same ones."""
 
 import numpy as np
 
-from .inputs import LAYOUTS, dtype_of, layout, layout_fits, make_mask
+from .inputs import LAYOUTS, dtype_of, layout, layout_fits, make_mask, read_only
 
 SPECIAL_SIZE = 1.5  # |finite value| in a problem with NaN and infinities (see random_problem)
+INT_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")  # for per-request ints
+HUGE_OFFSETS = (-(2**63), -(2**62), 2**62, 2**63 - 1)  # per-request q_offset: int64's ends and near them
 
 
 def _operand_batch(rng, batch):
@@ -31,15 +33,97 @@ def _values(rng, shape, dtype, kind, specials):
     return a
 
 
+def _request_shape(rng, B):
+    """A shape that broadcasts to the batch shape B: (), (1,), B itself, or B partly
+    broadcast (some dims 1, some leading dims dropped)."""
+    r = rng.random()
+    if r < 0.25:
+        return ()
+    if r < 0.35 and B:
+        return (1,) * int(rng.integers(1, len(B) + 1))
+    if r < 0.65:
+        return B
+    return _operand_batch(rng, B)
+
+
+def _edge_ints(rng, shape, high):
+    """Ints in [0, high] (high an int or an array of `shape`), a fifth of them 0 and a
+    fifth `high`: empty ranges, full ones, ranges touching 0 and S."""
+    x = rng.integers(0, np.asarray(high) + 1, size=shape)
+    pick = rng.random(shape)
+    return np.where(pick < 0.2, 0, np.where(pick < 0.4, high, x))
+
+
+def _least_over_broadcast(room, shape, S):
+    """The least of `room` (of shape B) over each axis that `shape` broadcasts along:
+    an array of `shape` (S where such an axis is empty)."""
+    lead = room.ndim - len(shape)
+    axes = tuple(d for d in range(room.ndim) if d < lead or shape[d - lead] == 1)
+    return room.min(axis=axes, keepdims=True, initial=S).reshape(shape)
+
+
+def _per_request_int(rng, values):
+    """`values` (ints, of a shape broadcastable to B) as sdpa may take them: a Python
+    int, a NumPy scalar or a 0-d array for shape (); else an array of an integer dtype
+    that holds them (now and then byte-swapped, strided or read-only) or a list."""
+    values = np.asarray(values, dtype=object)
+    low, high = (int(f(values, initial=0)) for f in (np.min, np.max))
+    fits = [n for n in INT_DTYPES if np.iinfo(n).min <= low and high <= np.iinfo(n).max]
+    dtype = np.dtype(rng.choice(fits))
+    if values.ndim == 0:
+        r = rng.random()
+        return int(values) if r < 0.5 else dtype.type(int(values)) if r < 0.75 else np.array(int(values), dtype)
+    a = values.astype(dtype)
+    r = rng.random()
+    if r < 0.1 and a.size:  # an empty list reads as float64
+        return a.tolist()
+    if r < 0.2:
+        return a.astype(dtype.newbyteorder("S"))
+    if r < 0.3:
+        wide = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), dtype)
+        wide[..., ::2] = a
+        return wide[..., ::2]  # every other element
+    if r < 0.35:
+        return read_only(a)
+    return a
+
+
+def _per_request_options(rng, B, S, q_offset_allowed):
+    """Per-request key ranges and positions for a batch shape B over S keys: k_start,
+    k_lengths (either, both, or neither with an array q_offset), every range within
+    [0, S]; now and then an int-array q_offset (int64's ends included)."""
+    which = rng.choice(["k_start", "k_lengths", "both", "both", "neither"])
+    options = {}
+    start = np.zeros(B, dtype=object)
+    if which in ("k_start", "both"):
+        start = _edge_ints(rng, _request_shape(rng, B), S).astype(object)
+        options["k_start"] = _per_request_int(rng, start)
+    if which in ("k_lengths", "both"):
+        shape = _request_shape(rng, B)
+        room = S - np.broadcast_to(start, B).astype(np.int64)  # keys from each request's start to S
+        options["k_lengths"] = _per_request_int(rng, _edge_ints(rng, shape, _least_over_broadcast(room, shape, S)))
+    if q_offset_allowed and (which == "neither" or rng.random() < 0.4):
+        shape = _request_shape(rng, B)
+        if which == "neither" and not shape:
+            shape = B  # an array, of rank 0 only where B is ()
+        offsets = rng.integers(-20, 20, size=shape).astype(object)
+        if offsets.size and rng.random() < 0.1:
+            offsets.flat[rng.integers(0, offsets.size)] = int(rng.choice(HUGE_OFFSETS))
+        options["q_offset"] = _per_request_int(rng, offsets) if shape else np.array(offsets, np.int64)
+    return options
+
+
 def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), specials=False, large=False):
     """(q, k, v, kwargs) for one random problem of npattn.sdpa's whole contract:
     ranks 2 to 6 with broadcast batch dims, GQA groups, empty sizes, every layout
     of helpers.LAYOUTS, float dtypes (mixed now and then), every mask kind and
     broadcast shape, sinks, scale (extremes included), window, softcap,
-    positions, return_lse and threads. `large`: now and then model-sized decode and
-    prefill.
+    positions, return_lse and threads; in one case in four, per-request key ranges
+    and positions (k_start, k_lengths, an int-array q_offset: _per_request_options).
+    `large`: now and then model-sized decode and prefill.
 
-    `specials`: NaN and infinities in q, k, v, and every key visible. So that each
+    `specials`: NaN and infinities in q, k, v, and every key visible (every key of
+    each request's range, where there are ranges; the rest are never read). So that each
     result has one right answer, every finite logit then lies within 2 * 1.5**2 *
     sqrt(D) <= 51 of its row's largest (finite values within SPECIAL_SIZE, |scale| at
     most 1/sqrt(D), sinks within 4): no weight comes near float32's underflow (e**-87),
@@ -103,6 +187,10 @@ def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), sp
         kwargs["k_offset"] = int(rng.integers(-20, 20))
     kwargs["return_lse"] = bool(rng.random() < 0.3)
     kwargs["threads"] = int(rng.integers(1, 5))
+    if rng.random() < 0.25:  # drawn last, so that the draws above are those of 0.2's problems
+        B = np.broadcast_shapes(*(shape[:-3] for shape in shapes.values()))
+        top_left = isinstance(kwargs.get("mask"), str) and kwargs["mask"] == "causal_top_left"
+        kwargs.update(_per_request_options(rng, B, S, q_offset_allowed=not top_left))
     return q, k, v, kwargs
 
 
