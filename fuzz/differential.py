@@ -9,7 +9,10 @@ imports as ``tests.helpers``. Each case is tests.helpers.random_problem(seed): t
 npattn.sdpa (ranks, broadcasting, GQA, empty sizes, layouts, dtypes, masks,
 sinks, scale, window, softcap, positions, lse, threads; one in four with
 per-request key ranges k_start/k_lengths or an int-array q_offset), one in ten
-with NaN and infinities in q, k, v, now and then a model-sized one. Three calls per
+with NaN and infinities in q, k, v, now and then a model-sized one; and one case
+in ten is a paged_attention call instead, tests.helpers.random_paged_problem
+(page sizes, shared pages, strided stores, int32 tables, every mask kind it
+takes, window, sinks, softcap, q_offset, lse, precision). Three calls per
 case, cycling through the kernel tables this CPU runs: the result against the
 reference (the tolerance npattn's tests use; NaN and infinities where the
 reference has them), a second call bitwise equal, a call into out= bitwise
@@ -31,10 +34,12 @@ import npattn
 from tests.helpers import (
     check,
     check_backward,
+    check_paged,
     compare_with_nan,
     f64,
     kernels,
     own_tolerance,
+    random_paged_problem,
     random_problem,
     reference_call,
     runnable_kernels,
@@ -42,6 +47,34 @@ from tests.helpers import (
 )
 
 CALLS_PER_CASE = 3  # the forward pass's; a case with the backward pass makes two more
+
+
+def is_paged(case: int) -> bool:
+    """Whether the case is a paged_attention call (one in ten)."""
+    return case % 10 == 4
+
+
+def paged(seed: int, case: int):
+    """The case's paged problem: (q, key_pages, value_pages, block_table, context_lens, kwargs)."""
+    return random_paged_problem(np.random.default_rng([seed, case]))
+
+
+def run_paged_case(seed: int, case: int, table: str) -> int:
+    """A paged_attention case: the result against the reference, a second call and a
+    call into out= bitwise equal, the inputs unchanged."""
+    q, kp, vp, bt, cl, kwargs = paged(seed, case)
+    with kernels(table):
+        first = check_paged(q, kp, vp, bt, cl, **kwargs)
+        again = npattn.paged_attention(q, kp, vp, bt, cl, **kwargs)
+        out = first[0] if kwargs.get("return_lse") else first
+        buf = np.empty_like(out)
+        into = npattn.paged_attention(q, kp, vp, bt, cl, out=buf, **kwargs)
+    assert (into[0] if kwargs.get("return_lse") else into) is buf, "out= did not return out"
+    for name, result in (("a second call", again), ("the call into out=", into)):
+        pairs = zip(first, result) if kwargs.get("return_lse") else [(first, result)]
+        for a, b in pairs:
+            assert np.array_equal(a, b, equal_nan=True), f"{name} differs from the first"
+    return CALLS_PER_CASE
 
 
 def problem(seed: int, case: int):
@@ -60,6 +93,8 @@ def with_backward(kwargs: dict, specials: bool) -> bool:
 def run_case(seed: int, case: int, table: str) -> int:
     """The checks of one case; raises AssertionError (or anything) on a finding.
     Returns the number of calls made."""
+    if is_paged(case):
+        return run_paged_case(seed, case, table)
     q, k, v, kwargs, specials = problem(seed, case)
     arrays = [x for x in (q, k, v, *kwargs.values()) if isinstance(x, np.ndarray)]
     before = snapshot(*arrays)
@@ -96,8 +131,6 @@ def run_case(seed: int, case: int, table: str) -> int:
 
 
 def describe(seed: int, case: int) -> str:
-    q, k, v, kwargs, specials = problem(seed, case)
-
     def show(x):
         if isinstance(x, np.ndarray) and x.dtype.kind in "iu" and x.size <= 64:  # per-request ints: their values
             return f"array({x.tolist()}) {x.dtype} strides {x.strides}"
@@ -105,6 +138,12 @@ def describe(seed: int, case: int) -> str:
             return f"array{x.shape} {x.dtype} strides {x.strides}"
         return repr(x)
 
+    if is_paged(case):
+        q, kp, vp, bt, cl, kwargs = paged(seed, case)
+        named = (("q", q), ("key_pages", kp), ("value_pages", vp), ("block_table", bt), ("context_lens", cl))
+        lines = [f"case {seed}:{case} (paged_attention)"] + [f"  {name} = {show(x)}" for name, x in named]
+        return "\n".join(lines + [f"  {name} = {show(x)}" for name, x in kwargs.items()])
+    q, k, v, kwargs, specials = problem(seed, case)
     lines = [f"case {seed}:{case}" + (" (NaN/inf in q, k, v)" if specials else "")]
     lines += [f"  {name} = {show(x)}" for name, x in (("q", q), ("k", k), ("v", v))]
     lines += [f"  {name} = {show(x)}" for name, x in kwargs.items()]
