@@ -54,6 +54,7 @@ def test_precision_reaches_every_entry_point(rng):
     np.testing.assert_allclose(paged, out, atol=1e-6)
     pytest.importorskip("dask")
     from npattn import dask
+
     np.testing.assert_array_equal(np.asarray(dask.sdpa(q, k, v, precision="fast")), out)
     with pytest.raises(ValueError, match="precision"):
         dask.sdpa(q, k, v, precision="medium")
