@@ -361,7 +361,8 @@ def paged_attention(
     live in fixed-size physical pages that a block table maps (vLLM's paged
     attention; tiny-llm's week 3, in the same positional order). Equal to
     :func:`sdpa` on each request's gathered keys and values, to float32
-    rounding; nothing is gathered: each key tile is read from its page.
+    rounding; no dense copy is made: each tile of keys is read from its
+    pages (a prefill tile that crosses pages is copied into tile-sized scratch).
 
     Parameters
     ----------
