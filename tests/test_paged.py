@@ -17,11 +17,6 @@ from helpers import assert_raises_naming, check_paged, kernels, paged_problem, r
 from npattn import reference, testing
 
 
-def gathered(key_pages, value_pages, table, lengths):
-    """Each request's keys and values gathered into a dense (B, H_kv, S, D) cache, zeros past its length."""
-    return reference.gather_pages(key_pages, value_pages, table, lengths)[:2]
-
-
 @pytest.mark.parametrize("page_size", [1, 4, 16, 33])
 @pytest.mark.parametrize("L", [1, 3, 40])
 @pytest.mark.parametrize("mask", ["causal", "causal_top_left", None])
@@ -78,7 +73,7 @@ def test_paged_equals_dense_sdpa(rng):
         q, kp, vp, table, cl = paged_problem(rng, B=3, H_q=14, H_kv=2, L=L, D=64, D_v=64, page_size=16,
                                              lengths=(100, 333, 17))  # fmt: skip
         got = npattn.paged_attention(q, kp, vp, table, cl)
-        k, v = gathered(kp, vp, table, cl)
+        k, v, _ = reference.gather_pages(kp, vp, table, cl)
         want = npattn.sdpa(q, k, v, k_lengths=cl)
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
 

@@ -9,14 +9,10 @@ import numpy as np
 import pytest
 
 import npattn
-from helpers import MASK_KINDS, make_mask, qkv
+from helpers import MASK_KINDS, dtype_of, make_mask, qkv
 from npattn import testing
 
 HALF = ["float16", "bfloat16"]
-
-
-def dtype_of(name):
-    return pytest.importorskip("ml_dtypes").bfloat16 if name == "bfloat16" else np.dtype(name)
 
 
 @pytest.mark.parametrize("name", HALF)

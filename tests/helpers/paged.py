@@ -9,6 +9,7 @@ from npattn import reference
 
 from .compare import own_tolerance, representable, snapshot
 from .inputs import dtype_of, f64
+from .problems import _has_ml_dtypes
 
 
 def paged_problem(rng, B=3, H_q=4, H_kv=2, L=1, D=8, D_v=8, page_size=4, lengths=(0, 1, 4, 5), dtype=np.float32,
@@ -81,14 +82,6 @@ def random_paged_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16
     if rng.random() < 0.3:
         kwargs["threads"] = int(rng.integers(1, 4))
     return q, kp, vp, table, cl, kwargs
-
-
-def _has_ml_dtypes():
-    try:
-        import ml_dtypes  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def check_paged(q, key_pages, value_pages, table, lengths, **kwargs):
