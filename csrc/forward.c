@@ -200,8 +200,9 @@ static void merge_task(void *arg, int64_t unit, int32_t slot) {
         memset(orow, 0, (size_t)Dv * sizeof *orow);
         for (int64_t s = 0; s < pl->n_split && lse != -INFINITY; s++) {
             const double *part = first + s * stride;
-            if (part[r] == -INFINITY) continue; /* this part saw nothing */
-            double w = exp(part[r] - lse);
+            /* a part that saw nothing adds only its NaNs (0 * a NaN value), as
+             * one pass over all the keys would */
+            const double w = part[r] == -INFINITY ? 0.0 : exp(part[r] - lse);
             for (int64_t e = 0; e < Dv; e++) orow[e] += w * part[pl->max_m + r * Dv + e];
         }
         const int64_t h = u.h0 + r / u.nq, i = u.i0 + r % u.nq;

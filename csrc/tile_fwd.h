@@ -213,13 +213,14 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             if (p->lse.data) store_lse(p, u->off_lse, h, i, lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]));
         }
     } else {
-        /* split-K: leave (lse, O / l) for the merge, in double */
+        /* split-K: leave (lse, O / l) for the merge, in double; a part that
+         * saw no key leaves O itself, 0 or the NaN of 0 * a NaN value, which
+         * the merge keeps where another part or the sink gives the row weight */
         double *part = pl->partials + (size_t)task * (size_t)(pl->max_m * (Dv + 1));
         for (int64_t r = 0; r < M; r++) {
-            const REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r];
+            const REAL inv = lt[r] == (REAL)0 ? (REAL)1 : (REAL)1 / lt[r];
             part[r] = lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]);
-            for (int64_t e = 0; e < Dv; e++)
-                part[pl->max_m + r * Dv + e] = inv == (REAL)0 ? 0.0 : (double)(ot[r * Dv + e] * inv);
+            for (int64_t e = 0; e < Dv; e++) part[pl->max_m + r * Dv + e] = (double)(ot[r * Dv + e] * inv);
         }
     }
     /* the weights (never split-K) */

@@ -92,3 +92,42 @@ def test_backward_tolerance_at_logits_float32_cannot_hold():
     for table in runnable_kernels():
         with kernels(table):
             check_backward(q, k, v, dout, scale=-2.7, threads=1)
+
+
+@pytest.mark.parametrize("L", [1, 3])
+def test_many_equal_weights_round_within_the_bound(L):
+    """fuzz 7:179918: 2405 keys of one value row, all logits 0 (q = k = 0) and a sink: the
+    weights are equal, and equal terms round alike, so summing P @ v key after key grew
+    its error with the keys (1.4x the bound, which grows with their square root). The
+    streaming kernels now sum each tile of keys from zero and add it to O."""
+    q = np.zeros((14, L, 128), np.float32)
+    k = np.zeros((2, 2405, 128), np.float32)
+    v = np.broadcast_to(np.linspace(-3.5, 3.5, 128, dtype=np.float32), (2, 2405, 128))
+    for table in runnable_kernels():
+        with kernels(table):
+            for threads in (1, 2):
+                check(q, k, v, mask=None, sinks=np.full(14, 0.625), threads=threads)
+
+
+@pytest.mark.parametrize("sinks", [None, [0.5]])
+def test_a_nan_value_under_a_minus_inf_score_is_nan_for_every_split(sinks):
+    """fuzz 7:182209: a key whose score is -inf has weight 0, and 0 * its NaN value is NaN in
+    the formula and in one pass over the keys. Split over threads, the part holding that key
+    saw no other key and was left out of the merge, so 3 threads gave 0 where 1 gave NaN.
+    A part that sees nothing now keeps its NaNs; a row that sees no key at all is still 0."""
+    q = np.ones((1, 1, 1, 128), np.float32)
+    k = np.random.default_rng(1).standard_normal((1, 1, 8192, 128)).astype(np.float32)
+    k[..., :4096, 0] = -np.inf  # scores -inf: the first half of the keys weigh nothing
+    v = np.ones((1, 1, 8192, 3), np.float32)
+    v[..., 5, 1] = np.nan
+    want = reference.sdpa(q, k, v, mask=None, sinks=sinks)
+    assert np.isnan(want[..., 1]).all() and np.isfinite(want[..., ::2]).all()
+    for table in runnable_kernels():
+        with kernels(table):
+            for threads in (1, 2, 3, 4):
+                got = npattn.sdpa(q, k, v, mask=None, sinks=sinks, threads=threads)
+                np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{table}, {threads} threads")
+    k[..., 4096:, 0] = -np.inf  # no key has weight: zeros without a sink, 0 * NaN with one
+    want = reference.sdpa(q, k, v, mask=None, sinks=sinks)
+    for threads in (1, 2, 3, 4):
+        np.testing.assert_array_equal(npattn.sdpa(q, k, v, mask=None, sinks=sinks, threads=threads), want)

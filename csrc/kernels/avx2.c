@@ -271,9 +271,8 @@ AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_d
 AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
                                   const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
                                   const struct npattn_next *next) {
-    __m256 acc[12]; /* acc[2 * row + chunk] */
-    for (int a = 0; a < nr; a++)
-        for (int c = 0; c < nc; c++) acc[2 * a + c] = _mm256_loadu_ps(o + a * Dv + e0 + 8 * c);
+    __m256 acc[12]; /* acc[2 * row + chunk], from zero */
+    for (int i = 0; i < 2 * nr; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < nk; j++) {
         const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
         if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
@@ -285,7 +284,10 @@ AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t
         }
     }
     for (int a = 0; a < nr; a++)
-        for (int c = 0; c < nc; c++) _mm256_storeu_ps(o + a * Dv + e0 + 8 * c, acc[2 * a + c]);
+        for (int c = 0; c < nc; c++) {
+            float *oc = o + a * Dv + e0 + 8 * c;
+            _mm256_storeu_ps(oc, _mm256_add_ps(_mm256_loadu_ps(oc), acc[2 * a + c]));
+        }
 }
 
 /* Columns e0 .. e0 + 8 * nc - 1 of every row, 6 rows at a time, the row
@@ -318,12 +320,7 @@ AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ld
         e0 += 8;
     }
     if (e0 < Dv) /* columns left over, fewer than 8 */
-        for (int64_t r = 0; r < M; r++)
-            for (int64_t j = 0; j < nk; j++) {
-                float p = st[r * ldst + j];
-                const void *vr = npattn_stream_at(vt, v, j * ldv);
-                for (int64_t e = e0; e < Dv; e++) o[r * Dv + e] += p * npattn_stream_elem(vt, vr, e);
-            }
+        npattn_accumulate_columns(st, ldst, M, nk, vt, v, ldv, Dv, e0, o);
 }
 
 /* One copy of the loops per value type, its conversion inlined. */

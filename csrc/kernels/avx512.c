@@ -277,9 +277,8 @@ AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64
                                     const struct npattn_next *next) {
     __mmask16 m[4];
     for (int c = 0; c < 4; c++) m[c] = lanes(Dv - e0, c);
-    __m512 acc[16]; /* acc[4 * row + chunk] */
-    for (int a = 0; a < nr; a++)
-        for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_maskz_loadu_ps(m[c], o + a * Dv + e0 + 16 * c);
+    __m512 acc[16]; /* acc[4 * row + chunk], from zero */
+    for (int i = 0; i < 4 * nr; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < nk; j++) {
         const void *vr = npattn_stream_at(vt, v, j * ldv + e0);
         const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
@@ -292,7 +291,10 @@ AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64
         }
     }
     for (int a = 0; a < nr; a++)
-        for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + a * Dv + e0 + 16 * c, m[c], acc[4 * a + c]);
+        for (int c = 0; c < 4; c++) {
+            float *oc = o + a * Dv + e0 + 16 * c;
+            _mm512_mask_storeu_ps(oc, m[c], _mm512_add_ps(_mm512_maskz_loadu_ps(m[c], oc), acc[4 * a + c]));
+        }
 }
 
 AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,

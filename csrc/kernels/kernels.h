@@ -57,8 +57,11 @@ struct npattn_kernels {
      * (exactly), so that a half-precision cache is read at half the bytes.
      * scores: st (M, ldst) = raw scores of the M rows of q (M, D),
      * row-major, against nk rows of k (ldk elements apart). accumulate:
-     * o (M, Dv) row-major += P @ v, P (M, nk) given as st (M, ldst). The
-     * arithmetic is the same, in float, whatever the types. Both prefetch
+     * o (M, Dv) row-major += P @ v, P (M, nk) given as st (M, ldst), the
+     * product summed from zero and then added to o: a call's nk terms are
+     * one block, so that o's rounding grows with the blocks, not the keys
+     * (many equal weights round alike). The arithmetic is the same, in
+     * float, whatever the types. Both prefetch
      * rows a fixed distance ahead of those they read: past the nk rows,
      * those of `next` (NULL: the rows that follow, ldk apart). */
     void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk, int64_t nk,
@@ -107,6 +110,11 @@ void npattn_softmax_f64(double *st, const struct npattn_score_tile_f64 *t, doubl
 /* The portable softmax step over columns r0 .. r1-1: the SIMD tables' tails. */
 int npattn_softmax_f32_columns(float *st, const struct npattn_score_tile *t, int64_t r0, int64_t r1, float *m,
                                float *l, float *alpha);
+
+/* accumulate's columns e0 .. Dv - 1 (the portable kernel's and the SIMD
+ * kernels' column tails): the nk terms summed from zero, then added to o. */
+void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt,
+                               const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o);
 
 /* ---- conversions (convert.c) ---- */
 

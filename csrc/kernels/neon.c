@@ -258,9 +258,8 @@ static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype 
 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int64_t nk, const void *v,
                              int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
                              const struct npattn_next *next) {
-    float32x4_t acc[16]; /* acc[4 * row + chunk] */
-    for (int a = 0; a < nr; a++)
-        for (int c = 0; c < 4; c++) acc[4 * a + c] = vld1q_f32(o + a * Dv + e0 + 4 * c);
+    float32x4_t acc[16]; /* acc[4 * row + chunk], from zero */
+    for (int i = 0; i < 4 * nr; i++) acc[i] = vdupq_n_f32(0.0f);
     for (int64_t j = 0; j < nk; j++) {
         const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
         if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
@@ -272,7 +271,10 @@ INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst
         }
     }
     for (int a = 0; a < nr; a++)
-        for (int c = 0; c < 4; c++) vst1q_f32(o + a * Dv + e0 + 4 * c, acc[4 * a + c]);
+        for (int c = 0; c < 4; c++) {
+            float *oc = o + a * Dv + e0 + 4 * c;
+            vst1q_f32(oc, vaddq_f32(vld1q_f32(oc), acc[4 * a + c]));
+        }
 }
 
 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
@@ -293,12 +295,7 @@ INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, i
         }
     }
     if (e0 < Dv) /* columns left over, fewer than 16 */
-        for (int64_t r = 0; r < M; r++)
-            for (int64_t j = 0; j < nk; j++) {
-                float p = st[r * ldst + j];
-                const void *vr = npattn_stream_at(vt, v, j * ldv);
-                for (int64_t e = e0; e < Dv; e++) o[r * Dv + e] += p * npattn_stream_elem(vt, vr, e);
-            }
+        npattn_accumulate_columns(st, ldst, M, nk, vt, v, ldv, Dv, e0, o);
 }
 
 /* One copy of the loops per value type, its conversion inlined. */

@@ -157,16 +157,27 @@ static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dt
         }
 }
 
+void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt,
+                               const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o) {
+    enum { CHUNK = 32 };
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t c0 = e0; c0 < Dv; c0 += CHUNK) {
+            const int64_t n = Dv - c0 < CHUNK ? Dv - c0 : CHUNK;
+            float acc[CHUNK] = {0};
+            for (int64_t j = 0; j < nk; j++) {
+                float p = st[r * ldst + j];
+                const void *vr = npattn_stream_at(vt, v, j * ldv + c0);
+                for (int64_t e = 0; e < n; e++) acc[e] += p * npattn_stream_elem(vt, vr, e);
+            }
+            for (int64_t e = 0; e < n; e++) o[r * Dv + c0 + e] += acc[e];
+        }
+}
+
 static void accumulate_portable(const float *st, int64_t ldst, int64_t M, int64_t nk,
                                 const struct npattn_next *next, enum npattn_dtype vt, const void *v, int64_t ldv,
                                 int64_t Dv, float *o) {
     (void)next;
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t j = 0; j < nk; j++) {
-            float p = st[r * ldst + j];
-            const void *vr = npattn_stream_at(vt, v, j * ldv);
-            for (int64_t e = 0; e < Dv; e++) o[r * Dv + e] += p * npattn_stream_elem(vt, vr, e);
-        }
+    npattn_accumulate_columns(st, ldst, M, nk, vt, v, ldv, Dv, 0, o);
 }
 
 static void f16_to_f32_portable(const uint16_t *src, int64_t n, float *dst) {
