@@ -7,7 +7,7 @@
 run from the repository root, where the test support package tests/helpers
 imports as ``tests.helpers``. Each case is tests.helpers.random_problem(seed): the whole contract of
 npattn.sdpa (ranks, broadcasting, GQA, empty sizes, layouts, dtypes, masks,
-sinks, scale, window, softcap, positions, lse, threads; one in four with
+sinks, scale, window, softcap, positions, lse, threads, precision; one in four with
 per-request key ranges k_start/k_lengths or an int-array q_offset), one in ten
 with NaN and infinities in q, k, v, now and then a model-sized one; and one case
 in ten is a paged_attention call instead, tests.helpers.random_paged_problem

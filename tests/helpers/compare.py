@@ -34,12 +34,14 @@ def reference_call(q, k, v, **kwargs):
 
 def own_tolerance(q, k, v, dtype, **kwargs):
     """(rtol, atol) npattn itself is held to: 4 / 64 ulps for float32 / float64;
-    correctly rounded (rtol eps/2, plus the float32 bound) for the half dtypes."""
+    correctly rounded (rtol eps/2, plus the float32 bound) for the half dtypes, and
+    with precision="fast" the half type's ulps that testing.tolerance adds."""
     bound = {key: kwargs[key] for key in BOUND_KEYS if key in kwargs}
     if dtype.name in OWN_ULPS:
         return 0.0, testing.tolerance(q, k, v, dtype=dtype, ulps=OWN_ULPS[dtype.name], **bound)
-    f32 = testing.tolerance(q, k, v, dtype=np.float32, ulps=OWN_ULPS["float32"], **bound)
-    return testing.EPS[dtype.name] / 2, f32
+    # no ulps of the half type itself (rtol is its rounding): the float32 bound, and "fast"'s
+    half = testing.tolerance(q, k, v, dtype=dtype, ulps=0, precision=kwargs.get("precision", "highest"), **bound)
+    return testing.EPS[dtype.name] / 2, half
 
 
 def check(q, k, v, **kwargs):

@@ -102,7 +102,8 @@ def check_paged(q, key_pages, value_pages, table, lengths, **kwargs):
     dtype = np.result_type(q.dtype, key_pages.dtype, value_pages.dtype)
     assert got.dtype == dtype and got.shape == want.shape, (got.dtype, got.shape, want.shape)
     k, v, _ = reference.gather_pages(key_pages, value_pages, table, lengths)
-    bound = {key: kwargs[key] for key in ("scale", "mask", "sinks", "window", "softcap", "q_offset") if key in kwargs}
+    bound_keys = ("scale", "mask", "sinks", "window", "softcap", "q_offset", "precision")
+    bound = {key: kwargs[key] for key in bound_keys if key in kwargs}
     rtol, atol = own_tolerance(q, k, v, np.dtype(dtype), k_lengths=lengths, **bound)
     np.testing.assert_allclose(f64(got), representable(want, np.dtype(dtype)), rtol=rtol, atol=atol)
     assert snapshot(*map(np.asarray, (q, key_pages, value_pages, table, lengths))) == before, "an input changed"

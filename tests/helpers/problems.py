@@ -119,7 +119,8 @@ def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), sp
     of helpers.LAYOUTS, float dtypes (mixed now and then), every mask kind and
     broadcast shape, sinks, scale (extremes included), window, softcap,
     positions, return_lse and threads; in one case in four, per-request key ranges
-    and positions (k_start, k_lengths, an int-array q_offset: _per_request_options).
+    and positions (k_start, k_lengths, an int-array q_offset: _per_request_options);
+    precision in three in ten.
     `large`: now and then model-sized decode and prefill.
 
     `specials`: NaN and infinities in q, k, v, and every key visible (every key of
@@ -191,6 +192,8 @@ def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), sp
         B = np.broadcast_shapes(*(shape[:-3] for shape in shapes.values()))
         top_left = isinstance(kwargs.get("mask"), str) and kwargs["mask"] == "causal_top_left"
         kwargs.update(_per_request_options(rng, B, S, q_offset_allowed=not top_left))
+    if rng.random() < 0.3:  # drawn after the ranges, so that those draws stay as they were
+        kwargs["precision"] = str(rng.choice(["highest", "fast"]))
     return q, k, v, kwargs
 
 
