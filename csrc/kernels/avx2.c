@@ -107,6 +107,17 @@ AVX2 INLINE __m256i lanes(int64_t n, int64_t j) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(left > 8 ? 8 : left)), iota);
 }
 
+/* Lanes j .. j+7 of a row of n at p: a plain load or store where all 8 are
+ * in the row, maskload / maskstore (slow on some CPUs) only for its tail. */
+AVX2 INLINE __m256 load_lanes(const float *p, int64_t n, int64_t j) {
+    return j + 8 <= n ? _mm256_loadu_ps(p + j) : _mm256_maskload_ps(p + j, lanes(n, j));
+}
+
+AVX2 INLINE void store_lanes(float *p, int64_t n, int64_t j, __m256 x) {
+    if (j + 8 <= n) _mm256_storeu_ps(p + j, x);
+    else _mm256_maskstore_ps(p + j, lanes(n, j), x);
+}
+
 AVX2 INLINE float hmax(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -135,7 +146,7 @@ AVX2 static int softmax_rows_avx2(float *st, const struct npattn_score_tile *t, 
         /* pass 1: final scores written back, the row's max */
         for (int64_t j = 0; j < t->nk; j += 8) {
             const __m256i live = lanes(t->nk, j);
-            __m256 x = _mm256_mul_ps(_mm256_maskload_ps(row + j, live), scale);
+            __m256 x = _mm256_mul_ps(load_lanes(row, t->nk, j), scale);
             __m256 check = _mm256_sub_ps(x, x);
             __m256 vis = _mm256_castsi256_ps(live);
             if (capped) x = _mm256_mul_ps(cap, tanh_approx(_mm256_mul_ps(x, inv_cap)));
@@ -145,14 +156,14 @@ AVX2 static int softmax_rows_avx2(float *st, const struct npattn_score_tile *t, 
                 vis = _mm256_andnot_ps(_mm256_castsi256_ps(out), vis);
             }
             if (brow) {
-                __m256 b = _mm256_maskload_ps(brow + j, live);
+                __m256 b = load_lanes(brow, t->nk, j);
                 vis = _mm256_and_ps(vis, _mm256_cmp_ps(b, ninf, _CMP_NEQ_UQ));
                 x = _mm256_add_ps(x, b);
                 check = _mm256_add_ps(check, _mm256_sub_ps(x, x));
             }
             nf = _mm256_add_ps(nf, _mm256_and_ps(check, vis));
             x = _mm256_blendv_ps(ninf, x, vis);
-            _mm256_maskstore_ps(row + j, live, x);
+            store_lanes(row, t->nk, j, x);
             vmx = _mm256_max_ps(vmx, x);
         }
         if (_mm256_movemask_ps(_mm256_cmp_ps(nf, zero, _CMP_NEQ_UQ))) return 1;
@@ -163,9 +174,9 @@ AVX2 static int softmax_rows_avx2(float *st, const struct npattn_score_tile *t, 
         __m256 sum = zero;
         for (int64_t j = 0; j < t->nk; j += 8) {
             const __m256i live = lanes(t->nk, j);
-            __m256 p = exp_nonpos(_mm256_sub_ps(_mm256_maskload_ps(row + j, live), shift));
+            __m256 p = exp_nonpos(_mm256_sub_ps(load_lanes(row, t->nk, j), shift));
             p = _mm256_and_ps(p, _mm256_castsi256_ps(live));
-            _mm256_maskstore_ps(row + j, live, p);
+            store_lanes(row, t->nk, j, p);
             sum = _mm256_add_ps(sum, p);
         }
         float a = _mm_cvtss_f32(_mm256_castps256_ps128(exp_nonpos(_mm256_sub_ps(_mm256_set1_ps(m[r]), shift))));
