@@ -358,6 +358,11 @@ def mistaken(rng, mistake):
         intended, wrong = {"sinks": np.array([1.0, -2.0, 0.5, 3.0, 0.0, 2.0])}, {"sinks": None}
     elif mistake == "a missing window":
         intended, wrong = {"window": (2, 0)}, {"window": None}
+    elif mistake == "key ranges missing":  # a right-aligned batch cache read whole, padding and all
+        intended = {"k_start": np.array([3, 5]), "k_lengths": np.array([6, 4])}
+        wrong = {"k_start": None, "k_lengths": None}
+    elif mistake == "requests left-aligned":  # the right-aligned cache read from row 0
+        intended, wrong = {"k_start": np.array([3, 5]), "k_lengths": np.array([6, 4])}, {"k_start": 0}
     return reference.sdpa(q, k, v, **{**intended, **wrong}), q, k, v, intended
 
 
@@ -373,6 +378,8 @@ MISTAKES = {
     "keys and values swapped": "keys and values swapped",
     "a missing sink": "the sink missing (sinks=None)",
     "a missing window": "no window (window=None)",
+    "key ranges missing": "every key row read (no k_start, k_lengths): was the padding attended to?",
+    "requests left-aligned": "each request's keys taken from row 0 (k_start=0): a right-aligned cache starts at S - n",
 }
 
 

@@ -486,6 +486,11 @@ def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, 
         yield "no mask (mask=None): was the mask forgotten?", {"mask": None}
     if window is not None:
         yield "no window (window=None)", {"window": None}
+    if k_start is not None or k_lengths is not None:
+        everything = {"k_start": None, "k_lengths": None}
+        yield "every key row read (no k_start, k_lengths): was the padding attended to?", everything
+    if k_lengths is not None and _np.any(_np.asarray(k_start if k_start is not None else 0) != 0):
+        yield "each request's keys taken from row 0 (k_start=0): a right-aligned cache starts at S - n", {"k_start": 0}
     if f != 1:
         yield "the scale missing (scale 1)", {"scale": 1.0}
         yield f"the scale applied twice (scale {f:.4g}**2 = {f * f:.4g})", {"scale": f * f}
@@ -582,7 +587,8 @@ def assert_attention_close(
         whether the failing rows see no key; and which of the usual mistakes
         (no or the wrong mask, top-left instead of bottom-right, the scale
         missing, applied twice or ``1/sqrt(D_v)``, GQA groups interleaved,
-        softmax over the wrong axis, keys and values swapped, a missing sink)
+        softmax over the wrong axis, keys and values swapped, a missing sink,
+        a batch cache read whole or from row 0 instead of its key ranges)
         the result matches within tolerance, if one does.
     ValueError
         ``precision`` is neither ``"highest"`` nor ``"fast"``.
