@@ -794,7 +794,6 @@ static int read_paged(struct call *c) {
     if (ks[3] != qs[3]) return shapes_break(c, "key_pages' row width D must equal q's");
     if (vs[0] != ks[0] || vs[1] != ks[1] || vs[2] != ks[2])
         return shapes_break(c, "value_pages must have key_pages' pages, heads and page size (P, H_kv, page_size)");
-    if (ks[2] < 1) return shapes_break(c, "pages must hold at least one row (page_size >= 1)");
     PyObject *ps = c->opt[OPT_page_size];
     int64_t page_size = ks[2];
     if (ps != Py_None) {
@@ -1097,6 +1096,8 @@ static PyObject *refused(struct call *c, enum npattn_status status, const struct
         return NULL;
     }
     case NPATTN_STATUS_BAD_PAGES:
+        if (c->paged && c->pages.page_size < 1)
+            return shapes_break(c, "pages must hold at least one row (page_size >= 1)"), NULL;
         if (c->paged && p->n_key == INT64_MAX)
             return PyErr_Format(PyExc_ValueError, "%s: max_pages * page_size = %lld * %lld passes int64", c->fn,
                                 (long long)c->pages.max_pages, (long long)c->pages.page_size);

@@ -429,6 +429,10 @@ static void test_invalid(void) {
     INVALID("pages: S not max_pages * page_size", (p.pages = &pages, p.n_key = 4), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
     INVALID("pages: with k_start", (p.pages = &pages, p.k_start = start_ok), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
     INVALID("pages: no block table", (pages.block_table = NULL, p.pages = &pages), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
+    pages.page_size = 0; /* the pages' rule before the key ranges, which a page size of 0 leaves no room */
+    INVALID("pages: page_size 0", (p.pages = &pages, p.n_key = 0, p.k_length = length_past), NPATTN_STATUS_BAD_PAGES,
+            NONE, NONE);
+    pages.page_size = 5;
     pages.block_table = table_past;
     INVALID("pages: a live entry past n_page", p.pages = &pages, NPATTN_STATUS_BAD_PAGE, NONE, NONE);
     expect(why.entry == 0, "verdict: the bad entry is named");
