@@ -173,9 +173,8 @@ static const char *name_of(const struct call *c, enum option o) {
 
 /* ---- describing arrays ---- */
 
-/* The core's dtype of a NumPy array, or -1. */
-static int core_dtype(PyArrayObject *a) {
-    int t = PyArray_TYPE(a);
+/* The core's dtype of a NumPy type number, or -1. */
+static int core_dtype_of(int t) {
     if (t == NPY_FLOAT32) return NPATTN_DTYPE_F32;
     if (t == NPY_FLOAT64) return NPATTN_DTYPE_F64;
     if (t == NPY_HALF) return NPATTN_DTYPE_F16;
@@ -183,8 +182,12 @@ static int core_dtype(PyArrayObject *a) {
     return -1;
 }
 
+/* The core's dtype of a NumPy array, or -1. */
+static int core_dtype(PyArrayObject *a) { return core_dtype_of(PyArray_TYPE(a)); }
+
 /* The dtype of the result of two dtypes, as np.result_type (float16 with
- * bfloat16, which NumPy cannot promote, gives float32). */
+ * bfloat16, which NumPy cannot promote, gives float32). The one rule of
+ * promotion: Python reads it through result_dtype() below. */
 static int promote(int a, int b) {
     if (a == b) return a;
     if (a == NPATTN_DTYPE_F64 || b == NPATTN_DTYPE_F64) return NPATTN_DTYPE_F64;
@@ -1345,6 +1348,23 @@ static PyObject *core_check_scale(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* result_dtype(*dtypes): the dtype of a result computed from arrays of these
+ * dtypes (promote), or None where one is not a dtype the core computes. */
+static PyObject *core_result_dtype(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 1) return PyErr_Format(PyExc_TypeError, "result_dtype: needs at least one dtype");
+    int result = -1;
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyArray_Descr *d = NULL;
+        if (!PyArray_DescrConverter(args[i], &d)) return NULL;
+        const int t = core_dtype_of(d->type_num);
+        Py_DECREF(d);
+        if (t < 0) Py_RETURN_NONE;
+        result = i ? promote(result, t) : t;
+    }
+    return (PyObject *)PyArray_DescrFromType(npy_type_of(result));
+}
+
 static PyObject *core_set_converter(PyObject *self, PyObject *fn) {
     (void)self;
     if (!PyCallable_Check(fn)) return PyErr_Format(PyExc_TypeError, "set_converter: not callable: %R", fn);
@@ -1452,6 +1472,8 @@ static PyMethodDef core_methods[] = {
     {"check_mask", core_check_mask, METH_VARARGS,
      "check_mask(fn, mask, full)\n--\n\nThe mask as sdpa reads it for a result of shape full = (*B, H_q, L, S)."},
     {"check_scale", core_check_scale, METH_VARARGS, "check_scale(fn, scale, D)\n--\n\nThe scale as sdpa reads it."},
+    {"result_dtype", (PyCFunction)(void (*)(void))core_result_dtype, METH_FASTCALL,
+     "result_dtype(*dtypes)\n--\n\nThe result's dtype of these inputs' dtypes; None if one is not the core's."},
     {"set_converter", core_set_converter, METH_O,
      "set_converter(fn)\n--\n\nfn(fn_name, name, x): x as an array the core reads in place."},
     {"set_bfloat16", core_set_bfloat16, METH_O, "set_bfloat16(dtype)\n--\n\nTell the core ml_dtypes.bfloat16's dtype."},
