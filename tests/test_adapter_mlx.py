@@ -26,7 +26,7 @@ mx = pytest.importorskip("mlx.core")
 nm = pytest.importorskip("npattn.mlx")
 mx.set_default_device(mx.cpu)
 
-from test_vs_mlx import DTYPES, arrays, f64, mask_for, mean_of_v  # noqa: E402  (the parity tests' builders)
+from test_vs_mlx import DTYPES, arrays, f64, mask_for, mean_of_v, minus_inf_row  # noqa: E402  (the parity tests' builders)
 
 STATS = ParityStats(lambda: f"mlx {mx.__version__} (CPU, through npattn.mlx)")
 parity_summary = STATS.fixture()
@@ -138,9 +138,7 @@ def test_bool_masked_empty_row_is_zeros_where_mlx_gives_mean_of_v(rng, dtype_nam
 def test_minus_inf_masked_empty_row_is_zeros_where_mlx_gives_nan(rng, dtype_name):
     """A row an additive mask sets to -inf everywhere: zeros from npattn.mlx, NaN from MLX."""
     dtype = DTYPES[dtype_name]
-    q, k, v = arrays(rng, (2,), 4, 2, 3, 5, 8, dtype=dtype)
-    bias = np.zeros((3, 5), np.float32)
-    bias[1] = -np.inf
+    q, k, v, bias = minus_inf_row(rng, dtype)
     mask = mx.array(bias).astype(dtype)
     mine = f64(call(nm.scaled_dot_product_attention, q, k, v, mask=mask))
     theirs = f64(call(mx.fast.scaled_dot_product_attention, q, k, v, mask=mask))
