@@ -102,6 +102,7 @@ struct call {
     int result;                    /* the result's core dtype */
     int top_left;                  /* mask="causal_top_left" */
     int paged;                     /* paged_attention: k and v are key_pages and value_pages */
+    PyArrayObject *table;          /* paged_attention: block_table as given (its int64 copy: pages.block_table) */
     struct npattn_pages pages;
     struct npattn_problem p;
     /* last: their strides are written as each is described, never read before */
@@ -172,9 +173,8 @@ static const char *name_of(const struct call *c, enum option o) {
 
 /* ---- describing arrays ---- */
 
-/* The core's dtype of a NumPy array, or -1. */
-static int core_dtype(PyArrayObject *a) {
-    int t = PyArray_TYPE(a);
+/* The core's dtype of a NumPy type number, or -1. */
+static int core_dtype_of(int t) {
     if (t == NPY_FLOAT32) return NPATTN_DTYPE_F32;
     if (t == NPY_FLOAT64) return NPATTN_DTYPE_F64;
     if (t == NPY_HALF) return NPATTN_DTYPE_F16;
@@ -182,8 +182,12 @@ static int core_dtype(PyArrayObject *a) {
     return -1;
 }
 
+/* The core's dtype of a NumPy array, or -1. */
+static int core_dtype(PyArrayObject *a) { return core_dtype_of(PyArray_TYPE(a)); }
+
 /* The dtype of the result of two dtypes, as np.result_type (float16 with
- * bfloat16, which NumPy cannot promote, gives float32). */
+ * bfloat16, which NumPy cannot promote, gives float32). The one rule of
+ * promotion: Python reads it through result_dtype() below. */
 static int promote(int a, int b) {
     if (a == b) return a;
     if (a == NPATTN_DTYPE_F64 || b == NPATTN_DTYPE_F64) return NPATTN_DTYPE_F64;
@@ -634,44 +638,65 @@ static int read_softcap(struct call *c) {
 
 static PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, int npy_type, const char *what);
 
-/* An int, or an int array (any integer dtype) that broadcasts to the batch
- * shape B: a new C-contiguous int64 array of shape B owned by the call, its
- * data returned (NULL with the error naming it). Memory O(B). */
-static const int64_t *read_per_request(struct call *c, PyObject *x, const char *name) {
+/* The two shapes an array of ints comes in: one int per request, broadcast
+ * to the batch shape B (k_start, k_lengths, q_offset, context_lens), or a
+ * block table of exactly (B, max_pages). */
+enum int_shape { PER_REQUEST, PER_PAGE };
+
+/* x, an int or an array of ints (any integer dtype) of `shape`: a new
+ * C-contiguous int64 copy owned by the call (NULL with the error naming
+ * it). Every value of a request is read, so a uint64 one beyond int64 is
+ * refused with its value; a block table's entries beyond a request's live
+ * pages are never read, so there a uint64 one wraps (negative: the core
+ * refuses it where it is live, and refused() reads its value from the table
+ * given, c->table). Memory O(B), or O(B * max_pages). */
+static PyArrayObject *read_ints(struct call *c, PyObject *x, const char *name, enum int_shape shape) {
     PyArrayObject *a = (PyArrayObject *)own(c, PyArray_FromAny(x, NULL, 0, 0, 0, NULL));
     if (!a) return NULL;
     const char kind = PyArray_DESCR(a)->kind;
     if (kind != 'i' && kind != 'u') {
-        PyErr_Format(PyExc_TypeError, "%s: %s must be an int or an array of ints, got dtype %S", c->fn, name,
-                     PyArray_DESCR(a));
+        PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got dtype %S", c->fn, name,
+                     shape == PER_REQUEST ? "an int or an array of ints" : "an array of ints", PyArray_DESCR(a));
         return NULL;
     }
-    npy_intp shape[NPY_MAXDIMS];
-    for (int d = 0; d < c->nb; d++) shape[d] = (npy_intp)c->batch[d];
-    int nd = PyArray_NDIM(a), fits = nd <= c->nb;
-    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == 1 || PyArray_DIM(a, d) == shape[c->nb - nd + d];
+    npy_intp want[NPY_MAXDIMS];
+    int nd = PyArray_NDIM(a), want_nd = c->nb, fits = nd <= c->nb;
+    for (int d = 0; d < c->nb; d++) want[d] = (npy_intp)c->batch[d];
+    if (shape == PER_PAGE) {
+        want_nd = 2, fits = nd == 2 && PyArray_DIM(a, 0) == want[0];
+        if (fits) want[1] = PyArray_DIM(a, 1);
+    }
+    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == 1 || PyArray_DIM(a, d) == want[want_nd - nd + d];
     if (!fits) {
-        PyObject *want = tuple_of(shape, c->nb), *got = shape_of(a);
-        if (want && got)
+        PyObject *batch = tuple_of(want, c->nb), *got = shape_of(a);
+        if (batch && got && shape == PER_REQUEST)
             PyErr_Format(PyExc_ValueError, "%s: %s must broadcast to the batch shape B = %S, got shape %S", c->fn, name,
-                         want, got);
-        Py_XDECREF(want);
+                         batch, got);
+        else if (batch && got)
+            PyErr_Format(PyExc_ValueError, "%s: %s must have shape (B, max_pages) with B = %lld, got %S", c->fn, name,
+                         (long long)want[0], got);
+        Py_XDECREF(batch);
         Py_XDECREF(got);
         return NULL;
     }
-    if (kind == 'u' && PyArray_ITEMSIZE(a) == 8 && PyArray_SIZE(a) > 0) { /* beyond int64 would wrap */
+    if (shape == PER_REQUEST && kind == 'u' && PyArray_ITEMSIZE(a) == 8 && PyArray_SIZE(a) > 0) {
+        /* beyond int64 would wrap */
         PyObject *most = PyArray_Max(a, NPY_RAVEL_AXIS, NULL), *limit = PyLong_FromLongLong(INT64_MAX);
         int over = most && limit ? PyObject_RichCompareBool(most, limit, Py_GT) : -1;
+        if (over > 0) PyErr_Format(PyExc_ValueError, "%s: %s must hold ints below 2**63, got %S", c->fn, name, most);
         Py_XDECREF(most);
         Py_XDECREF(limit);
-        if (over) {
-            if (over > 0) PyErr_Format(PyExc_ValueError, "%s: %s must hold ints below 2**63", c->fn, name);
-            return NULL;
-        }
+        if (over) return NULL;
     }
-    PyArrayObject *flat = new_array(c, shape, c->nb, NPY_INT64, name);
-    if (!flat || PyArray_CopyInto(flat, a) < 0) return NULL;
-    return PyArray_DATA(flat);
+    if (shape == PER_PAGE) c->table = a;
+    PyArrayObject *copy = new_array(c, want, want_nd, NPY_INT64, name);
+    return copy && PyArray_CopyInto(copy, a) == 0 ? copy : NULL;
+}
+
+/* read_ints' per-request ints: their data. */
+static const int64_t *read_per_request(struct call *c, PyObject *x, const char *name) {
+    PyArrayObject *a = read_ints(c, x, name, PER_REQUEST);
+    return a ? PyArray_DATA(a) : NULL;
 }
 
 /* q_offset (None: S - L, or 0 top-left; with key ranges k_offset + k_lengths[b] - L;
@@ -772,7 +797,6 @@ static int read_paged(struct call *c) {
     if (ks[3] != qs[3]) return shapes_break(c, "key_pages' row width D must equal q's");
     if (vs[0] != ks[0] || vs[1] != ks[1] || vs[2] != ks[2])
         return shapes_break(c, "value_pages must have key_pages' pages, heads and page size (P, H_kv, page_size)");
-    if (ks[2] < 1) return shapes_break(c, "pages must hold at least one row (page_size >= 1)");
     PyObject *ps = c->opt[OPT_page_size];
     int64_t page_size = ks[2];
     if (ps != Py_None) {
@@ -787,28 +811,13 @@ static int read_paged(struct call *c) {
     c->nb = 1;
     c->batch[0] = qs[0];
 
-    PyArrayObject *t = (PyArrayObject *)own(c, PyArray_FromAny(c->opt[OPT_block_table], NULL, 0, 0, 0, NULL));
-    if (!t) return 0;
-    const char kind = PyArray_DESCR(t)->kind;
-    if (kind != 'i' && kind != 'u') {
-        PyErr_Format(PyExc_TypeError, "%s: block_table must be an array of ints, got dtype %S", c->fn, PyArray_DESCR(t));
-        return 0;
-    }
-    if (PyArray_NDIM(t) != 2 || PyArray_DIM(t, 0) != qs[0]) {
-        PyObject *got = shape_of(t);
-        if (got)
-            PyErr_Format(PyExc_ValueError, "%s: block_table must have shape (B, max_pages) with B = %lld, got %S", c->fn,
-                         (long long)qs[0], got);
-        Py_XDECREF(got);
-        return 0;
-    }
-    PyArrayObject *table = new_array(c, PyArray_DIMS(t), 2, NPY_INT64, "block_table");
-    if (!table || PyArray_CopyInto(table, t) < 0) return 0;
+    PyArrayObject *table = read_ints(c, c->opt[OPT_block_table], "block_table", PER_PAGE);
+    if (!table) return 0;
     struct npattn_problem *p = &c->p;
     if (!(p->k_length = read_per_request(c, c->opt[OPT_context_lens], "context_lens"))) return 0;
 
     c->pages.block_table = PyArray_DATA(table);
-    c->pages.max_pages = PyArray_DIM(t, 1);
+    c->pages.max_pages = PyArray_DIM(table, 1);
     c->pages.n_page = ks[0];
     c->pages.page_size = page_size;
     p->pages = &c->pages;
@@ -1077,14 +1086,21 @@ static PyObject *refused(struct call *c, enum npattn_status status, const struct
     case NPATTN_STATUS_BAD_K_LENGTH: return bad_range(c), NULL;
     case NPATTN_STATUS_BAD_PAGE: {
         const int64_t m = c->pages.max_pages, b = why.entry / m, i = why.entry % m;
-        return PyErr_Format(PyExc_ValueError,
-                            "%s: block_table[%lld, %lld] = %lld is not a page of key_pages, which holds P = %lld pages; "
-                            "request %lld's context_lens = %lld keys live in its first %lld entries",
-                            c->fn, (long long)b, (long long)i, (long long)c->pages.block_table[why.entry],
-                            (long long)c->pages.n_page, (long long)b, (long long)p->k_length[b],
-                            (long long)((p->k_length[b] + c->pages.page_size - 1) / c->pages.page_size));
+        /* the entry as given: a uint64 one beyond int64 wrapped in the copy the core read */
+        PyArrayObject *t = c->table;
+        PyObject *entry = PyArray_GETITEM(t, PyArray_GETPTR2(t, b, i));
+        if (!entry) return NULL;
+        PyErr_Format(PyExc_ValueError,
+                     "%s: block_table[%lld, %lld] = %S is not a page of key_pages, which holds P = %lld pages; "
+                     "request %lld's context_lens = %lld keys live in its first %lld entries",
+                     c->fn, (long long)b, (long long)i, entry, (long long)c->pages.n_page, (long long)b,
+                     (long long)p->k_length[b], (long long)((p->k_length[b] + c->pages.page_size - 1) / c->pages.page_size));
+        Py_DECREF(entry);
+        return NULL;
     }
     case NPATTN_STATUS_BAD_PAGES:
+        if (c->paged && c->pages.page_size < 1)
+            return shapes_break(c, "pages must hold at least one row (page_size >= 1)"), NULL;
         if (c->paged && p->n_key == INT64_MAX)
             return PyErr_Format(PyExc_ValueError, "%s: max_pages * page_size = %lld * %lld passes int64", c->fn,
                                 (long long)c->pages.max_pages, (long long)c->pages.page_size);
@@ -1332,6 +1348,23 @@ static PyObject *core_check_scale(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* result_dtype(*dtypes): the dtype of a result computed from arrays of these
+ * dtypes (promote), or None where one is not a dtype the core computes. */
+static PyObject *core_result_dtype(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 1) return PyErr_Format(PyExc_TypeError, "result_dtype: needs at least one dtype");
+    int result = -1;
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyArray_Descr *d = NULL;
+        if (!PyArray_DescrConverter(args[i], &d)) return NULL;
+        const int t = core_dtype_of(d->type_num);
+        Py_DECREF(d);
+        if (t < 0) Py_RETURN_NONE;
+        result = i ? promote(result, t) : t;
+    }
+    return (PyObject *)PyArray_DescrFromType(npy_type_of(result));
+}
+
 static PyObject *core_set_converter(PyObject *self, PyObject *fn) {
     (void)self;
     if (!PyCallable_Check(fn)) return PyErr_Format(PyExc_TypeError, "set_converter: not callable: %R", fn);
@@ -1439,6 +1472,8 @@ static PyMethodDef core_methods[] = {
     {"check_mask", core_check_mask, METH_VARARGS,
      "check_mask(fn, mask, full)\n--\n\nThe mask as sdpa reads it for a result of shape full = (*B, H_q, L, S)."},
     {"check_scale", core_check_scale, METH_VARARGS, "check_scale(fn, scale, D)\n--\n\nThe scale as sdpa reads it."},
+    {"result_dtype", (PyCFunction)(void (*)(void))core_result_dtype, METH_FASTCALL,
+     "result_dtype(*dtypes)\n--\n\nThe result's dtype of these inputs' dtypes; None if one is not the core's."},
     {"set_converter", core_set_converter, METH_O,
      "set_converter(fn)\n--\n\nfn(fn_name, name, x): x as an array the core reads in place."},
     {"set_bfloat16", core_set_bfloat16, METH_O, "set_bfloat16(dtype)\n--\n\nTell the core ml_dtypes.bfloat16's dtype."},

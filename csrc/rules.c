@@ -251,18 +251,20 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
     if (p->n_threads < 0 || p->n_threads > NPATTN_MAX_THREADS) return refuse(why, NPATTN_STATUS_BAD_THREADS, none, none);
     if (p->precision != NPATTN_PRECISION_HIGHEST && p->precision != NPATTN_PRECISION_FAST)
         return refuse(why, NPATTN_STATUS_BAD_PRECISION, none, none);
+    const struct npattn_pages *pg = p->pages;
+    if (pg) { /* before the key ranges, which S = max_pages * page_size bounds */
+        int64_t S;
+        if (!pg->block_table || pg->page_size < 1 || pg->n_page < 0 || pg->max_pages < 0 || p->k_start ||
+            __builtin_mul_overflow(pg->max_pages, pg->page_size, &S) || S != p->n_key)
+            return refuse(why, NPATTN_STATUS_BAD_PAGES, none, none);
+    }
     for (int64_t b = 0; b < n_batch && (p->k_start || p->k_length); b++) {
         const int64_t start = p->k_start ? p->k_start[b] : 0;
         if (start < 0 || start > p->n_key) return refuse(why, NPATTN_STATUS_BAD_K_START, none, none);
         if (p->k_length && (p->k_length[b] < 0 || p->k_length[b] > p->n_key - start))
             return refuse(why, NPATTN_STATUS_BAD_K_LENGTH, none, none);
     }
-    if (p->pages) {
-        const struct npattn_pages *pg = p->pages;
-        int64_t S;
-        if (!pg->block_table || pg->page_size < 1 || pg->n_page < 0 || pg->max_pages < 0 || p->k_start ||
-            __builtin_mul_overflow(pg->max_pages, pg->page_size, &S) || S != p->n_key)
-            return refuse(why, NPATTN_STATUS_BAD_PAGES, none, none);
+    if (pg) {
         for (int64_t b = 0; b < n_batch; b++) {
             /* the pages that hold rows below k_length[b] */
             const int64_t live = p->k_length ? (p->k_length[b] + pg->page_size - 1) / pg->page_size : pg->max_pages;

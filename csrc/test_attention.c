@@ -25,19 +25,10 @@ static void run_case(const struct case_ *c, const char *table) {
     x.q = malloc(8 * (size_t)(nq + 1)), x.k = malloc(8 * (size_t)(nk + 1)), x.v = malloc(8 * (size_t)(nv + 1));
     x.out = malloc(8 * (size_t)(no + 1)), x.lse = malloc(8 * (size_t)(nl + 1)), x.weights = malloc(8 * (size_t)(nw + 1));
     x.mask = c->mask == MASK_BOOL ? (void *)bmask : (void *)amask;
-    for (int64_t i = 0; i < nm; i++) {
-        bmask[i] = uniform() > -0.3; /* about 35% hidden */
-        amask[i] = bmask[i] ? uniform() * 2 : -INFINITY;
-    }
-    for (int i = 0; i < 64; i++) sinks[i] = uniform() * 3;
+    random_masks(nm, bmask, amask, sinks);
     const double *sk = c->sinks ? sinks : NULL;
     char what[320];
-    snprintf(what, sizeof what,
-             "%s B=%lld Hq=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld causal=%d window=(%lld,%lld) offsets=(%lld,%lld) "
-             "mask=%d softcap=%g sinks=%d threads=%d",
-             table, (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->L, (long long)c->S,
-             (long long)c->D, (long long)c->Dv, c->causal, (long long)c->wl, (long long)c->wr, (long long)c->q_offset,
-             (long long)c->k_offset, (int)c->mask, c->softcap, c->sinks, c->threads);
+    describe_case(what, sizeof what, "", table, c);
 
     /* float64 is the naive loop to double rounding; float32, float16 and
      * bfloat16 see the inputs rounded to them, compute in float, and round
@@ -429,6 +420,10 @@ static void test_invalid(void) {
     INVALID("pages: S not max_pages * page_size", (p.pages = &pages, p.n_key = 4), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
     INVALID("pages: with k_start", (p.pages = &pages, p.k_start = start_ok), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
     INVALID("pages: no block table", (pages.block_table = NULL, p.pages = &pages), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
+    pages.page_size = 0; /* the pages' rule before the key ranges, which a page size of 0 leaves no room */
+    INVALID("pages: page_size 0", (p.pages = &pages, p.n_key = 0, p.k_length = length_past), NPATTN_STATUS_BAD_PAGES,
+            NONE, NONE);
+    pages.page_size = 5;
     pages.block_table = table_past;
     INVALID("pages: a live entry past n_page", p.pages = &pages, NPATTN_STATUS_BAD_PAGE, NONE, NONE);
     expect(why.entry == 0, "verdict: the bad entry is named");

@@ -113,19 +113,10 @@ static void run_case(const struct case_ *c, const char *table) {
     gr2 = gr;
     gr2.dq = malloc(8 * (size_t)(nq + 1)), gr2.dk = malloc(8 * (size_t)(nk + 1)), gr2.dv = malloc(8 * (size_t)(nv + 1));
     gr2.dsinks = again_s;
-    for (int64_t i = 0; i < nm; i++) {
-        bmask[i] = uniform() > -0.3;
-        amask[i] = bmask[i] ? uniform() * 2 : -INFINITY;
-    }
-    for (int i = 0; i < 64; i++) sinks[i] = uniform() * 3;
+    random_masks(nm, bmask, amask, sinks);
     const double *sk = c->sinks ? sinks : NULL;
     char what[320];
-    snprintf(what, sizeof what,
-             "backward %s B=%lld Hq=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld causal=%d window=(%lld,%lld) "
-             "offsets=(%lld,%lld) mask=%d softcap=%g sinks=%d threads=%d",
-             table, (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->L, (long long)c->S,
-             (long long)c->D, (long long)c->Dv, c->causal, (long long)c->wl, (long long)c->wr, (long long)c->q_offset,
-             (long long)c->k_offset, (int)c->mask, c->softcap, c->sinks, c->threads);
+    describe_case(what, sizeof what, "backward ", table, c);
 
     /* The gradients are sums of up to S (or group * L) terms of size <= 2 |g||v||k|
      * <= 4 D: float64 to 1e-11 relative; float32 (and the halves, computed in float32

@@ -1,6 +1,7 @@
 /* test_common.h: what the core's test programs share: the pass/fail count,
  * a seeded generator, the naive forward loop in long double, contiguous
- * tensors and problems, conversions to and from double. */
+ * tensors and problems, random masks, a case's name, conversions to and from
+ * double. */
 #ifndef NPATTN_TEST_COMMON_H
 #define NPATTN_TEST_COMMON_H
 
@@ -60,6 +61,27 @@ struct case_ {
     int sinks;
     int threads;
 };
+
+/* A case's random masks, nm = Hq * L * S entries of each: the bool one hides
+ * about 35% of the keys, the additive one is in [-2, 2) where the bool one
+ * shows a key and -inf elsewhere; and 64 sinks in [-3, 3). */
+static inline void random_masks(int64_t nm, uint8_t *bmask, double *amask, double *sinks) {
+    for (int64_t i = 0; i < nm; i++) {
+        bmask[i] = uniform() > -0.3;
+        amask[i] = bmask[i] ? uniform() * 2 : -INFINITY;
+    }
+    for (int i = 0; i < 64; i++) sinks[i] = uniform() * 3;
+}
+
+/* A case as a failure names it: pass ("" or "backward "), the kernel table, its sizes and options. */
+static inline void describe_case(char *what, size_t size, const char *pass, const char *table, const struct case_ *c) {
+    snprintf(what, size,
+             "%s%s B=%lld Hq=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld causal=%d window=(%lld,%lld) "
+             "offsets=(%lld,%lld) mask=%d softcap=%g sinks=%d threads=%d",
+             pass, table, (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->L, (long long)c->S,
+             (long long)c->D, (long long)c->Dv, c->causal, (long long)c->wl, (long long)c->wr, (long long)c->q_offset,
+             (long long)c->k_offset, (int)c->mask, c->softcap, c->sinks, c->threads);
+}
 
 /* The formula, one row at a time, in long double; contiguous (B, H, N, W) arrays;
  * also lse (B, H, L) and the weights (B, H, L, S). */

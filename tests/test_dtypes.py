@@ -134,9 +134,11 @@ MIXED = [  # (q, k, v) dtypes and the result's
 @pytest.mark.parametrize("names, result", MIXED, ids=lambda x: "-".join(x) if isinstance(x, tuple) else x)
 def test_mixed_dtypes_promote(rng, names, result):
     """Mixed float dtypes compute in, and return, the promoted dtype: the reference on
-    float64 copies within that dtype's bound."""
+    float64 copies within that dtype's bound. The reference, the Dask split and the
+    checker promote by the same rule (npattn._args.result_dtype, read from the core)."""
     q, k, v = qkv(rng, (2,), 18, 6, 3, 7, 5, dtypes=[dtype_of(n) for n in names])
     assert check(q, k, v).dtype == np.dtype(result)
+    assert reference.sdpa(q, k, v).dtype == np.dtype(result)
 
 
 # ---- a float mask of any float dtype works with any input dtype ----

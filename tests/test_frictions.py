@@ -1,14 +1,18 @@
 """Small frictions a new user met, each closed: `import npattn.dask` without Dask names
-the extra; `python -m npattn --help` is plain text; its checks check the log-sum-exp
-(a wrong lse fails them); sdpa's docstring says what becomes of a tensor that requires
-grad and how threads are limited, publicly."""
+the extra, and `import npattn.mlx` or `npattn.torch` without its peer names the
+package (both run where the peer is not installed); `python -m npattn --help` is
+plain text; its checks check the log-sum-exp (a wrong lse fails them); sdpa's
+docstring says what becomes of a tensor that requires grad and how threads are
+limited, publicly."""
 
 import importlib
 import sys
 
 import numpy as np
+import pytest
 
 import npattn
+from helpers import run_script
 from npattn import __main__ as main_module
 
 
@@ -27,6 +31,25 @@ def test_npattn_dask_without_dask_names_the_extra(monkeypatch):
         raise AssertionError("npattn.dask imported without dask")
     finally:
         sys.modules.pop("npattn.dask", None)  # the failed import leaves nothing behind
+
+
+@pytest.mark.parametrize(
+    "adapter, blocked, says",
+    [
+        ("mlx", ("mlx", "mlx.core"), "ModuleNotFoundError mlx npattn.mlx needs MLX (the package 'mlx')"),
+        ("torch", ("torch",), "ModuleNotFoundError torch npattn.torch needs PyTorch (the package 'torch')"),
+    ],
+    ids=["mlx", "torch"],
+)
+def test_an_adapter_without_its_peer_names_it(adapter, blocked, says):
+    """import npattn.mlx or npattn.torch where its peer cannot be imported: a
+    ModuleNotFoundError (an ImportError) naming the package, as a missing optional
+    extra's import is (the README's examples skip on it)."""
+    script = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in blocked)
+    script += f"try:\n    import npattn.{adapter}\nexcept ImportError as e:\n    print(type(e).__name__, e.name, e)\n"
+    result = run_script(script)
+    assert result.returncode == 0, result.stderr
+    assert says in result.stdout
 
 
 def test_main_help_is_plain_text(capsys):

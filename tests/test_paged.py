@@ -164,11 +164,17 @@ def test_bad_block_table_entry_names_it(rng, capfd):
         bad[1, 1] = value
         assert_raises_naming(capfd, lambda b=bad: npattn.paged_attention(q, kp, vp, b, cl), ValueError,
                              "block_table", [f"block_table[1, 1] = {value}", f"P = {P}"], function=P_ERR)  # fmt: skip
+    wide = table.astype(np.uint64)
+    wide[1, 1] = 2**63  # beyond int64: named as given, not as the int64 it wraps to
+    assert_raises_naming(capfd, lambda: npattn.paged_attention(q, kp, vp, wide, cl), ValueError, "block_table",
+                         [f"block_table[1, 1] = {2**63} is not a page", f"P = {P}"], function=P_ERR)  # fmt: skip
     dead = table.copy()
     dead[2, 1:] = 10**9  # past request 2's live page: never read
-    np.testing.assert_array_equal(
-        npattn.paged_attention(q, kp, vp, dead, cl), npattn.paged_attention(q, kp, vp, table, cl)
-    )
+    sentinel = table.astype(np.uint64)
+    sentinel[2, 1:] = np.uint64(2**64 - 1)  # -1 as a uint64 table holds it: dead, so never read either
+    want = npattn.paged_attention(q, kp, vp, table, cl)
+    np.testing.assert_array_equal(npattn.paged_attention(q, kp, vp, dead, cl), want)
+    np.testing.assert_array_equal(npattn.paged_attention(q, kp, vp, sentinel, cl), want)
 
 
 @pytest.mark.parametrize("length, text", [(-1, "context_lens[2] = -1"), (1, "past the last page")])
@@ -198,6 +204,12 @@ def test_argument_errors(rng, capfd):
         (lambda: call(q, kp, vp, table[:1], cl), ValueError, "block_table", ["B = 2"]),
         (lambda: call(q, kp, vp, table, [1.5, 2]), TypeError, "context_lens", []),
         (lambda: call(q, kp, vp, table, [1, 2, 3]), ValueError, "context_lens", ["batch shape"]),
+        (
+            lambda: call(q, kp, vp, table, np.array([5, 2**63], np.uint64)),
+            ValueError,
+            "context_lens",
+            [f"below 2**63, got {2**63}"],
+        ),
         (lambda: call(q, kp, vp, table, cl, mask=np.ones((2, 4, 1, 12), bool)), TypeError, "mask", []),
         (lambda: call(q, kp, vp, table, cl, mask="top"), ValueError, "mask", []),
         (lambda: call(q, kp[..., :4], vp, table, cl), ValueError, "key_pages", ["row width D"]),

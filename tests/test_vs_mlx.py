@@ -146,6 +146,15 @@ def mean_of_v(v, H_q):
     return v.mean(axis=-2)  # (*B, H_q, D_v)
 
 
+def minus_inf_row(rng, dtype):
+    """MLX q (2, 4, 3, 8), k and v (2, 2, 5, 8) of dtype, and a float32 additive
+    (3, 5) mask whose row 1 is -inf everywhere: a row that sees no key."""
+    q, k, v = arrays(rng, (2,), 4, 2, 3, 5, 8, dtype=dtype)
+    bias = np.zeros((3, 5), np.float32)
+    bias[1] = -np.inf
+    return q, k, v, bias
+
+
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_bool_masked_empty_row_is_mean_of_v_in_mlx_zeros_in_npattn(rng, dtype_name):
     """A row a bool mask hides from every key: MLX CPU gives the mean of V, npattn 0."""
@@ -165,9 +174,7 @@ def test_bool_masked_empty_row_is_mean_of_v_in_mlx_zeros_in_npattn(rng, dtype_na
 def test_minus_inf_masked_empty_row_is_nan_in_mlx_zeros_in_npattn(rng, dtype_name):
     """A row an additive mask sets to -inf everywhere: MLX CPU gives NaN, npattn 0."""
     dtype = DTYPES[dtype_name]
-    q, k, v = arrays(rng, (2,), 4, 2, 3, 5, 8, dtype=dtype)
-    bias = np.zeros((3, 5), np.float32)
-    bias[1] = -np.inf
+    q, k, v, bias = minus_inf_row(rng, dtype)
     want = f64(mlx_sdpa(q, k, v, mask=mx.array(bias).astype(dtype)))
     got = npattn.sdpa(q, k, v, mask=bias)
     assert np.isnan(want[..., 1, :]).all()

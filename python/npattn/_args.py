@@ -33,16 +33,22 @@ def is_float(dt: np.dtype) -> bool:
     return dt.kind == "f" or is_bfloat16(dt)
 
 
-def result_dtype(*dtypes: np.dtype) -> np.dtype:
-    """np.result_type of the inputs, pairwise; float16 with bfloat16 (which
-    NumPy cannot promote) gives float32."""
-    result = np.dtype(dtypes[0])
-    for dt in dtypes[1:]:
-        try:
-            result = np.result_type(result, dt)
-        except TypeError:
-            result = np.dtype(np.float32)
-    return result
+def tell_core(dt: np.dtype) -> None:
+    """Tell the core ml_dtypes.bfloat16's dtype when dt is it."""
+    if is_bfloat16(dt):
+        _core.set_bfloat16(dt)
+
+
+def result_dtype(*dtypes: Any) -> np.dtype:
+    """The dtype of a result computed from arrays of these dtypes: the core's
+    promotion where all are floats it computes (as np.result_type; float16
+    with bfloat16, which NumPy cannot promote, gives float32); otherwise
+    np.result_type, for the caller to refuse."""
+    dtypes = tuple(np.dtype(dt) for dt in dtypes)
+    for dt in dtypes:
+        tell_core(dt)
+    result = _core.result_dtype(*dtypes)
+    return np.result_type(*dtypes) if result is None else result
 
 
 def asarray(fn: str, x: Any, name: str) -> np.ndarray:
@@ -55,8 +61,7 @@ def asarray(fn: str, x: Any, name: str) -> np.ndarray:
         raise MemoryError(f"{fn}: {name} could not be converted to an array: {e}") from e
     except Exception as e:  # ragged lists and the like
         raise ValueError(f"{fn}: {name} could not be converted to an array: {e}") from None
-    if is_bfloat16(a.dtype):
-        _core.set_bfloat16(a.dtype)
+    tell_core(a.dtype)
     return a
 
 

@@ -80,6 +80,10 @@ def check_mask(fn: str, mask: Any, full: tuple[int, ...], /) -> Any:
 def check_scale(fn: str, scale: Any, D: int, /) -> float:
     """The scale as sdpa reads it (None: 1 / sqrt(D))."""
 
+def result_dtype(*dtypes: Any) -> np.dtype | None:
+    """The dtype of a result computed from arrays of these dtypes (float16,
+    bfloat16, float32, float64); None if one is another dtype."""
+
 def set_converter(fn: Any, /) -> None:
     """Register ``fn(fn_name, name, x)``: x as an array the core reads in place."""
 
