@@ -174,7 +174,7 @@ def main(argv=None) -> int:
 
     n_cases = max(1, args.calls // (CALLS_PER_CASE + 1))  # about one case in two runs backward
     findings, counts, start = [], {t: 0 for t in tables}, time.monotonic()
-    backward_cases = 0
+    backward_cases = done = 0
     for i in range(args.start, args.start + n_cases):
         table = tables[i % len(tables)]
         try:
@@ -192,26 +192,34 @@ def main(argv=None) -> int:
             calls = sum(counts.values())
             rate = calls / (time.monotonic() - start)
             print(f"{calls} calls, {rate:.0f} calls/s, {len(findings)} findings", flush=True)
-    elapsed = time.monotonic() - start
-    n_calls = sum(counts.values())
-    summary = {
-        "npattn": npattn.__version__,
-        "seed": args.seed,
-        "cases": done,
-        "cases_with_backward": backward_cases,
-        "calls": n_calls,
-        "calls_per_kernel_table": counts,
-        "seconds": round(elapsed, 1),
-        "findings": findings,
-    }
+            report(args, done, backward_cases, counts, start, findings)  # so far, should the run be cut short
+    n_calls, elapsed = report(args, done, backward_cases, counts, start, findings)
     print(
         f"{n_calls} calls ({done} cases, {backward_cases} with the backward pass) in {elapsed:.0f} s "
-        f"over {', '.join(tables)}: {len(findings)} findings"
+        f"over {', '.join(counts)}: {len(findings)} findings"
     )
+    return 1 if findings else 0
+
+
+def report(args, done: int, backward_cases: int, counts: dict, start: float, findings: list) -> tuple[int, float]:
+    """Writes the counts and findings so far to --report (if given); returns (calls, seconds)."""
+    elapsed = time.monotonic() - start
+    n_calls = sum(counts.values())
     if args.report:
+        summary = {
+            "npattn": npattn.__version__,
+            "seed": args.seed,
+            "first_case": args.start,
+            "cases": done,
+            "cases_with_backward": backward_cases,
+            "calls": n_calls,
+            "calls_per_kernel_table": counts,
+            "seconds": round(elapsed, 1),
+            "findings": findings,
+        }
         with open(args.report, "w") as f:
             json.dump(summary, f, indent=1)
-    return 1 if findings else 0
+    return n_calls, elapsed
 
 
 if __name__ == "__main__":
