@@ -188,7 +188,7 @@ def main(argv=None) -> int:
             if len(findings) >= args.max_findings:
                 break
         done = i - args.start + 1
-        if done % 5000 == 0:
+        if done % 1000 == 0:
             calls = sum(counts.values())
             rate = calls / (time.monotonic() - start)
             print(f"{calls} calls, {rate:.0f} calls/s, {len(findings)} findings", flush=True)

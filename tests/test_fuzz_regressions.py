@@ -12,6 +12,7 @@ import pytest
 
 import npattn
 from helpers import check, check_backward, kernels, runnable_kernels
+from helpers.compare import assert_within
 from npattn import reference
 
 
@@ -131,3 +132,29 @@ def test_a_nan_value_under_a_minus_inf_score_is_nan_for_every_split(sinks):
     want = reference.sdpa(q, k, v, mask=None, sinks=sinks)
     for threads in (1, 2, 3, 4):
         np.testing.assert_array_equal(npattn.sdpa(q, k, v, mask=None, sinks=sinks, threads=threads), want)
+
+
+def test_a_subnormal_half_result_correctly_rounded_passes():
+    """fuzz 8:131308: a float16 result of 2.05e-5 lies among float16's subnormals, 2**-24
+    apart, where rounding is off by up to half of that, not by eps/2 of the value; the
+    tests' bound for half results allowed only the latter and refused npattn's correctly
+    rounded result."""
+    v = (np.array([1.0, 2.0, 4.0]) * 7.07e-6).astype(np.float16)[:, None]  # subnormals
+    q = k = np.zeros((3, 2), np.float16)  # equal weights: the result is the mean of v
+    got = check(q, k, v, mask=None)
+    np.testing.assert_array_equal(got, np.float16(np.mean(v.astype(np.float64))))
+
+
+def test_a_half_gradient_rounding_to_infinity_within_its_tolerance_holds():
+    """fuzz 8:203297 and 8:44793: float16 gradients near 65504. A value within tolerance of
+    the exact one may round to -inf (exact -65512, allowed 1.5e6), and where the tolerance
+    is unbounded a finite value holds beside an exact one beyond the range; the tests'
+    comparison refused both. An infinity still fails where no value within tolerance
+    reaches the overflow threshold (65520)."""
+    half = np.float16
+    assert_within(np.array([-np.inf], half), np.array([-65512.0]), 0.0, 1.5e6, "dk")
+    assert_within(np.array([-65504.0], half), np.array([-70000.0]), 0.0, np.inf, "dq")
+    with pytest.raises(AssertionError, match="dk: 1 of 1 elements beyond tolerance"):
+        assert_within(np.array([-np.inf], half), np.array([-65512.0]), 0.0, 4.0, "dk")
+    with pytest.raises(AssertionError, match="dk: 1 of 1 elements beyond tolerance"):
+        assert_within(np.array([np.inf], half), np.array([-65512.0]), 0.0, 1.5e6, "dk")
