@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ._args import result_dtype
+from ._args import result_dtype, unbroadcast
 
 __all__ = ["causal_mask", "sdpa", "paged_attention", "gather_pages", "sdpa_backward", "attention_weights", "formula"]
 
@@ -560,13 +560,5 @@ def sdpa_backward(
         dsinks = dsinks.astype(np.float64 if result_dtype(*dtypes) == np.float64 else np.float32)
 
     dq = dq.reshape(*B, H_q, L, D)
-    grads = [_unbroadcast(gr, shape).astype(dt) for gr, shape, dt in zip((dq, dk, dv), shapes, dtypes)]
+    grads = [unbroadcast(gr, shape).astype(dt) for gr, shape, dt in zip((dq, dk, dv), shapes, dtypes)]
     return (*grads, dsinks)
-
-
-def _unbroadcast(full, shape):
-    """A gradient summed back over the dims broadcasting added or stretched."""
-    extra = full.ndim - len(shape)
-    full = full.sum(axis=tuple(range(extra))) if extra > 0 else full
-    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and full.shape[i] != 1)
-    return (full.sum(axis=stretched, keepdims=True) if stretched else full).reshape(shape)

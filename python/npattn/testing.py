@@ -302,9 +302,9 @@ def _backward_magnitudes(q, k, v, dout, **options):
         per_head = per_row.sum(axis=-1)
         dsinks = per_head.sum(axis=tuple(range(per_head.ndim - 1)))
     return {
-        "dq": reference._unbroadcast(f * (e @ k_all), shapes[0]),
-        "dk": reference._unbroadcast(dk, shapes[1]),
-        "dv": reference._unbroadcast(dv, shapes[2]),
+        "dq": _args.unbroadcast(f * (e @ k_all), shapes[0]),
+        "dk": _args.unbroadcast(dk, shapes[1]),
+        "dv": _args.unbroadcast(dv, shapes[2]),
         "dsinks": dsinks,
     }
 
