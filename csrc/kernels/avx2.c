@@ -205,11 +205,9 @@ AVX2 INLINE __m256 load8(enum npattn_dtype t, const void *p) {
     return _mm256_loadu_ps((const float *)p);
 }
 
-/* The cache line at p, into L2. The kernels prefetch a line at a time
- * between their loads, not a row at once: a burst of prefetches stalls the
- * loads behind it. */
-AVX2 INLINE void prefetch_line(const void *p) {
-    _mm_prefetch((const char *)p, _MM_HINT_T1);
+/* The n bytes from p, into L2. */
+AVX2 INLINE void prefetch_row(const void *p, int64_t n) {
+    for (int64_t b = 0; b < n; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
 }
 
 /* Scores of nr <= 4 query rows against nkb <= 3 keys (rows of type kt at
@@ -222,9 +220,9 @@ AVX2 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int
     __m256 acc[16]; /* acc[3 * row + key]; 12 .. 15 stay zero, for the reduction */
     for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();
     int64_t d = 0;
+    if (pf) /* the rows ahead, into L2 */
+        for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk), D * npattn_stream_size(kt));
     for (; d + 8 <= D; d += 8) {
-        if (pf && (d * npattn_stream_size(kt)) % 64 == 0) /* the rows ahead into L2, a line at a time */
-            for (int a = 0; a < nkb; a++) prefetch_line(npattn_stream_at(kt, pf, a * ldk + d));
         __m256 kv[3];
         for (int a = 0; a < nkb; a++) kv[a] = load8(kt, npattn_stream_at(kt, kr, a * ldk + d));
         for (int b = 0; b < nr; b++) {
@@ -280,8 +278,7 @@ AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_d
 /* o (nr <= 6 rows, 8 * nc <= 16 columns from e0) += P @ v, o in registers
  * while the value rows (type vt) stream past: 12 accumulators, 2 value
  * vectors (converted once, used 6 times) and a broadcast weight. pf_rows:
- * the prefetch distance in rows (0: none), of the line at e0; next as for
- * scores. */
+ * the prefetch distance, whole rows (0: none); next as for scores. */
 AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
                                   const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
                                   const struct npattn_next *next) {
@@ -289,7 +286,7 @@ AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t
     for (int i = 0; i < 2 * nr; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < nk; j++) {
         const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
-        if (ahead) prefetch_line(npattn_stream_at(vt, ahead, e0)); /* this pass's columns of the row ahead */
+        if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
         __m256 vv[2];
         for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, j * ldv + e0 + 8 * c));
         for (int a = 0; a < nr; a++) {
@@ -325,14 +322,12 @@ AVX2 INLINE void accumulate_columns(enum npattn_dtype vt, const float *st, int64
 
 AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
                                const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
-    /* the first row block prefetches */
-    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt)), es = npattn_stream_size(vt);
+    /* the first block of the first pass prefetches */
+    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt));
     int64_t e0 = 0;
-    /* the passes that start a cache line prefetch it, for the rows ahead */
-    for (; e0 + 16 <= Dv; e0 += 16)
-        accumulate_columns(vt, st, ldst, M, 2, nk, v, ldv, Dv, e0, o, (e0 * es) % 64 == 0 ? pf : 0, next);
+    for (; e0 + 16 <= Dv; e0 += 16) accumulate_columns(vt, st, ldst, M, 2, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
     if (e0 + 8 <= Dv) {
-        accumulate_columns(vt, st, ldst, M, 1, nk, v, ldv, Dv, e0, o, (e0 * es) % 64 == 0 ? pf : 0, next);
+        accumulate_columns(vt, st, ldst, M, 1, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
         e0 += 8;
     }
     if (e0 < Dv) /* columns left over, fewer than 8 */
