@@ -72,6 +72,34 @@ def time_calls(call: Callable, warmup: int = 1, repeats: int = 5, min_time: floa
     return {"ms": statistics.median(ms), "min_ms": min(ms), "runs": len(ms), "times_ms": ms if len(ms) <= 50 else []}
 
 
+def interleaved(calls: dict, rounds: int = 7, min_time: float = 0.3) -> dict:
+    """Median ms of each call, timed in alternating rounds (each round: every call
+    repeated until min_time / rounds has passed)."""
+    for call in calls.values():
+        call()
+    times: dict = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            n, start = 0, time.perf_counter()
+            while True:
+                call()
+                n += 1
+                elapsed = time.perf_counter() - start
+                if elapsed > min_time / rounds:
+                    break
+            times[name].append(1e3 * elapsed / n)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def dtype_of(name: str):
+    """The NumPy dtype of `name`, bfloat16 through ml_dtypes."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
 def mapped_library(name: str, home: str, maps: str = "/proc/self/maps") -> str | None:
     """The mapped library whose file is `name` (libname.so, libname.so.0, libname.dylib,
     not libname64_.so: NumPy's libscipy_openblas64_ is another library), the one

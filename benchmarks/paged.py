@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -37,25 +35,6 @@ import measure
 import npattn
 import report
 from npattn.testing import MODEL_HEADS
-
-
-def interleaved(calls: dict, rounds: int = 7, min_time: float = 0.3) -> dict:
-    """Median ms of each call, timed in alternating rounds (each round: every call
-    repeated until min_time / rounds has passed)."""
-    for call in calls.values():
-        call()
-    times: dict = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            n, start = 0, time.perf_counter()
-            while True:
-                call()
-                n += 1
-                elapsed = time.perf_counter() - start
-                if elapsed > min_time / rounds:
-                    break
-            times[name].append(1e3 * elapsed / n)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def dense_cache(rng, lengths, H_kv, D, dtype):
@@ -88,14 +67,6 @@ def paged_cache(rng, k, v, lengths, page_size):
     return kp, vp, table
 
 
-def dtype_of(name):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return np.dtype(name)
-
-
 def paged_vs_dense(rng, model, cache, lengths, page_size, L, dtype_name, threads):
     H_q, H_kv, D = MODEL_HEADS[model]
     k, v = cache
@@ -109,7 +80,7 @@ def paged_vs_dense(rng, model, cache, lengths, page_size, L, dtype_name, threads
     paged = npattn.paged_attention(q, kp, vp, table, cl, threads=threads)
     dense = npattn.sdpa(q, k, v, k_lengths=cl, threads=threads)
     diff = float(np.max(np.abs(paged.astype(np.float64) - dense.astype(np.float64))))
-    ms = interleaved({
+    ms = measure.interleaved({
         "paged": lambda: npattn.paged_attention(q, kp, vp, table, cl, threads=threads),
         "dense": lambda: npattn.sdpa(q, k, v, k_lengths=cl, threads=threads),
     })  # fmt: skip
@@ -136,7 +107,7 @@ def ragged_batch(rng, model, lengths, threads):
         for qb, kb, vb in parts:
             npattn.sdpa(qb, kb, vb, threads=threads)
 
-    ms = interleaved({
+    ms = measure.interleaved({
         "ranges": lambda: npattn.sdpa(q, k, v, k_lengths=cl, threads=threads),
         "separate": separate,
         "mask": lambda: npattn.sdpa(q, k, v, mask=mask, threads=threads),
@@ -169,7 +140,7 @@ def main() -> None:
             for page_size in (16, 32, 128):
                 decode.append(paged_vs_dense(rng, model, cache, lengths, page_size, 1, "float32", T))
                 print(decode[-1], flush=True)
-        cache = dense_cache(rng, spread, H_kv, D, dtype_of("bfloat16"))
+        cache = dense_cache(rng, spread, H_kv, D, measure.dtype_of("bfloat16"))
         decode.append(paged_vs_dense(rng, model, cache, spread, 32, 1, "bfloat16", T))
         print(decode[-1], flush=True)
         cache = dense_cache(rng, [prefill_keys], H_kv, D, np.float32)

@@ -76,7 +76,8 @@ enum npattn_precision {
     NPATTN_PRECISION_HIGHEST, /* correctly rounded from a float32 computation, subnormals included */
     NPATTN_PRECISION_FAST,    /* half inputs: the weights may be rounded to the half type before P @ V, and
                                  the products may use half-precision dot products (float32 accumulation).
-                                 This build has no such kernels yet: it computes as HIGHEST */
+                                 This build does so for bfloat16 q, k and v in gemm tiles on the amx and
+                                 avx512bf16 kernel tables; elsewhere it computes as HIGHEST */
 };
 
 /* An array mask, besides the band of positions. */

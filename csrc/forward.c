@@ -29,7 +29,7 @@
 
 /* Byte offsets of one slot's scratch regions. */
 struct layout {
-    size_t qt, qrows, st, ot, m, l, alpha, row, kt, vt, bias, lo, hi, size;
+    size_t qt, qrows, st, ot, m, l, alpha, row, kt, vt, bias, lo, hi, qp, pp, vp, size;
 };
 
 struct fwd_plan {
@@ -45,6 +45,9 @@ struct fwd_plan {
     int64_t n_unit, n_split;      /* units, and tasks per unit (split-K) */
     int stream;                   /* decode-sized float tiles: the streaming kernels */
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
+    int bf16_qk, bf16_pv;         /* gemm tiles' products as bfloat16 dot products (the table's scores_bf16, accumulate_bf16) */
+    int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
+    _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
     int64_t ldk, ldv;             /* their leading dimensions then */
     int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
     int64_t out_size;             /* bytes per element of out */
@@ -55,8 +58,9 @@ struct fwd_plan {
 
 /* Where a unit's rows are. */
 struct unit {
-    int64_t g, i0, nq, h0, nh, M; /* kv head, first row and rows, first head and heads, stacked rows */
+    int64_t b, g, i0, nq, h0, nh, M; /* request, kv head, first row and rows, first head and heads, stacked rows */
     struct npattn_band band;      /* its request's band */
+    int64_t k0, k1;               /* the request's range of keys */
     int64_t j0, j1;               /* keys the band and the request's range let some row see */
     const int64_t *table;         /* paged: the request's row of the block table; else NULL */
     int64_t off_q, off_k, off_v, off_out, off_mask, off_lse, off_weights; /* batch offsets, in elements */
@@ -79,16 +83,15 @@ static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     int64_t qb = pl->n_qblock - 1 - unit % pl->n_qblock, rest = unit / pl->n_qblock;
     int64_t hb = rest % pl->n_hblock;
     rest /= pl->n_hblock;
-    int64_t b = rest / p->n_head_kv;
+    const int64_t b = u->b = rest / p->n_head_kv;
     u->g = rest % p->n_head_kv;
     u->i0 = qb * pl->bq;
     u->nq = min64(pl->bq, p->n_query - u->i0);
     u->h0 = u->g * pl->group + hb * pl->bh;
     u->nh = min64(pl->bh, pl->group - hb * pl->bh);
     u->M = u->nh * u->nq;
-    int64_t k0, k1;
-    u->band = npattn_band_request(p, &pl->band, b, &k0, &k1);
-    unit_keys(&u->band, u->i0, u->i0 + u->nq, k0, k1, p->n_key, &u->j0, &u->j1);
+    u->band = npattn_band_request(p, &pl->band, b, &u->k0, &u->k1);
+    unit_keys(&u->band, u->i0, u->i0 + u->nq, u->k0, u->k1, p->n_key, &u->j0, &u->j1);
     u->off_q = npattn_batch_offset(p, &p->q, b);
     /* paged K/V have no batch dims: the block table says where rows are */
     u->table = p->pages ? p->pages->block_table + b * p->pages->max_pages : NULL;
@@ -140,6 +143,44 @@ static inline const struct npattn_next *next_rows(const struct npattn_kv *kv, in
 /* Nothing to prefetch past the rows: a tile converted into scratch. */
 static const struct npattn_next no_next = {NULL, 0};
 
+/* The bfloat16 dot products' operands (kernels.h: pairs). Rows 2p and 2p + 1
+ * of x (n, w) as row p of out (rows ldo apart, zeros past w), rounded to
+ * bfloat16. Returns 0 when a value is subnormal. */
+static int pairs_of_rows(const float *x, int64_t n, int64_t w, uint32_t *out, int64_t ldo) {
+    int sub = 0;
+    for (int64_t p = 0; 2 * p < n; p++) {
+        sub |= npattn_kernels()->pair_f32(x + 2 * p * w, 2 * p + 1 < n ? x + (2 * p + 1) * w : NULL, w, out + p * ldo);
+        memset(out + p * ldo + w, 0, (size_t)(ldo - w) * sizeof *out);
+    }
+    return !sub;
+}
+
+/* Value rows j0 + 2p and j0 + 2p + 1 (bfloat16, Dv wide) as row p of out;
+ * with out NULL (K's rows), only the check. Returns 0 when a value is
+ * subnormal. */
+static int pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64_t w, uint32_t *out, int64_t ldo) {
+    int sub = 0;
+    for (int64_t j = 0, run; j < nk; j += 2) {
+        const uint16_t *a = (const uint16_t *)npattn_kv_row(kv, j0 + j, &run);
+        const uint16_t *b = j + 1 < nk ? (const uint16_t *)npattn_kv_row(kv, j0 + j + 1, &run) : NULL;
+        sub |= npattn_kernels()->pair_bf16(a, b, w, out ? out + j / 2 * ldo : NULL);
+        if (out) memset(out + j / 2 * ldo + w, 0, (size_t)(ldo - w) * sizeof *out);
+    }
+    return !sub;
+}
+
+/* Whether the rows of K or V that a request's kv head may read (its range,
+ * w wide) hold no subnormal value, found once per call in *state by the
+ * first unit that asks (any other asking meanwhile finds the same). */
+static int rows_normal(_Atomic signed char *state, const struct npattn_kv *kv, const struct unit *u, int64_t w) {
+    signed char known = atomic_load_explicit(state, memory_order_relaxed);
+    if (!known) {
+        known = pairs_of_kv(kv, u->k0, u->k1 - u->k0, w, NULL, 0) ? 1 : -1;
+        atomic_store_explicit(state, known, memory_order_relaxed);
+    }
+    return known == 1;
+}
+
 #define TASK "tile_fwd.h"
 #include "reals.h"
 
@@ -163,6 +204,11 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     s.bias = npattn_take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0); /* the mask's tile */
     s.lo = npattn_take(&at, M * sizeof(int32_t)); /* the band's cut, per row */
     s.hi = npattn_take(&at, M * sizeof(int32_t));
+    /* the bfloat16 dot products' pairs: Q^T's, P's and V's */
+    const int pairs = real == sizeof(float);
+    s.qp = npattn_take(&at, pairs && pl->bf16_qk ? D / 2 * (size_t)pl->ldq2 * 4 : 0);
+    s.pp = npattn_take(&at, pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4 : 0);
+    s.vp = npattn_take(&at, pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4 : 0);
     s.size = at;
     return s;
 }
@@ -262,6 +308,27 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.v_page_bytes = p->pages->v_page_stride * (int64_t)npattn_dtype_size(p->v.dtype);
     }
     pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
+    /* bfloat16 q and k: their products are exact in float, so QK^T may be
+     * the table's bfloat16 dot products (K's rows read in place); under
+     * "fast", P @ V of bfloat16 v too, the weights rounded to bfloat16 */
+    const struct npattn_kernels *kn = npattn_kernels();
+    const int bf16_in = p->q.dtype == NPATTN_DTYPE_BF16 && p->k.dtype == NPATTN_DTYPE_BF16;
+    pl.bf16_qk = !pl.f64 && !pl.stream && kn->scores_bf16 && bf16_in && p->k.col_stride == 1 && D % kn->bf16_d_step == 0;
+    pl.bf16_pv = !pl.f64 && !pl.stream && kn->accumulate_bf16 && bf16_in && p->precision == NPATTN_PRECISION_FAST &&
+                 p->v.dtype == NPATTN_DTYPE_BF16 && p->v.col_stride == 1 && Dv > 0;
+    if ((pl.bf16_qk || pl.bf16_pv) && kn->bf16_tile) {
+        /* the tile sizes that suit the table's dot products; with P @ V a
+         * float32 gemm, its keys within the small-gemm budget */
+        if (pl.bf16_pv) {
+            pl.bq = min64(p->n_query, max64(pl.bq, kn->bf16_tile / pl.bh / 16 * 16));
+            pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
+            pl.max_m = pl.bh * pl.bq;
+            pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
+        }
+        const int64_t budget = pl.bf16_pv ? kn->bf16_tile : TILE_FLOPS_BUDGET / (pl.max_m * max64(Dv, 1));
+        pl.bk = max64(32, min64(kn->bf16_tile, budget) / 32 * 32);
+    }
+    pl.ldq2 = (pl.max_m + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
 
     /* The work, and the threads it repays: each beyond the caller must get
      * NPATTN_FLOPS_PER_THREAD. The same problem and n_threads always give the same
@@ -311,6 +378,13 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     status = npattn_slots_alloc(&pl.slots, n_slot, slot_bytes, pl.f64 ? 0 : pl.lay64.size);
     if (status != NPATTN_STATUS_OK) return status;
     status = NPATTN_STATUS_NO_MEMORY;
+    if (pl.bf16_qk || pl.bf16_pv) {
+        const size_t n = (size_t)(n_batch * p->n_head_kv);
+        pl.k_normal = npattn_alloc(2 * n);
+        if (!pl.k_normal) goto done;
+        memset((void *)pl.k_normal, 0, 2 * n);
+        pl.v_normal = pl.k_normal + n;
+    }
     if (pl.n_split > 1) {
         /* n_task < 64 * threads + n_unit here: small */
         pl.partials = npattn_alloc((size_t)n_task * (size_t)(pl.max_m * (Dv + 1)) * sizeof(double));
@@ -325,6 +399,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
 
 done:
     npattn_free(pl.partials);
+    npattn_free((void *)pl.k_normal);
     npattn_slots_free(&pl.slots);
     return status;
 }

@@ -572,6 +572,101 @@ static int refused_everywhere(void) {
     return n_fail != 0;
 }
 
+/* The bfloat16 dot-product kernels of the tables that have them, against
+ * double sums of the same bfloat16 values: pairs (rounding and the
+ * subnormal check), scores of K's rows in place, and P @ V; odd counts of
+ * rows, keys and columns. And the AMX table only with the OS's permission. */
+static void test_bf16_kernels(void) {
+    enum { MAX_M = 70, MAX_N = 113, MAX_D = 128, LD = MAX_D + 6 };
+    static const int64_t rows[] = {1, 5, 16, 17, 33, 64, 70}, keys[] = {1, 7, 16, 31, 32, 33, 112};
+    static const int64_t widths[] = {2, 6, 32, 64, 96, 128}, vwidths[] = {1, 16, 40, 64, 128};
+    static uint16_t qh[MAX_M * MAX_D], kh[MAX_N * LD];
+    static uint32_t qp[MAX_D / 2 * 80], pp[(MAX_N + 1) / 2 * 80], vp[(MAX_N + 1) / 2 * MAX_D];
+    static float st[MAX_N * (MAX_M + 1)], o[MAX_M * MAX_D], o0[MAX_M * MAX_D], pf[MAX_N * MAX_M];
+    char msg[200];
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+        const struct npattn_kernels *kt = npattn_kernels();
+        if (!kt->scores_bf16) continue;
+        /* pairs: round to nearest even, NaN kept, subnormals reported */
+        const float a[4] = {1.00390625f, 1.01171875f, -3e38f, NAN}, b[4] = {0x1p-130f, 2.0f, 1.0f, -0.0f};
+        uint32_t out[4];
+        int sub = kt->pair_f32(a, b, 4, out);
+        int ok = sub == 1;
+        for (int i = 0; i < 4; i++) {
+            const uint16_t lo = (uint16_t)out[i], hi = (uint16_t)(out[i] >> 16);
+            ok &= hi == npattn_f32_to_bf16(b[i]) && (i == 3 ? isnan(npattn_bf16_to_f32(lo)) : lo == npattn_f32_to_bf16(a[i]));
+        }
+        ok &= kt->pair_f32(a, NULL, 3, out) == 0 && out[1] >> 16 == 0;
+        const uint16_t h[3] = {0x0001, 0x3f80, 0x8080}, g[3] = {0x0080, 0x7f80, 0x8000}; /* 0x0001 alone subnormal */
+        ok &= kt->pair_bf16(h + 1, g, 2, NULL) == 0 && kt->pair_bf16(g, h, 3, out) == 1 && out[2] == (0x8000u | 0x8080u << 16);
+        snprintf(msg, sizeof msg, "%s bfloat16 pairs: rounding, NaN and the subnormal check", kernel_tables[t]);
+        expect(ok, msg);
+        for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++)
+            for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri++)
+                for (size_t ni = 0; ni < sizeof keys / sizeof *keys; ni++) {
+                    const int64_t D = widths[wi], M = rows[ri], nk = keys[ni], np = D / 2, ldq = (M + 15) / 16 * 16;
+                    if (D % kt->bf16_d_step != 0) continue;
+                    for (int64_t i = 0; i < M * D; i++) qh[i] = npattn_f32_to_bf16((float)(uniform() * 2));
+                    for (int64_t i = 0; i < nk * LD; i++) kh[i] = npattn_f32_to_bf16((float)(uniform() * 2));
+                    /* Q's pairs: column r of Q^T's rows 2p, 2p + 1 */
+                    for (int64_t p = 0; p < np; p++)
+                        for (int64_t r = 0; r < ldq; r++)
+                            qp[p * ldq + r] = r < M ? qh[r * D + 2 * p] | (uint32_t)qh[r * D + 2 * p + 1] << 16 : 0;
+                    for (int64_t i = 0; i < MAX_N * (MAX_M + 1); i++) st[i] = -1;
+                    kt->scores_bf16(qp, ldq, M, np, kh, LD, nk, st, M + 1); /* rows M + 1 apart: the gap untouched */
+                    int close = 1, kept = 1;
+                    for (int64_t j = 0; j < nk; j++) {
+                        for (int64_t r = 0; r < M; r++) {
+                            double want = 0, size = 0;
+                            for (int64_t d = 0; d < D; d++) {
+                                const double x = (double)npattn_bf16_to_f32(qh[r * D + d]) * npattn_bf16_to_f32(kh[j * LD + d]);
+                                want += x, size += fabs(x);
+                            }
+                            close &= fabs(st[j * (M + 1) + r] - want) <= size * (double)(D + 2) * 0x1p-24;
+                        }
+                        kept &= st[j * (M + 1) + M] == -1;
+                    }
+                    snprintf(msg, sizeof msg, "%s scores_bf16 M=%lld D=%lld nk=%lld", kernel_tables[t], (long long)M,
+                             (long long)D, (long long)nk);
+                    expect(close && kept, msg);
+                    if (wi % 2 == 0) continue; /* P @ V for half the widths of K */
+                    const int64_t Dv = vwidths[(ri + ni) % (sizeof vwidths / sizeof *vwidths)], ldv = (Dv + 15) / 16 * 16;
+                    const int64_t npv = (nk + 1) / 2;
+                    for (int64_t j = 0; j < nk; j++)
+                        for (int64_t r = 0; r < M; r++) pf[j * M + r] = npattn_bf16_to_f32(npattn_f32_to_bf16((float)fabs(uniform())));
+                    for (int64_t p = 0; p < npv; p++) {
+                        for (int64_t r = 0; r < ldq; r++)
+                            pp[p * ldq + r] = r >= M ? 0 : npattn_f32_to_bf16(pf[2 * p * M + r]) |
+                                              (2 * p + 1 < nk ? (uint32_t)npattn_f32_to_bf16(pf[(2 * p + 1) * M + r]) << 16 : 0);
+                        for (int64_t e = 0; e < ldv; e++)
+                            vp[p * ldv + e] = e >= Dv ? 0 : kh[2 * p * LD + e] | (2 * p + 1 < nk ? (uint32_t)kh[(2 * p + 1) * LD + e] << 16 : 0);
+                    }
+                    for (int64_t i = 0; i < M * Dv; i++) o[i] = o0[i] = (float)uniform();
+                    kt->accumulate_bf16(pp, ldq, M, npv, vp, ldv, Dv, o);
+                    close = 1;
+                    for (int64_t r = 0; r < M; r++)
+                        for (int64_t e = 0; e < Dv; e++) {
+                            double want = o0[r * Dv + e], size = fabs(want);
+                            for (int64_t j = 0; j < nk; j++) {
+                                const double x = (double)pf[j * M + r] * npattn_bf16_to_f32(kh[j * LD + e]);
+                                want += x, size += fabs(x);
+                            }
+                            close &= fabs(o[r * Dv + e] - want) <= size * (double)(nk + 2) * 0x1p-24;
+                        }
+                    snprintf(msg, sizeof msg, "%s accumulate_bf16 M=%lld nk=%lld Dv=%lld", kernel_tables[t], (long long)M,
+                             (long long)nk, (long long)Dv);
+                    expect(close, msg);
+                }
+    }
+    npattn_kernels_force("");
+    /* without the OS's permission for the tile state, no amx table */
+    npattn_kernels_deny_amx(1);
+    expect(npattn_kernels_force("amx") == -1 && strcmp(npattn_kernels()->name, "amx") != 0,
+           "the amx table is refused without the OS's permission");
+    npattn_kernels_deny_amx(0);
+}
+
 int main(void) {
     const int64_t U = NPATTN_UNBOUNDED, BR = INT64_MIN;
     if (!npattn_blas_ok()) return refused_everywhere();
@@ -619,6 +714,7 @@ int main(void) {
     test_extremes();
     test_stream_kernels();
     test_half_cache();
+    test_bf16_kernels();
     test_conversions();
     test_invalid();
     test_key_ranges();

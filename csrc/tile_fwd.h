@@ -19,6 +19,8 @@ struct CAT(fwd_task_, SFX) {
     struct unit u;
     int32_t slot;
     int stream, k_direct;          /* streaming kernels; BLAS reads K in place */
+    int qk16, pv16;                /* QK^T, P @ V as bfloat16 dot products (Q's pairs in qp) */
+    uint32_t *qp, *pp, *vp;        /* the pairs of Q^T, P and V (float tasks) */
     REAL *qt, *st, *mt, *lt, *at, *row, *kt, *bias;
     int32_t *lo, *hi;
     struct npattn_kv kk, vv;       /* K's and V's rows of the unit's kv head */
@@ -38,6 +40,15 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
     const int64_t D = p->n_embd_k, M = u->M;
     /* K in place where BLAS, or the streaming kernels in K's own type, can
      * read it; else converted here */
+#if !IS_F64
+    if (s->qk16) { /* bfloat16 dot products, page by page */
+        for (int64_t j = 0, run; j < nk; j += run) {
+            const uint16_t *at = (const uint16_t *)npattn_kv_row(&s->kk, j0 + j, &run);
+            run = min64(run, nk - j);
+            npattn_kernels()->scores_bf16(s->qp, pl->ldq2, M, D / 2, at, p->k.row_stride, run, s->st + j * M, M);
+        }
+    } else
+#endif
     if (s->stream && s->k_direct) { /* page by page, as stored */
         for (int64_t j = 0, run; j < nk; j += run) {
             const char *at = npattn_kv_row(&s->kk, j0 + j, &run);
@@ -144,6 +155,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
      * OpenBLAS's small-matrix kernels take) */
     CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, s.stream ? s.qt : (REAL *)(scratch + lay->qrows),
                             s.stream ? NULL : s.qt);
+    s.qp = (uint32_t *)(scratch + lay->qp), s.pp = (uint32_t *)(scratch + lay->pp), s.vp = (uint32_t *)(scratch + lay->vp);
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */
     for (int64_t r = 0; r < M; r++) {
@@ -158,6 +170,10 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     const int64_t t_begin = n_ktile * split / pl->n_split, t_end = n_ktile * (split + 1) / pl->n_split;
     s.kk = kv_of(pl, u, &p->k, n_ktile > 0, pl->k_page_bytes);
     s.vv = kv_of(pl, u, &p->v, n_ktile > 0 && Dv > 0, pl->v_page_bytes);
+    /* the dot products, unless a value is subnormal (they would read it as 0) */
+    s.qk16 = !f64 && pl->bf16_qk && n_ktile > 0 && rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D) &&
+             pairs_of_rows((const float *)s.qt, D, M, s.qp, pl->ldq2);
+    s.pv16 = !f64 && pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
 
     /* scores (j, r): transposed (keys, M) for the gemms, by rows (M, bk) for
      * the streaming kernels; the bias likewise */
@@ -180,6 +196,14 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
          * place where BLAS, or the streaming kernels in V's own type, can
          * read it, else converted here */
         if (Dv == 0) continue;
+#if !IS_F64
+        if (s.pv16) { /* bfloat16 dot products */
+            pairs_of_kv(&s.vv, j0, nk, Dv, s.vp, pl->ldv2);
+            pairs_of_rows(s.st, nk, M, s.pp, pl->ldq2);
+            npattn_kernels()->accumulate_bf16(s.pp, pl->ldq2, M, (nk + 1) / 2, s.vp, pl->ldv2, Dv, ot);
+            continue;
+        }
+#endif
         if (s.stream && v_direct) { /* page by page, as stored */
             for (int64_t j = 0, run; j < nk; j += run) {
                 const char *at = npattn_kv_row(&s.vv, j0 + j, &run);

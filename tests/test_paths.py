@@ -197,6 +197,36 @@ def test_half_cache_subnormal_and_extreme_values(variant, rng, kv_name):
     check(q, extreme, v, scale=1.0 / big)
 
 
+@pytest.mark.parametrize("precision", ["highest", "fast"])
+@pytest.mark.parametrize(
+    "H_q, H_kv, L, S, D, D_v", [(8, 2, 150, 150, 64, 64), (3, 1, 70, 130, 128, 40), (2, 2, 40, 90, 6, 70)]
+)
+def test_bfloat16_gemm_tiles_and_subnormal_values(variant, rng, precision, H_q, H_kv, L, S, D, D_v):
+    """bfloat16 prefill tiles (bfloat16 dot products where the table has them) match
+    the reference under each precision, and none is taken for a subnormal value, which
+    those instructions read as 0: a subnormal query against large keys, subnormal keys
+    against large queries, and subnormal values."""
+    bf16 = dtype_of("bfloat16")
+    info = pytest.importorskip("ml_dtypes").finfo(bf16)
+    tiny = float(info.smallest_subnormal)
+    q, k, v = qkv(rng, (1,), H_q, H_kv, L, S, D, D_v, dtype=bf16)
+    first = check(q, k, v, precision=precision)
+    np.testing.assert_array_equal(npattn.sdpa(q, k, v, precision=precision), first)
+
+    def subnormal(x, share):
+        units = rng.integers(1, 2 ** int(info.nmant), size=x.shape) * rng.choice([-1, 1], size=x.shape)
+        return np.where(rng.random(x.shape) < share, (units * tiny).astype(bf16), x)
+
+    def large(x):  # products with a subnormal of order 1
+        return (x.astype(np.float32) * 2.0**125).astype(bf16)
+
+    check(subnormal(q, 1.0), large(k), v, precision=precision)
+    check(large(q), subnormal(k, 1.0), v, precision=precision)
+    check(q, k, subnormal(v, 0.5), precision=precision)
+    got = check(q, k, subnormal(v, 1.0), precision=precision)
+    assert np.abs(got.astype(np.float32)).max() > 0  # read as 0, the result would be
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("q_name, kv_name", [("float32", "float16"), ("bfloat16", "bfloat16"), ("float16", "float16")])
 def test_half_cache_streamed_repeats_bitwise(variant, rng, q_name, kv_name, threads):

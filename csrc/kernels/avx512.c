@@ -3,6 +3,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -344,6 +345,219 @@ AVX512 static double fma_loop_avx512(int64_t n, float *sink) {
     *sink = _mm512_reduce_add_ps(s);
     return 2.0 * 16 * 16 * (double)n;
 }
+
+/* ---- bfloat16 dot products (AVX512-BF16: vdpbf16ps) ----
+ * vdpbf16ps adds to each float lane the two products of a pair of bfloat16
+ * lanes, one rounding each as an FMA's: products of bfloat16 values are exact
+ * in float, so the sums are those of float arithmetic. It treats subnormal
+ * inputs as zero and flushes subnormal results: the callers give it no
+ * subnormal input (pair_bf16 and pair_f32 report them), and a flushed
+ * product is below 2^-126, which no score or output can tell (scale and
+ * softcap are normal floats; the weights are at most 1). */
+#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+/* Whether any of the 16 bfloat16 values in the low halves of x's lanes is
+ * subnormal. */
+AVX512BF16 INLINE __mmask16 subnormal16(__m512i x) {
+    const __m512i exp = _mm512_set1_epi32(0x7f80), mag = _mm512_set1_epi32(0x7fff);
+    return _mm512_mask_cmpneq_epi32_mask(_mm512_testn_epi32_mask(x, exp), _mm512_and_si512(x, mag),
+                                         _mm512_setzero_si512());
+}
+
+/* 16 bfloat16 values of a (16-bit elements, n - c of them left) in the low
+ * halves of 32-bit lanes, zeros past n. */
+AVX512BF16 INLINE __m512i widen16(const uint16_t *a, int64_t left) {
+    const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a));
+}
+
+AVX512BF16 static int pair_bf16_avx512(const uint16_t *a, const uint16_t *b, int64_t n, uint32_t *out) {
+    __mmask16 sub = 0;
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 m = lanes(n, c / 16);
+        __m512i x = widen16(a + c, n - c), y = b ? widen16(b + c, n - c) : _mm512_setzero_si512();
+        sub |= subnormal16(x) | subnormal16(y);
+        if (out) _mm512_mask_storeu_epi32(out + c, m, _mm512_or_si512(x, _mm512_slli_epi32(y, 16)));
+    }
+    return sub != 0;
+}
+
+/* 16 floats rounded to nearest even bfloat16 (NaN stays NaN, quiet), in the
+ * low halves of 32-bit lanes, in integer arithmetic: exact for subnormals,
+ * which the conversion instruction would flush. */
+AVX512BF16 INLINE __m512i round16(__m512i x) {
+    const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_mask_or_epi32(r, nan, x, _mm512_set1_epi32(0x00400000));
+    return _mm512_srli_epi32(r, 16);
+}
+
+AVX512BF16 static int pair_f32_avx512(const float *a, const float *b, int64_t n, uint32_t *out) {
+    __mmask16 sub = 0;
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 m = lanes(n, c / 16);
+        __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, a + c));
+        __m512i y = b ? _mm512_castps_si512(_mm512_maskz_loadu_ps(m, b + c)) : _mm512_setzero_si512();
+        x = round16(x), y = round16(y);
+        sub |= subnormal16(x) | subnormal16(y);
+        _mm512_mask_storeu_epi32(out + c, m, _mm512_or_si512(x, _mm512_slli_epi32(y, 16)));
+    }
+    return sub != 0;
+}
+
+/* The pair (k[2p], k[2p + 1]) in every lane. */
+AVX512BF16 INLINE __m512bh pair_at(const uint16_t *k, int64_t p) {
+    int32_t w;
+    memcpy(&w, k + 2 * p, sizeof w);
+    return (__m512bh)_mm512_set1_epi32(w);
+}
+
+/* st rows j0 .. j0 + NJ, 16 * NV columns from r0 (live lanes m of the last),
+ * of K Q^T: NJ * NV accumulators, one broadcast pair of each key row against
+ * NV vectors of query pairs per step. */
+#define SCORES_BF16_BLOCK(NJ, NV)                                                                                   \
+    AVX512BF16 static void scores_bf16_##NJ##x##NV(const uint32_t *qp, int64_t ldq, int64_t np, const uint16_t *k, \
+                                                  int64_t ldk, float *st, int64_t ldst, __mmask16 m) {            \
+        __m512 acc[NJ][NV];                                                                                         \
+        for (int j = 0; j < NJ; j++)                                                                                \
+            for (int v = 0; v < NV; v++) acc[j][v] = _mm512_setzero_ps();                                           \
+        for (int64_t p = 0; p < np; p++) {                                                                          \
+            __m512bh q[NV];                                                                                         \
+            for (int v = 0; v < NV; v++) q[v] = (__m512bh)_mm512_loadu_si512(qp + p * ldq + 16 * v);               \
+            for (int j = 0; j < NJ; j++) {                                                                          \
+                const __m512bh kj = pair_at(k + j * ldk, p);                                                        \
+                for (int v = 0; v < NV; v++) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], q[v], kj);                     \
+            }                                                                                                       \
+        }                                                                                                           \
+        for (int j = 0; j < NJ; j++)                                                                                \
+            for (int v = 0; v < NV; v++)                                                                            \
+                _mm512_mask_storeu_ps(st + j * ldst + 16 * v, v == NV - 1 ? m : (__mmask16)0xFFFF, acc[j][v]);      \
+    }
+SCORES_BF16_BLOCK(6, 4)
+SCORES_BF16_BLOCK(1, 4)
+SCORES_BF16_BLOCK(12, 2)
+SCORES_BF16_BLOCK(1, 2)
+SCORES_BF16_BLOCK(12, 1)
+SCORES_BF16_BLOCK(1, 1)
+
+AVX512BF16 static void scores_bf16_avx512(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k,
+                                          int64_t ldk, int64_t nk, float *st, int64_t ldst) {
+    for (int64_t r = 0; r < M; r += 64) {
+        const int64_t nv = ((M - r < 64 ? M - r : 64) + 15) / 16;
+        const __mmask16 m = lanes(M - r, nv - 1);
+        const uint32_t *q = qp + r;
+        float *s = st + r;
+        int64_t j = 0;
+        if (nv == 4) {
+            for (; j + 6 <= nk; j += 6) scores_bf16_6x4(q, ldq, np, k + j * ldk, ldk, s + j * ldst, ldst, m);
+            for (; j < nk; j++) scores_bf16_1x4(q, ldq, np, k + j * ldk, ldk, s + j * ldst, ldst, m);
+        } else if (nv == 3 || nv == 2) { /* three vectors: two, then one */
+            const __mmask16 m2 = nv == 2 ? m : (__mmask16)0xFFFF;
+            for (; j + 12 <= nk; j += 12) scores_bf16_12x2(q, ldq, np, k + j * ldk, ldk, s + j * ldst, ldst, m2);
+            for (; j < nk; j++) scores_bf16_1x2(q, ldq, np, k + j * ldk, ldk, s + j * ldst, ldst, m2);
+            if (nv == 3) {
+                for (j = 0; j + 12 <= nk; j += 12)
+                    scores_bf16_12x1(q + 32, ldq, np, k + j * ldk, ldk, s + 32 + j * ldst, ldst, m);
+                for (; j < nk; j++) scores_bf16_1x1(q + 32, ldq, np, k + j * ldk, ldk, s + 32 + j * ldst, ldst, m);
+            }
+        } else {
+            for (; j + 12 <= nk; j += 12) scores_bf16_12x1(q, ldq, np, k + j * ldk, ldk, s + j * ldst, ldst, m);
+            for (; j < nk; j++) scores_bf16_1x1(q, ldq, np, k + j * ldk, ldk, s + j * ldst, ldst, m);
+        }
+    }
+}
+
+/* o rows r0 .. r0 + NR, 16 * NV columns (live lanes m of the last) += P @ V:
+ * one broadcast pair of weights per row against NV vectors of value pairs
+ * per step, o in registers. */
+#define ACCUMULATE_BF16_BLOCK(NR, NV)                                                                                \
+    AVX512BF16 static void accumulate_bf16_##NR##x##NV(const uint32_t *pp, int64_t ldp, int64_t np,                  \
+                                                      const uint32_t *vp, int64_t ldv, float *o, int64_t ldo,        \
+                                                      __mmask16 m) {                                                 \
+        __m512 acc[NR][NV];                                                                                          \
+        for (int r = 0; r < NR; r++)                                                                                 \
+            for (int v = 0; v < NV; v++)                                                                             \
+                acc[r][v] = _mm512_maskz_loadu_ps(v == NV - 1 ? m : (__mmask16)0xFFFF, o + r * ldo + 16 * v);        \
+        for (int64_t p = 0; p < np; p++) {                                                                           \
+            __m512bh x[NV];                                                                                          \
+            for (int v = 0; v < NV; v++) x[v] = (__m512bh)_mm512_loadu_si512(vp + p * ldv + 16 * v);                 \
+            for (int r = 0; r < NR; r++) {                                                                           \
+                const __m512bh w = (__m512bh)_mm512_set1_epi32((int32_t)pp[p * ldp + r]);                            \
+                for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], w, x[v]);                       \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int r = 0; r < NR; r++)                                                                                 \
+            for (int v = 0; v < NV; v++)                                                                             \
+                _mm512_mask_storeu_ps(o + r * ldo + 16 * v, v == NV - 1 ? m : (__mmask16)0xFFFF, acc[r][v]);         \
+    }
+ACCUMULATE_BF16_BLOCK(6, 4)
+ACCUMULATE_BF16_BLOCK(1, 4)
+ACCUMULATE_BF16_BLOCK(12, 2)
+ACCUMULATE_BF16_BLOCK(1, 2)
+ACCUMULATE_BF16_BLOCK(12, 1)
+ACCUMULATE_BF16_BLOCK(1, 1)
+
+AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np,
+                                              const uint32_t *vp, int64_t ldv, int64_t Dv, float *o) {
+    for (int64_t e = 0; e < Dv; e += 64) {
+        const int64_t nv = ((Dv - e < 64 ? Dv - e : 64) + 15) / 16;
+        const __mmask16 m = lanes(Dv - e, nv - 1);
+        const uint32_t *x = vp + e;
+        float *oe = o + e;
+        int64_t r = 0;
+        if (nv == 4) {
+            for (; r + 6 <= M; r += 6) accumulate_bf16_6x4(pp + r, ldp, np, x, ldv, oe + r * Dv, Dv, m);
+            for (; r < M; r++) accumulate_bf16_1x4(pp + r, ldp, np, x, ldv, oe + r * Dv, Dv, m);
+        } else if (nv == 3 || nv == 2) {
+            const __mmask16 m2 = nv == 2 ? m : (__mmask16)0xFFFF;
+            for (; r + 12 <= M; r += 12) accumulate_bf16_12x2(pp + r, ldp, np, x, ldv, oe + r * Dv, Dv, m2);
+            for (; r < M; r++) accumulate_bf16_1x2(pp + r, ldp, np, x, ldv, oe + r * Dv, Dv, m2);
+            if (nv == 3) {
+                for (r = 0; r + 12 <= M; r += 12)
+                    accumulate_bf16_12x1(pp + r, ldp, np, x + 32, ldv, oe + 32 + r * Dv, Dv, m);
+                for (; r < M; r++) accumulate_bf16_1x1(pp + r, ldp, np, x + 32, ldv, oe + 32 + r * Dv, Dv, m);
+            }
+        } else {
+            for (; r + 12 <= M; r += 12) accumulate_bf16_12x1(pp + r, ldp, np, x, ldv, oe + r * Dv, Dv, m);
+            for (; r < M; r++) accumulate_bf16_1x1(pp + r, ldp, np, x, ldv, oe + r * Dv, Dv, m);
+        }
+    }
+}
+
+const struct npattn_kernels npattn_kernels_avx512bf16 = {
+    .name = "avx512bf16",
+    .softmax_f32 = softmax_avx512,
+    .softmax_rows_f32 = softmax_rows_avx512,
+    .scores = scores_avx512,
+    .accumulate = accumulate_avx512,
+    .bf16_d_step = 2,
+    .pair_f32 = pair_f32_avx512,
+    .pair_bf16 = pair_bf16_avx512,
+    .scores_bf16 = scores_bf16_avx512,
+    .accumulate_bf16 = accumulate_bf16_avx512,
+    .f16_to_f32 = f16_to_f32_avx512,
+    .fma_loop = fma_loop_avx512,
+};
+
+#if NPATTN_HAVE_AMX
+const struct npattn_kernels npattn_kernels_amx = {
+    .name = "amx",
+    .softmax_f32 = softmax_avx512,
+    .softmax_rows_f32 = softmax_rows_avx512,
+    .scores = scores_avx512,
+    .accumulate = accumulate_avx512,
+    .bf16_d_step = 32,
+    .bf16_tile = 128,
+    .pair_f32 = pair_f32_avx512,
+    .pair_bf16 = pair_bf16_avx512,
+    .scores_bf16 = npattn_amx_scores_bf16,
+    .accumulate_bf16 = npattn_amx_accumulate_bf16,
+    .f16_to_f32 = f16_to_f32_avx512,
+    .fma_loop = fma_loop_avx512,
+};
+#endif
 
 const struct npattn_kernels npattn_kernels_avx512 = {
     .name = "avx512",

@@ -6,10 +6,45 @@
 
 #include "kernels.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* AMX-BF16 and AMX-TILE (CPUID 7.0:EDX bits 22 and 24), their state enabled
+ * by the OS (XCR0 bits 17 and 18), and the OS's permission to use it. */
+#if NPATTN_HAVE_AMX
+static int amx_denied;      /* the test hook */
+static int _Atomic amx_ok;  /* 0 not asked yet, 1 granted, -1 not */
+
+static int cpu_has_amx(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE: xgetbv works */
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & (3u << 17)) == (3u << 17);
+}
+
+static int amx_usable(void) {
+    if (amx_denied) return 0;
+    if (!amx_ok) amx_ok = cpu_has_amx() && npattn_amx_request_permission() ? 1 : -1;
+    return amx_ok == 1;
+}
+#endif
+#endif
+
 static const struct npattn_kernels *best(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return &npattn_kernels_avx512;
+    if (__builtin_cpu_supports("avx512f")) {
+#if NPATTN_HAVE_AMX
+        if (amx_usable() && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl"))
+            return &npattn_kernels_amx;
+#endif
+        /* the avx512bf16 table's dot products measured slower than float32
+         * gemms on Sapphire Rapids, the one CPU with them measured: forced only */
+        return &npattn_kernels_avx512;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return &npattn_kernels_avx2;
 #elif defined(__aarch64__)
@@ -22,9 +57,18 @@ static const struct npattn_kernels *best(void) {
 static const struct npattn_kernels *runnable(int i) {
     const struct npattn_kernels *b = best();
 #if defined(__x86_64__) || defined(__i386__)
-    const struct npattn_kernels *x86[] = {&npattn_kernels_avx512, &npattn_kernels_avx2, &npattn_kernels_portable};
-    int first = b == &npattn_kernels_avx512 ? 0 : b == &npattn_kernels_avx2 ? 1 : 2;
-    return first + i < 3 ? x86[first + i] : NULL;
+    const struct npattn_kernels *x86[5];
+    int n = 0;
+#if NPATTN_HAVE_AMX
+    if (b == &npattn_kernels_amx) x86[n++] = &npattn_kernels_amx;
+#endif
+    if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        x86[n++] = &npattn_kernels_avx512bf16;
+    if (__builtin_cpu_supports("avx512f")) x86[n++] = &npattn_kernels_avx512;
+    if (b != &npattn_kernels_portable) x86[n++] = &npattn_kernels_avx2;
+    x86[n++] = &npattn_kernels_portable;
+    return i < n ? x86[i] : NULL;
 #else
     if (i == 0) return b;
     if (i == 1 && b != &npattn_kernels_portable) return &npattn_kernels_portable;
@@ -51,4 +95,13 @@ int npattn_kernels_force(const char *name) {
             return 0;
         }
     return -1;
+}
+
+void npattn_kernels_deny_amx(int deny) {
+#if NPATTN_HAVE_AMX
+    amx_denied = deny;
+    if (!deny) amx_ok = 0;
+#endif
+    (void)deny;
+    chosen = best();
 }

@@ -69,6 +69,30 @@ struct npattn_kernels {
     void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next,
                        enum npattn_dtype vt, const void *v, int64_t ldv, int64_t Dv, float *o);
 
+    /* bfloat16 dot products (vdpbf16ps), in the tables that have them
+     * (NULL elsewhere). Operands come in pairs: a uint32 holds two bfloat16
+     * values, the first in its low half, and each dot product sums the two
+     * products of a pair. pair_bf16: out[c] = a[c] | b[c] << 16 for c < n
+     * (b NULL: zeros; out NULL: only the check); pair_f32 likewise with a
+     * and b rounded to nearest even bfloat16. Both return whether a value
+     * was subnormal, which the dot products would take as 0: the caller
+     * then computes without them. scores_bf16: st (nk, ldst) columns r < M
+     * = sum over pairs p < np of qp[p * ldq + r] . (k[j * ldk + 2p],
+     * k[j * ldk + 2p + 1]), K's bfloat16 rows read in place (ldq a multiple
+     * of 16 at least M, lanes past M ignored). accumulate_bf16: o (M, Dv)
+     * row-major += sum over p < np of pp[p * ldp + r] . vp[p * ldv + e]
+     * (ldv a multiple of 16 at least Dv). scores_bf16 takes K's rows of D
+     * = 2 np values when D is a multiple of bf16_d_step. bf16_tile: the
+     * keys per tile and the most stacked rows that suit them (0: the
+     * float32 gemms' tile sizes). */
+    int64_t bf16_d_step, bf16_tile;
+    int (*pair_bf16)(const uint16_t *a, const uint16_t *b, int64_t n, uint32_t *out);
+    int (*pair_f32)(const float *a, const float *b, int64_t n, uint32_t *out);
+    void (*scores_bf16)(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k, int64_t ldk,
+                        int64_t nk, float *st, int64_t ldst);
+    void (*accumulate_bf16)(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp, int64_t ldv,
+                            int64_t Dv, float *o);
+
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
 
@@ -84,6 +108,18 @@ extern const struct npattn_kernels npattn_kernels_portable;
 #if defined(__x86_64__) || defined(__i386__)
 extern const struct npattn_kernels npattn_kernels_avx2;
 extern const struct npattn_kernels npattn_kernels_avx512;
+extern const struct npattn_kernels npattn_kernels_avx512bf16; /* avx512 with AVX512-BF16 dot products */
+#if defined(__linux__)
+#define NPATTN_HAVE_AMX 1
+extern const struct npattn_kernels npattn_kernels_amx;        /* avx512bf16 with AMX-BF16 tiles (amx.c) */
+void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k, int64_t ldk,
+                            int64_t nk, float *st, int64_t ldst);
+void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
+                                int64_t ldv, int64_t Dv, float *o);
+/* Asks the OS for the tile data state (once per process is enough);
+ * returns whether it was granted. */
+int npattn_amx_request_permission(void);
+#endif
 #endif
 #if defined(__aarch64__)
 extern const struct npattn_kernels npattn_kernels_neon;
@@ -95,6 +131,11 @@ const struct npattn_kernels *npattn_kernels(void);
 /* Test hook: use the named table ("" or NULL: the best this CPU has).
  * Returns -1, changing nothing, when this CPU cannot run it. */
 int npattn_kernels_force(const char *name);
+
+/* Test hook: deny 1 makes the dispatch act as if the OS had refused the
+ * tile state that AMX needs (the amx table is then neither chosen nor
+ * forceable); 0 asks the OS again. The table in use becomes the best left. */
+void npattn_kernels_deny_amx(int deny);
 
 /* The same online-softmax step in double, portable C on libm's exp: the path
  * of float64 problems and of float tiles that met an extreme. It never

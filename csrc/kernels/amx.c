@@ -1,0 +1,210 @@
+/* kernels/amx.c: the bfloat16 products of gemm tiles on AMX-BF16 tiles
+ * (Sapphire Rapids and newer), for the amx table, which is the avx512bf16
+ * table with these two entries (avx512.c). Same contracts as kernels.h's
+ * scores_bf16 and accumulate_bf16, and the same arithmetic: tdpbf16ps adds
+ * the two products of each pair of bfloat16 lanes to a float accumulator,
+ * one rounding each, subnormal inputs read as 0 and subnormal results
+ * flushed (the callers give it none, as for vdpbf16ps).
+ *
+ * Tiles: all eight are 16 rows of 64 bytes. C (16 x 16 floats) += A (16 rows
+ * x 16 pairs) . B (16 rows of pairs x 16 lanes), two A and two B tiles
+ * against four accumulators per step of 32 bfloat16 values. */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__)
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "kernels.h"
+
+#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+/* The tile intrinsics do not tell the compiler that a tile load reads memory:
+ * stores to a buffer must be done before one. */
+#define BEFORE_TILE_LOAD() __asm__ __volatile__("" ::: "memory")
+
+/* The widest rows of K the tiles take from scratch (wider ones: avx512bf16's kernel). */
+#define AMX_MAX_D 512
+
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+};
+
+static const struct tile_config config = {
+    .palette = 1,
+    .bytes_per_row = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+int npattn_amx_request_permission(void) {
+    /* arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux 5.16 and newer */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+/* c (rows x cols floats, ldc apart) = the 16 x 16 tile at t. */
+static inline void copy_out(const float *t, int64_t rows, int64_t cols, float *c, int64_t ldc) {
+    for (int64_t i = 0; i < rows; i++) memcpy(c + i * ldc, t + 16 * i, (size_t)cols * sizeof *c);
+}
+
+/* ---- scores: st (nk, M) = K Q^T, K's rows as A tiles in place ---- */
+
+/* One block of 32 keys x 16 or 32 query columns (two: 32): C tiles 0 1 / 2 3
+ * = keys (0-15, 16-31) x columns (0-15, 16-31); A 4, 5 from K's rows (ldk_b
+ * bytes apart), B 6, 7 from Q's pairs. */
+AMX static void scores_block(const uint16_t *k, int64_t ldk_b, const uint32_t *qp, int64_t ldq, int64_t np, int two,
+                             float *c, int64_t ldc) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t p = 0; p < np; p += 16) {
+        _tile_loadd(4, (const char *)k + 4 * p, ldk_b);
+        _tile_loadd(5, (const char *)k + 16 * ldk_b + 4 * p, ldk_b);
+        _tile_loadd(6, qp + p * ldq, ldq * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) {
+            _tile_loadd(7, qp + p * ldq + 16, ldq * 4);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, ldc * 4);
+    _tile_stored(2, c + 16 * ldc, ldc * 4);
+    if (two) {
+        _tile_stored(1, c + 16, ldc * 4);
+        _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+    }
+}
+
+AMX void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k,
+                                int64_t ldk, int64_t nk, float *st, int64_t ldst) {
+    if (2 * np > AMX_MAX_D) {
+        npattn_kernels_avx512bf16.scores_bf16(qp, ldq, M, np, k, ldk, nk, st, ldst);
+        return;
+    }
+    uint16_t kpad[32 * AMX_MAX_D] __attribute__((aligned(64))); /* the last keys, 32 rows padded with zeros */
+    float spill[32 * 32] __attribute__((aligned(64)));          /* a block cut short, (32, 32) */
+    _tile_loadconfig(&config);
+    for (int64_t j = 0; j < nk; j += 32) {
+        const int64_t nj = nk - j < 32 ? nk - j : 32;
+        const uint16_t *kj = k + j * ldk;
+        int64_t ldk_b = ldk * 2;
+        if (nj < 32) {
+            for (int64_t i = 0; i < 32; i++)
+                if (i < nj) memcpy(kpad + i * 2 * np, kj + i * ldk, (size_t)(4 * np));
+                else memset(kpad + i * 2 * np, 0, (size_t)(4 * np));
+            kj = kpad, ldk_b = 4 * np;
+            BEFORE_TILE_LOAD();
+        }
+        /* columns 32 at a time, 16 for a last block of 16 or fewer: the
+         * lanes read lie within ldq, a multiple of 16 at least M */
+        for (int64_t r = 0; r < M; r += 32) {
+            const int64_t nr = M - r < 32 ? M - r : 32;
+            if (nj == 32 && nr == 32) {
+                scores_block(kj, ldk_b, qp + r, ldq, np, 1, st + j * ldst + r, ldst);
+                continue;
+            }
+            scores_block(kj, ldk_b, qp + r, ldq, np, nr > 16, spill, 32);
+            for (int64_t i = 0; i < nj; i++) memcpy(st + (j + i) * ldst + r, spill + 32 * i, (size_t)nr * sizeof *st);
+        }
+    }
+    _tile_release();
+}
+
+/* ---- P @ V: o (M, Dv) += P V, P's pairs transposed into A tiles ---- */
+
+/* pa (16 rows, n16 apart) = the transpose of 16 lanes of pp's rows
+ * 0 .. n16 - 1: pa[i * n16 + p] = pp[p * ldp + i], zeros for p >= np. */
+AMX static void transpose_pairs(const uint32_t *pp, int64_t ldp, int64_t np, int64_t n16, uint32_t *pa) {
+    for (int64_t p0 = 0; p0 < n16; p0 += 16) {
+        __m512i x[16], t[16], u[16];
+        for (int i = 0; i < 16; i++)
+            x[i] = p0 + i < np ? _mm512_loadu_si512(pp + (p0 + i) * ldp) : _mm512_setzero_si512();
+        /* within each 128-bit lane L: u[4g + c] = column 4L + c of rows 4g .. 4g + 3 */
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+        }
+        for (int g = 0; g < 4; g++) {
+            u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+            u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+            u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+            u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+        }
+        /* then column 4L + c is lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
+        for (int c = 0; c < 4; c++) {
+            const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+            const __m512i d = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+            x[c] = _mm512_shuffle_i32x4(a, d, 0x88);
+            x[4 + c] = _mm512_shuffle_i32x4(a, d, 0xdd);
+            x[8 + c] = _mm512_shuffle_i32x4(b, e, 0x88);
+            x[12 + c] = _mm512_shuffle_i32x4(b, e, 0xdd);
+        }
+        for (int i = 0; i < 16; i++) _mm512_store_si512(pa + i * n16 + p0, x[i]);
+    }
+}
+
+AMX void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
+                                    int64_t ldv, int64_t Dv, float *o) {
+    const int64_t n16 = (np + 15) / 16 * 16;
+    if (n16 > 256) { /* more than 512 keys: not a tile of forward.c's */
+        npattn_kernels_avx512bf16.accumulate_bf16(pp, ldp, M, np, vp, ldv, Dv, o);
+        return;
+    }
+    uint32_t pa[32 * 256] __attribute__((aligned(64)));   /* 32 rows of P's pairs, as A tiles */
+    uint32_t vpad[16 * 32] __attribute__((aligned(64))); /* V's last pairs (32 lanes), zeros past np and ldv */
+    float spill[32 * 32] __attribute__((aligned(64)));   /* o's block when cut short, (32, 32) */
+    _tile_loadconfig(&config);
+    for (int64_t r = 0; r < M; r += 32) {
+        const int64_t nr = M - r < 32 ? M - r : 32;
+        transpose_pairs(pp + r, ldp, np, n16, pa);
+        if (nr > 16) transpose_pairs(pp + r + 16, ldp, np, n16, pa + 16 * n16);
+        else memset(pa + 16 * n16, 0, (size_t)(16 * n16) * sizeof *pa);
+        for (int64_t e = 0; e < Dv; e += 32) {
+            const int64_t ne = Dv - e < 32 ? Dv - e : 32;
+            const int whole = nr == 32 && ne == 32;
+            float *c = o + r * Dv + e;
+            int64_t ldc = Dv;
+            if (!whole) {
+                memset(spill, 0, sizeof spill);
+                for (int64_t i = 0; i < nr; i++) memcpy(spill + 32 * i, c + i * Dv, (size_t)ne * sizeof *c);
+                c = spill, ldc = 32;
+            }
+            BEFORE_TILE_LOAD();
+            _tile_loadd(0, c, ldc * 4);
+            _tile_loadd(1, c + 16, ldc * 4);
+            _tile_loadd(2, c + 16 * ldc, ldc * 4);
+            _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+            for (int64_t p = 0; p < n16; p += 16) {
+                const uint32_t *b = vp + p * ldv + e;
+                int64_t ldb = ldv;
+                if (p + 16 > np || e + 32 > ldv) { /* pairs past np, or lanes past ldv: from a padded copy */
+                    memset(vpad, 0, sizeof vpad);
+                    for (int64_t i = 0; i < 16 && p + i < np; i++)
+                        memcpy(vpad + 32 * i, b + i * ldv, (size_t)(ldv - e < 32 ? ldv - e : 32) * sizeof *b);
+                    b = vpad, ldb = 32;
+                    BEFORE_TILE_LOAD();
+                }
+                _tile_loadd(4, pa + p, n16 * 4);
+                _tile_loadd(5, pa + 16 * n16 + p, n16 * 4);
+                _tile_loadd(6, b, ldb * 4);
+                _tile_loadd(7, b + 16, ldb * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, c, ldc * 4);
+            _tile_stored(1, c + 16, ldc * 4);
+            _tile_stored(2, c + 16 * ldc, ldc * 4);
+            _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+            if (!whole)
+                for (int64_t i = 0; i < nr; i++) memcpy(o + (r + i) * Dv + e, spill + 32 * i, (size_t)ne * sizeof *o);
+        }
+    }
+    _tile_release();
+}
+#endif
