@@ -595,7 +595,8 @@ static void test_bf16_kernels(void) {
         int ok = sub == 1;
         for (int i = 0; i < 4; i++) {
             const uint16_t lo = (uint16_t)out[i], hi = (uint16_t)(out[i] >> 16);
-            ok &= hi == npattn_f32_to_bf16(b[i]) && (i == 3 ? isnan(npattn_bf16_to_f32(lo)) : lo == npattn_f32_to_bf16(a[i]));
+            ok &= (i == 0 || hi == npattn_f32_to_bf16(b[i])) && /* b[0] subnormal: its pair unspecified */
+                  (i == 3 ? isnan(npattn_bf16_to_f32(lo)) : lo == npattn_f32_to_bf16(a[i]));
         }
         ok &= kt->pair_f32(a, NULL, 3, out) == 0 && out[1] >> 16 == 0;
         const uint16_t h[3] = {0x0001, 0x3f80, 0x8080}, g[3] = {0x0080, 0x7f80, 0x8000}; /* 0x0001 alone subnormal */

@@ -150,20 +150,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     REAL *ot = (REAL *)(scratch + lay->ot), *vt = (REAL *)(scratch + lay->vt);
     REAL *mt = s.mt, *lt = s.lt, *at = s.at, *row = s.row;
 
-    /* Q's rows (M, D) for the streaming kernels; Q^T (D, M) for the gemm,
-     * which then reads K in place as a plain NoTrans product (a form
-     * OpenBLAS's small-matrix kernels take) */
-    CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, s.stream ? s.qt : (REAL *)(scratch + lay->qrows),
-                            s.stream ? NULL : s.qt);
     s.qp = (uint32_t *)(scratch + lay->qp), s.pp = (uint32_t *)(scratch + lay->pp), s.vp = (uint32_t *)(scratch + lay->vp);
-    /* The running max starts at the head's sink, whose weight exp(0) is 1;
-     * with split-K only the first split carries it. */
-    for (int64_t r = 0; r < M; r++) {
-        double sink = p->sinks && split == 0 ? p->sinks[h0 + r / nq] : -INFINITY;
-        mt[r] = (REAL)sink;
-        lt[r] = sink == -INFINITY ? (REAL)0 : (REAL)1;
-    }
-    memset(ot, 0, (size_t)(M * Dv) * sizeof(REAL)); /* O's rows (M, D_v) */
 
     /* this split's share of the key tiles the band lets the rows see */
     const int64_t n_ktile = (u->j1 - u->j0 + pl->bk - 1) / pl->bk;
@@ -172,8 +159,23 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     s.vv = kv_of(pl, u, &p->v, n_ktile > 0 && Dv > 0, pl->v_page_bytes);
     /* the dot products, unless a value is subnormal (they would read it as 0) */
     s.qk16 = !f64 && pl->bf16_qk && n_ktile > 0 && rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D) &&
-             pairs_of_rows((const float *)s.qt, D, M, s.qp, pl->ldq2);
+             pairs_of_q(p, u, D, s.qp, pl->ldq2);
     s.pv16 = !f64 && pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
+
+    /* Q's rows (M, D) for the streaming kernels; Q^T (D, M) for the gemm,
+     * which then reads K in place as a plain NoTrans product (a form
+     * OpenBLAS's small-matrix kernels take) */
+    if (!s.qk16)
+        CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, s.stream ? s.qt : (REAL *)(scratch + lay->qrows),
+                                s.stream ? NULL : s.qt);
+    /* The running max starts at the head's sink, whose weight exp(0) is 1;
+     * with split-K only the first split carries it. */
+    for (int64_t r = 0; r < M; r++) {
+        double sink = p->sinks && split == 0 ? p->sinks[h0 + r / nq] : -INFINITY;
+        mt[r] = (REAL)sink;
+        lt[r] = sink == -INFINITY ? (REAL)0 : (REAL)1;
+    }
+    memset(ot, 0, (size_t)(M * Dv) * sizeof(REAL)); /* O's rows (M, D_v) */
 
     /* scores (j, r): transposed (keys, M) for the gemms, by rows (M, bk) for
      * the streaming kernels; the bias likewise */
@@ -186,10 +188,8 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 
         /* the probabilities of this key tile, max and sum updated */
         if (CAT(softmax_step_, SFX)(pl, &s, j0, nk)) return 1;
-        int rescale = 0;
-        for (int64_t r = 0; r < M; r++) rescale |= at[r] != (REAL)1;
-        if (rescale)
-            for (int64_t r = 0; r < M; r++)
+        for (int64_t r = 0; r < M; r++) /* the rows whose max grew */
+            if (at[r] != (REAL)1)
                 for (int64_t e = 0; e < Dv; e++) ot[r * Dv + e] *= at[r];
 
         /* O (M, D_v) += P (M, nk) @ V_tile (nk, D_v), P stored as st; V in

@@ -356,53 +356,60 @@ AVX512 static double fma_loop_avx512(int64_t n, float *sink) {
  * softcap are normal floats; the weights are at most 1). */
 #define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-/* Whether any of the 16 bfloat16 values in the low halves of x's lanes is
- * subnormal. */
-AVX512BF16 INLINE __mmask16 subnormal16(__m512i x) {
-    const __m512i exp = _mm512_set1_epi32(0x7f80), mag = _mm512_set1_epi32(0x7fff);
-    return _mm512_mask_cmpneq_epi32_mask(_mm512_testn_epi32_mask(x, exp), _mm512_and_si512(x, mag),
-                                         _mm512_setzero_si512());
+/* The 32-bit pairs (x[i], y[i]) of 16 of the 32 words of x and y: i < 16
+ * (lo) or i >= 16 (hi). */
+AVX512BF16 INLINE __m512i pairs_lo(__m512i x, __m512i y) {
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
+                                         36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    return _mm512_permutex2var_epi16(x, idx, y);
+}
+AVX512BF16 INLINE __m512i pairs_hi(__m512i x, __m512i y) {
+    const __m512i idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54, 22,
+                                         53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    return _mm512_permutex2var_epi16(x, idx, y);
 }
 
-/* 16 bfloat16 values of a (16-bit elements, n - c of them left) in the low
- * halves of 32-bit lanes, zeros past n. */
-AVX512BF16 INLINE __m512i widen16(const uint16_t *a, int64_t left) {
-    const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-    return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a));
+/* The 32-bit lanes of 16 pairs from c on, of n. */
+AVX512BF16 INLINE __mmask16 pair_lanes(int64_t n, int64_t c) {
+    const int64_t left = n - c;
+    return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
 AVX512BF16 static int pair_bf16_avx512(const uint16_t *a, const uint16_t *b, int64_t n, uint32_t *out) {
-    __mmask16 sub = 0;
-    for (int64_t c = 0; c < n; c += 16) {
-        const __mmask16 m = lanes(n, c / 16);
-        __m512i x = widen16(a + c, n - c), y = b ? widen16(b + c, n - c) : _mm512_setzero_si512();
-        sub |= subnormal16(x) | subnormal16(y);
-        if (out) _mm512_mask_storeu_epi32(out + c, m, _mm512_or_si512(x, _mm512_slli_epi32(y, 16)));
+    const __m512i exp = _mm512_set1_epi16(0x7f80), mag = _mm512_set1_epi16(0x7fff);
+    __mmask32 sub = 0;
+    for (int64_t c = 0; c < n; c += 32) {
+        const __mmask32 m = n - c >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << (n - c)) - 1);
+        const __m512i x = _mm512_maskz_loadu_epi16(m, a + c), y = b ? _mm512_maskz_loadu_epi16(m, b + c) : _mm512_setzero_si512();
+        sub |= _mm512_testn_epi16_mask(x, exp) & _mm512_test_epi16_mask(x, mag);
+        sub |= _mm512_testn_epi16_mask(y, exp) & _mm512_test_epi16_mask(y, mag);
+        if (out) {
+            _mm512_mask_storeu_epi32(out + c, pair_lanes(n, c), pairs_lo(x, y));
+            _mm512_mask_storeu_epi32(out + c + 16, pair_lanes(n, c + 16), pairs_hi(x, y));
+        }
     }
     return sub != 0;
 }
 
-/* 16 floats rounded to nearest even bfloat16 (NaN stays NaN, quiet), in the
- * low halves of 32-bit lanes, in integer arithmetic: exact for subnormals,
- * which the conversion instruction would flush. */
-AVX512BF16 INLINE __m512i round16(__m512i x) {
-    const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff));
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-    r = _mm512_mask_or_epi32(r, nan, x, _mm512_set1_epi32(0x00400000));
-    return _mm512_srli_epi32(r, 16);
+/* Whether a lane of the 16 floats of x is subnormal. */
+AVX512BF16 INLINE __mmask16 subnormal_f32(__m512 x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    return _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)), bits,
+                                       _mm512_set1_epi32(0x7fffffff));
 }
 
+/* Rounded by vcvtne2ps2bf16 (nearest even; a subnormal lane's result is
+ * not used, the caller being told). */
 AVX512BF16 static int pair_f32_avx512(const float *a, const float *b, int64_t n, uint32_t *out) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                         20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __mmask16 sub = 0;
     for (int64_t c = 0; c < n; c += 16) {
         const __mmask16 m = lanes(n, c / 16);
-        __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, a + c));
-        __m512i y = b ? _mm512_castps_si512(_mm512_maskz_loadu_ps(m, b + c)) : _mm512_setzero_si512();
-        x = round16(x), y = round16(y);
-        sub |= subnormal16(x) | subnormal16(y);
-        _mm512_mask_storeu_epi32(out + c, m, _mm512_or_si512(x, _mm512_slli_epi32(y, 16)));
+        const __m512 x = _mm512_maskz_loadu_ps(m, a + c), y = b ? _mm512_maskz_loadu_ps(m, b + c) : _mm512_setzero_ps();
+        sub |= subnormal_f32(x) | subnormal_f32(y);
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(y, x); /* x's 16 values, then y's */
+        _mm512_mask_storeu_epi32(out + c, m, _mm512_permutexvar_epi16(idx, both));
     }
     return sub != 0;
 }

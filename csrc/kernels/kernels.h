@@ -75,8 +75,8 @@ struct npattn_kernels {
      * products of a pair. pair_bf16: out[c] = a[c] | b[c] << 16 for c < n
      * (b NULL: zeros; out NULL: only the check); pair_f32 likewise with a
      * and b rounded to nearest even bfloat16. Both return whether a value
-     * was subnormal, which the dot products would take as 0: the caller
-     * then computes without them. scores_bf16: st (nk, ldst) columns r < M
+     * was subnormal, which the dot products would take as 0 (its pair in
+     * out is then unspecified): the caller then computes without them. scores_bf16: st (nk, ldst) columns r < M
      * = sum over pairs p < np of qp[p * ldq + r] . (k[j * ldk + 2p],
      * k[j * ldk + 2p + 1]), K's bfloat16 rows read in place (ldq a multiple
      * of 16 at least M, lanes past M ignored). accumulate_bf16: o (M, Dv)
