@@ -341,7 +341,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         /* the tile sizes that suit the table's dot products; with P @ V a
          * float32 gemm, its keys within the small-gemm budget */
         if (pl.bf16_pv) {
-            pl.bq = min64(p->n_query, max64(pl.bq, kn->bf16_tile / pl.bh / 16 * 16));
+            pl.bq = min64(p->n_query, max64(pl.bq, min64(TILE_QUERY_MAX, kn->bf16_tile / pl.bh / 16 * 16)));
             pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
             pl.max_m = pl.bh * pl.bq;
             pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
