@@ -96,7 +96,7 @@ struct job {
     struct npattn_run *run;
     int32_t max_helpers;       /* helpers allowed to join */
     int32_t n_joined;          /* helpers so far (slot numbers given) */
-    int32_t n_active;          /* helpers still running tasks */
+    atomic_int n_active;       /* helpers still running tasks (changed under the pool's lock) */
     int orphaned;              /* in a forked child: the helpers that had joined are gone */
     pthread_t caller;          /* the thread that runs the call */
     struct job *next;          /* the pool's list of jobs that take helpers */
@@ -447,6 +447,15 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
         pthread_mutex_lock(&pool.lock);
         unlink_job(&j);
         j.max_helpers = j.n_joined; /* no more helpers join */
+        pthread_mutex_unlock(&pool.lock);
+        /* the helpers mostly finish moments after the caller: watch for that
+         * a short while before sleeping (a wake-up costs more than a small call) */
+        int64_t until = now_ns() + NPATTN_SPIN_NS;
+        for (int spins = 1; atomic_load(&j.n_active) > 0; spins++) {
+            cpu_relax();
+            if (spins % 256 == 0 && now_ns() > until) break;
+        }
+        pthread_mutex_lock(&pool.lock);
         while (j.n_active > 0 && !j.orphaned) {
             struct timespec until = poll_deadline();
             int rc = pthread_cond_timedwait(&pool.done, &pool.lock, &until);
