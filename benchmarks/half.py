@@ -18,7 +18,6 @@ calls of one row alternate, so that drift on a shared machine hits them all):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -97,13 +96,8 @@ def prefill_row(rng, model, S, threads, torch_call) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
-    args = parser.parse_args()
+    args = measure.suite_args(__doc__)
     T = args.threads
-    measure.limit_blas_pools(T)
     torch_call = torch_sdpa(T)
     rng = np.random.default_rng(0)
     keys = [1024, 4096, 8192, 32768] if not args.quick else [256, 1024]

@@ -91,6 +91,20 @@ def interleaved(calls: dict, rounds: int = 7, min_time: float = 0.3) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def suite_args(doc: str | None):
+    """The command line of a suite script (--threads, --out, --quick), the BLAS
+    pools limited to --threads."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
+    args = parser.parse_args()
+    limit_blas_pools(args.threads)
+    return args
+
+
 def dtype_of(name: str):
     """The NumPy dtype of `name`, bfloat16 through ml_dtypes."""
     if name == "bfloat16":

@@ -22,7 +22,6 @@ decode's GB/s reads against the machine's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -120,13 +119,8 @@ def ragged_batch(rng, model, lengths, threads):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
-    args = parser.parse_args()
+    args = measure.suite_args(__doc__)
     T = args.threads
-    measure.limit_blas_pools(T)
     rng = np.random.default_rng(0)
     spread = [1024, 1536, 2560, 4096, 6144, 10240, 16384, 32768]
     one, prefill_keys = [16384], 4096
