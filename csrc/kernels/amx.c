@@ -43,11 +43,6 @@ int npattn_amx_request_permission(void) {
     return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 
-/* c (rows x cols floats, ldc apart) = the 16 x 16 tile at t. */
-static inline void copy_out(const float *t, int64_t rows, int64_t cols, float *c, int64_t ldc) {
-    for (int64_t i = 0; i < rows; i++) memcpy(c + i * ldc, t + 16 * i, (size_t)cols * sizeof *c);
-}
-
 /* ---- scores: st (nk, M) = K Q^T, K's rows as A tiles in place ---- */
 
 /* One block of 32 keys x 16 or 32 query columns (two: 32): C tiles 0 1 / 2 3
