@@ -18,7 +18,6 @@ calls of one row alternate, so that drift on a shared machine hits them all):
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -118,10 +117,7 @@ def main() -> None:
         "decode": decode,
         "prefill": prefill,
     }
-    print(markdown(data))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(data, f, indent=1)
+    measure.finish_suite(args, data, markdown)
 
 
 def markdown(data: dict) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import math
 import os
 import statistics
@@ -103,6 +104,14 @@ def suite_args(doc: str | None):
     args = parser.parse_args()
     limit_blas_pools(args.threads)
     return args
+
+
+def finish_suite(args, data: dict, markdown: Callable[[dict], str]) -> None:
+    """Prints a suite script's table and writes its record to --out."""
+    print(markdown(data))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(data, f, indent=1)
 
 
 def dtype_of(name: str):

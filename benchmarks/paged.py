@@ -22,7 +22,6 @@ decode's GB/s reads against the machine's.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -150,10 +149,7 @@ def main() -> None:
         "prefill": prefill,
         "ragged": ragged,
     }
-    print(markdown(data))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(data, f, indent=1)
+    measure.finish_suite(args, data, markdown)
 
 
 def markdown(data: dict) -> str:
