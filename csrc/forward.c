@@ -143,16 +143,14 @@ static inline const struct npattn_next *next_rows(const struct npattn_kv *kv, in
 /* Nothing to prefetch past the rows: a tile converted into scratch. */
 static const struct npattn_next no_next = {NULL, 0};
 
-/* The bfloat16 dot products' operands (kernels.h: pairs). Rows 2p and 2p + 1
- * of x (n, w) as row p of out (rows ldo apart, zeros past w), rounded to
- * bfloat16. Returns 0 when a value is subnormal. */
-static int pairs_of_rows(const float *x, int64_t n, int64_t w, uint32_t *out, int64_t ldo) {
-    int sub = 0;
+/* P's pairs for accumulate_bf16 (kernels.h: pairs): rows 2p and 2p + 1 of
+ * x (n, w) as row p of out (rows ldo apart, zeros past w), rounded to
+ * bfloat16. A subnormal weight, below 2^-126, may read as 0. */
+static void pairs_of_rows(const float *x, int64_t n, int64_t w, uint32_t *out, int64_t ldo) {
     for (int64_t p = 0; 2 * p < n; p++) {
-        sub |= npattn_kernels()->pair_f32(x + 2 * p * w, 2 * p + 1 < n ? x + (2 * p + 1) * w : NULL, w, out + p * ldo);
+        npattn_kernels()->pair_f32(x + 2 * p * w, 2 * p + 1 < n ? x + (2 * p + 1) * w : NULL, w, out + p * ldo);
         memset(out + p * ldo + w, 0, (size_t)(ldo - w) * sizeof *out);
     }
-    return !sub;
 }
 
 /* Q's pairs for scores_bf16, from the unit's bfloat16 rows: qp[p * ldq + r]
@@ -169,7 +167,7 @@ static int pairs_of_q(const struct npattn_problem *p, const struct unit *u, int6
         const uint16_t *row = (const uint16_t *)npattn_elem(&p->q, 2, u->off_q, u->h0 + r / u->nq, u->i0 + r % u->nq);
         for (int64_t d = 0; d < D; d += 2) {
             const uint16_t x = row[d * cs], y = row[(d + 1) * cs];
-            sub |= ((x & 0x7f80) == 0 && (x & 0x7fff) != 0) | ((y & 0x7f80) == 0 && (y & 0x7fff) != 0);
+            sub |= npattn_bf16_subnormal(x) | npattn_bf16_subnormal(y);
             qp[d / 2 * ldq + r] = x | (uint32_t)y << 16;
         }
     }

@@ -533,46 +533,36 @@ AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, i
     }
 }
 
+/* The float32 kernels, shared by the three AVX-512 tables. */
+#define AVX512_F32_KERNELS                                                                                           \
+    .softmax_f32 = softmax_avx512, .softmax_rows_f32 = softmax_rows_avx512, .scores = scores_avx512,                  \
+    .accumulate = accumulate_avx512, .f16_to_f32 = f16_to_f32_avx512, .fma_loop = fma_loop_avx512
+
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",
-    .softmax_f32 = softmax_avx512,
-    .softmax_rows_f32 = softmax_rows_avx512,
-    .scores = scores_avx512,
-    .accumulate = accumulate_avx512,
+    AVX512_F32_KERNELS,
     .bf16_d_step = 2,
     .pair_f32 = pair_f32_avx512,
     .pair_bf16 = pair_bf16_avx512,
     .scores_bf16 = scores_bf16_avx512,
     .accumulate_bf16 = accumulate_bf16_avx512,
-    .f16_to_f32 = f16_to_f32_avx512,
-    .fma_loop = fma_loop_avx512,
 };
 
 #if NPATTN_HAVE_AMX
 const struct npattn_kernels npattn_kernels_amx = {
     .name = "amx",
-    .softmax_f32 = softmax_avx512,
-    .softmax_rows_f32 = softmax_rows_avx512,
-    .scores = scores_avx512,
-    .accumulate = accumulate_avx512,
+    AVX512_F32_KERNELS,
     .bf16_d_step = 32,
     .bf16_tile = 256,
     .pair_f32 = pair_f32_avx512,
     .pair_bf16 = pair_bf16_avx512,
     .scores_bf16 = npattn_amx_scores_bf16,
     .accumulate_bf16 = npattn_amx_accumulate_bf16,
-    .f16_to_f32 = f16_to_f32_avx512,
-    .fma_loop = fma_loop_avx512,
 };
 #endif
 
 const struct npattn_kernels npattn_kernels_avx512 = {
     .name = "avx512",
-    .softmax_f32 = softmax_avx512,
-    .softmax_rows_f32 = softmax_rows_avx512,
-    .scores = scores_avx512,
-    .accumulate = accumulate_avx512,
-    .f16_to_f32 = f16_to_f32_avx512,
-    .fma_loop = fma_loop_avx512,
+    AVX512_F32_KERNELS,
 };
 #endif

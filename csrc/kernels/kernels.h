@@ -177,6 +177,10 @@ void npattn_store_f64(enum npattn_dtype dtype, const double *src, int64_t n, voi
 
 /* ---- shared by the tables ---- */
 
+/* Whether bfloat16 bits b are a subnormal value (which the bfloat16 dot
+ * products read as 0). */
+static inline int npattn_bf16_subnormal(uint16_t b) { return (b & 0x7f80) == 0 && (b & 0x7fff) != 0; }
+
 /* Bytes per element of a row the streaming kernels read (F32, F16, BF16). */
 static inline int64_t npattn_stream_size(enum npattn_dtype t) { return t == NPATTN_DTYPE_F32 ? 4 : 2; }
 
