@@ -1483,7 +1483,7 @@ static PyMethodDef core_methods[] = {
     {"fma_peak", core_fma_peak, METH_O,
      "fma_peak(seconds)\n--\n\nThe float32 FMA peak of this thread's core in GFLOP/s (the kernel table in use), for "
      "benchmarks."},
-    {"simd", core_simd, METH_NOARGS, "simd()\n--\n\nThe kernel table in use: avx512bf16, avx512, avx2, neon or portable."},
+    {"simd", core_simd, METH_NOARGS, "simd()\n--\n\nThe kernel table in use: amx, avx512bf16, avx512, avx2, neon or portable."},
     {"get_num_threads", core_get_num_threads, METH_NOARGS,
      "get_num_threads()\n--\n\nThe default thread count: the CPUs available, capped by set_num_threads."},
     {"set_num_threads", core_set_num_threads, METH_O,

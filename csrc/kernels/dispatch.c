@@ -9,15 +9,26 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 
-/* AMX-BF16 and AMX-TILE (CPUID 7.0:EDX bits 22 and 24), their state enabled
- * by the OS (XCR0 bits 17 and 18), and the OS's permission to use it. */
+/* AMX-BF16 and AMX-TILE in the CPU (CPUID 7.0:EDX bits 22 and 24). */
+static int cpuid_amx(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) && (d & (1u << 24));
+}
+
+static int has_avx512bf16(void) {
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
+/* AMX in the CPU, its state enabled by the OS (XCR0 bits 17 and 18), and
+ * the OS's permission to use it. */
 #if NPATTN_HAVE_AMX
 static int amx_denied;      /* the test hook */
 static int _Atomic amx_ok;  /* 0 not asked yet, 1 granted, -1 not */
 
 static int cpu_has_amx(void) {
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return 0;
+    if (!cpuid_amx()) return 0;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE: xgetbv works */
     unsigned lo, hi;
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -37,13 +48,12 @@ static const struct npattn_kernels *best(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) {
 #if NPATTN_HAVE_AMX
-        if (amx_usable() && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl"))
-            return &npattn_kernels_amx;
+        if (amx_usable() && has_avx512bf16()) return &npattn_kernels_amx;
 #endif
-        /* the avx512bf16 table's dot products measured slower than float32
-         * gemms on Sapphire Rapids, the one CPU with them measured: forced only */
-        return &npattn_kernels_avx512;
+        /* vdpbf16ps runs at twice the float32 FMA's rate on Zen 4, at half
+         * of it on Sapphire Rapids: on CPUs with AMX (whose tiles the OS may
+         * deny), the bfloat16 dot products are AMX's or none */
+        return has_avx512bf16() && !cpuid_amx() ? &npattn_kernels_avx512bf16 : &npattn_kernels_avx512;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return &npattn_kernels_avx2;
@@ -62,9 +72,7 @@ static const struct npattn_kernels *runnable(int i) {
 #if NPATTN_HAVE_AMX
     if (b == &npattn_kernels_amx) x86[n++] = &npattn_kernels_amx;
 #endif
-    if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-        x86[n++] = &npattn_kernels_avx512bf16;
+    if (has_avx512bf16()) x86[n++] = &npattn_kernels_avx512bf16;
     if (__builtin_cpu_supports("avx512f")) x86[n++] = &npattn_kernels_avx512;
     if (b != &npattn_kernels_portable) x86[n++] = &npattn_kernels_avx2;
     x86[n++] = &npattn_kernels_portable;
