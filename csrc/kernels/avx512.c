@@ -1,4 +1,4 @@
-/* kernels/avx512.c: the kernels in AVX-512F, 16 query rows per vector, masked
+/* kernels/avx512.c: the kernels in AVX-512 (F, BW, VL), 16 query rows per vector, masked
  * tails. Twin of avx2.c and neon.c: the same arithmetic in other widths. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -7,7 +7,7 @@
 
 #include "kernels.h"
 
-#define AVX512 __attribute__((target("avx512f")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define INLINE static inline __attribute__((always_inline))
 
 /* Lanes of a 16-float chunk c of a row of width n. */
@@ -182,19 +182,11 @@ AVX512 INLINE __m512 sum16(const __m512 v[16]) {
 
 /* Chunk c (16 elements) of a row of n elements of type t at p, as floats,
  * lanes beyond n zero: float16 through vcvtph2ps, bfloat16 widened into a
- * float's top half; both exact. A half chunk cut short is copied out first,
- * since masked 16-bit loads need AVX512BW. */
+ * float's top half; both exact. */
 AVX512 INLINE __m512 load16(enum npattn_dtype t, const void *p, int64_t n, int64_t c) {
     if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(lanes(n, c), (const float *)p + 16 * c);
     const uint16_t *h = (const uint16_t *)p + 16 * c;
-    __m256i x;
-    if (n - 16 * c >= 16) {
-        x = _mm256_loadu_si256((const __m256i *)h);
-    } else {
-        uint16_t part[16] = {0};
-        for (int64_t i = 0; i < n - 16 * c; i++) part[i] = h[i];
-        x = _mm256_loadu_si256((const __m256i *)part);
-    }
+    const __m256i x = n - 16 * c >= 16 ? _mm256_loadu_si256((const __m256i *)h) : _mm256_maskz_loadu_epi16(lanes(n, c), h);
     if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }

@@ -15,10 +15,14 @@ static int cpuid_amx(void) {
     return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) && (d & (1u << 24));
 }
 
-static int has_avx512bf16(void) {
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+/* AVX-512 F, BW and VL: every AVX-512 CPU since Skylake-SP (the 16-bit
+ * masked loads of half-precision rows need BW and VL). */
+static int has_avx512(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
 }
+
+static int has_avx512bf16(void) { return has_avx512() && __builtin_cpu_supports("avx512bf16"); }
 
 /* AMX in the CPU, its state enabled by the OS (XCR0 bits 17 and 18), and
  * the OS's permission to use it. */
@@ -46,7 +50,7 @@ static int amx_usable(void) {
 static const struct npattn_kernels *best(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) {
+    if (has_avx512()) {
 #if NPATTN_HAVE_AMX
         if (amx_usable() && has_avx512bf16()) return &npattn_kernels_amx;
 #endif
@@ -73,7 +77,7 @@ static const struct npattn_kernels *runnable(int i) {
     if (b == &npattn_kernels_amx) x86[n++] = &npattn_kernels_amx;
 #endif
     if (has_avx512bf16()) x86[n++] = &npattn_kernels_avx512bf16;
-    if (__builtin_cpu_supports("avx512f")) x86[n++] = &npattn_kernels_avx512;
+    if (has_avx512()) x86[n++] = &npattn_kernels_avx512;
     if (b != &npattn_kernels_portable) x86[n++] = &npattn_kernels_avx2;
     x86[n++] = &npattn_kernels_portable;
     return i < n ? x86[i] : NULL;
