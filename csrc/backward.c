@@ -22,7 +22,9 @@
 #define BWD_CHUNK_BYTES (2 << 20) /* a chunk's K, V (converted) and dK, dV */
 
 struct bwd_layout {
-    size_t qrows, dorows, orows, st, dpt, dcap, bias, kt, vt, dk, dv, dq, lse, m, l, alpha, dvec, row, lo, hi, size;
+    size_t qrows, dorows, orows, st, dpt, dcap, bias, kt, vt, dk, dv, dq, lse, m, l, alpha, dvec, row, lo, hi;
+    size_t qp, dop, qm, dom, pbf, dsbf, dsk, kp, prod; /* bfloat16 operands (float tasks only) */
+    size_t size;
 };
 
 struct bwd_plan {
@@ -39,6 +41,13 @@ struct bwd_plan {
     int64_t n_rep;             /* batch entries per unit: the product of the summed dims */
     int k_direct, v_direct;
     int64_t ldk, ldv;
+    /* bfloat16 q, k, v and dout: S^T and dP^T as the table's bfloat16 dot
+     * products (exact products), and under "fast" the three products with
+     * P and dS too, those rounded to bfloat16. Pairs' rows are ldm2, ldd2
+     * and ldv2 apart (16-lane multiples of M, D and Dv); P^T's and dS^T's
+     * bfloat16 rows m16 (M padded to the table's bf16_d_step). */
+    int bf16, bf16_fast;
+    int64_t ldm2, ldd2, ldv2, m16;
     struct bwd_layout lay, lay64;
     struct npattn_slots slots; /* lay.size bytes each; lay64.size in double when a float task needs it */
     double *dq_parts;          /* split-K: each task's dQ, (group, L, D) */
@@ -83,6 +92,23 @@ static int bwd_first_visit(const struct bwd_plan *pl, const struct npattn_tensor
     return 1;
 }
 
+/* Whether rows of x (n rows of w, ld apart) hold a subnormal value. */
+static int rows_subnormal(const float *x, int64_t n, int64_t w, int64_t ld) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t e = 0; e < w; e++)
+            if (x[r * ld + e] != 0 && fabsf(x[r * ld + e]) < FLT_MIN) return 1;
+    return 0;
+}
+
+/* o (nk, w) += X^T (nk, m16) @ Y (m16, w): X^T as nk bfloat16 rows, Y as its
+ * pairs along the rows (yp, ldy apart), through the table's scores_bf16
+ * (whose terms land in prod first). dV's and dK's products under "fast". */
+static void add_product(const struct npattn_kernels *kn, const uint32_t *yp, int64_t ldy, int64_t w, int64_t m16,
+                        const uint16_t *xt, int64_t nk, float *prod, float *o) {
+    kn->scores_bf16(yp, ldy, w, m16 / 2, xt, m16, nk, prod, w);
+    for (int64_t x = 0; x < nk * w; x++) o[x] += prod[x];
+}
+
 #define TASK "tile_bwd.h"
 #include "reals.h"
 
@@ -112,6 +138,18 @@ static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k
     s.row = npattn_take(&at, (size_t)max64(max64((int64_t)D, (int64_t)Dv), (int64_t)bk) * real);
     s.lo = npattn_take(&at, M * sizeof(int32_t));
     s.hi = npattn_take(&at, M * sizeof(int32_t));
+    const int pairs = real == sizeof(float) && pl->bf16, fast = pairs && pl->bf16_fast;
+    const size_t u32 = sizeof(uint32_t), m16 = (size_t)pl->m16, bk2 = (bk + 1) / 2;
+    const size_t ldm2 = (size_t)pl->ldm2, ldd2 = (size_t)pl->ldd2, ldv2 = (size_t)pl->ldv2;
+    s.qp = npattn_take(&at, pairs ? (D + 1) / 2 * ldm2 * u32 : 0);   /* Q's pairs along D, for S^T */
+    s.dop = npattn_take(&at, pairs ? (Dv + 1) / 2 * ldm2 * u32 : 0); /* dO's along Dv, for dP^T */
+    s.qm = npattn_take(&at, fast ? m16 / 2 * ldd2 * u32 : 0);        /* Q's along the rows, for dK */
+    s.dom = npattn_take(&at, fast ? m16 / 2 * ldv2 * u32 : 0);       /* dO's along the rows, for dV */
+    s.pbf = npattn_take(&at, fast ? bk * m16 * 2 : 0);               /* P^T in bfloat16, for dV */
+    s.dsbf = npattn_take(&at, fast ? bk * m16 * 2 : 0);              /* dS^T in bfloat16, for dK */
+    s.dsk = npattn_take(&at, fast ? bk2 * ldm2 * u32 : 0);           /* dS's pairs along the keys, for dQ */
+    s.kp = npattn_take(&at, fast ? bk2 * ldd2 * u32 : 0);            /* K's along the keys, for dQ */
+    s.prod = npattn_take(&at, fast ? bk * (D > Dv ? D : Dv) * real : 0); /* a block's dK or dV terms */
     s.size = at;
     return s;
 }
@@ -188,6 +226,15 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
     pl.k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl.ldk);
     pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, computed, S, Dv, &pl.ldv);
+    const struct npattn_kernels *kn = npattn_kernels();
+    const enum npattn_dtype b16 = NPATTN_DTYPE_BF16;
+    pl.bf16 = !pl.f64 && kn->scores_bf16 && p->q.dtype == b16 && p->k.dtype == b16 && p->v.dtype == b16 &&
+              bp->dout.dtype == b16 && p->k.col_stride == 1 && p->v.col_stride == 1 && D > 0 && Dv > 0 &&
+              D % kn->bf16_d_step == 0 && Dv % kn->bf16_d_step == 0;
+    pl.bf16_fast = pl.bf16 && kn->accumulate_bf16 && p->precision == NPATTN_PRECISION_FAST;
+    const int64_t step = max64(2, kn->bf16_d_step);
+    pl.ldm2 = (pl.bh * pl.bq + 15) / 16 * 16, pl.ldd2 = (D + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
+    pl.m16 = (pl.bh * pl.bq + step - 1) / step * step;
 
     /* Threads planned as the forward pass plans them; split a unit's key blocks when
      * there are fewer units than threads (each split then keeps its dQ apart), unless

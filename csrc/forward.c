@@ -143,16 +143,6 @@ static inline const struct npattn_next *next_rows(const struct npattn_kv *kv, in
 /* Nothing to prefetch past the rows: a tile converted into scratch. */
 static const struct npattn_next no_next = {NULL, 0};
 
-/* P's pairs for accumulate_bf16 (kernels.h: pairs): rows 2p and 2p + 1 of
- * x (n, w) as row p of out (rows ldo apart, zeros past w), rounded to
- * bfloat16. A subnormal weight, below 2^-126, may read as 0. */
-static void pairs_of_rows(const float *x, int64_t n, int64_t w, uint32_t *out, int64_t ldo) {
-    for (int64_t p = 0; 2 * p < n; p++) {
-        npattn_kernels()->pair_f32(x + 2 * p * w, 2 * p + 1 < n ? x + (2 * p + 1) * w : NULL, w, out + p * ldo);
-        memset(out + p * ldo + w, 0, (size_t)(ldo - w) * sizeof *out);
-    }
-}
-
 /* Q's pairs for scores_bf16, from the unit's bfloat16 rows: qp[p * ldq + r]
  * = elements 2p, 2p + 1 of stacked row r, zeros for r >= M. Returns 0 when
  * a value is subnormal. */

@@ -573,8 +573,8 @@ static int refused_everywhere(void) {
 }
 
 /* The bfloat16 dot-product kernels of the tables that have them, against
- * double sums of the same bfloat16 values: pairs (rounding and the
- * subnormal check), scores of K's rows in place, and P @ V; odd counts of
+ * double sums of the same bfloat16 values: pairs and rows (rounding and
+ * the subnormal check), scores of K's rows in place, and P @ V; odd counts of
  * rows, keys and columns. And the AMX table only with the OS's permission. */
 static void test_bf16_kernels(void) {
     enum { MAX_M = 70, MAX_N = 113, MAX_D = 128, LD = MAX_D + 6 };
@@ -599,6 +599,10 @@ static void test_bf16_kernels(void) {
                   (i == 3 ? isnan(npattn_bf16_to_f32(lo)) : lo == npattn_f32_to_bf16(a[i]));
         }
         ok &= kt->pair_f32(a, NULL, 3, out) == 0 && out[1] >> 16 == 0;
+        const float x[17] = {1.00390625f, 1.01171875f, -3e38f, NAN, -0.0f, [16] = 0x1p-130f};
+        uint16_t row[17];
+        ok &= kt->bf16_f32(x, 16, row) == 0 && kt->bf16_f32(x, 17, row) == 1 && isnan(npattn_bf16_to_f32(row[3]));
+        for (int i = 0; i < 16; i++) ok &= i == 3 || row[i] == npattn_f32_to_bf16(x[i]);
         const uint16_t h[3] = {0x0001, 0x3f80, 0x8080}, g[3] = {0x0080, 0x7f80, 0x8000}; /* 0x0001 alone subnormal */
         ok &= kt->pair_bf16(h + 1, g, 2, NULL) == 0 && kt->pair_bf16(g, h, 3, out) == 1 && out[2] == (0x8000u | 0x8080u << 16);
         snprintf(msg, sizeof msg, "%s bfloat16 pairs: rounding, NaN and the subnormal check", kernel_tables[t]);

@@ -94,6 +94,15 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
     REAL *dcap = AT(dcap), *bias = AT(bias), *kt = AT(kt), *vt = AT(vt), *dk = AT(dk), *dv = AT(dv), *dq = AT(dq);
     REAL *lse = AT(lse), *mt = AT(m), *lt = AT(l), *at = AT(alpha), *dvec = AT(dvec), *row = AT(row);
     int32_t *lo = (int32_t *)(scratch + lay->lo), *hi = (int32_t *)(scratch + lay->hi);
+#if !IS_F64
+#define PAIRS(region) ((uint32_t *)(scratch + lay->region))
+    uint32_t *qp = PAIRS(qp), *dop = PAIRS(dop), *qm = PAIRS(qm), *dom = PAIRS(dom), *dsk = PAIRS(dsk), *kp = PAIRS(kp);
+    uint16_t *pbf = (uint16_t *)(scratch + lay->pbf), *dsbf = (uint16_t *)(scratch + lay->dsbf);
+    float *prod = (float *)(scratch + lay->prod);
+    const struct npattn_kernels *kn = npattn_kernels();
+    const int64_t ldm2 = pl->ldm2, ldd2 = pl->ldd2, ldv2 = pl->ldv2, m16 = pl->m16;
+#undef PAIRS
+#endif
 #undef AT
     const int64_t off_q = npattn_batch_offset(p, &p->q, b), off_k = npattn_batch_offset(p, &p->k, b);
     const int64_t off_v = npattn_batch_offset(p, &p->v, b), off_o = npattn_batch_offset(p, &p->out, b);
@@ -132,6 +141,12 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
         /* a double tile whose rows are not all finite leaves hidden pairs out of its products */
         const int kv_finite = !f64 || (CAT(rows_finite_, SFX)(kchunk, nc, D, ldk) &&
                                        (Dv == 0 || CAT(rows_finite_, SFX)(vchunk, nc, Dv, ldv)));
+#if !IS_F64
+        /* K's and V's bfloat16 rows, read in place by the dot products; a chunk
+         * holding a subnormal value (read as 0 there) computes without them */
+        const int chunk16 = pl->bf16 && !rows_subnormal(kchunk, nc, D, ldk) && !rows_subnormal(vchunk, nc, Dv, ldv);
+        const int64_t ldk16 = kk.row_bytes / 2, ldv16 = vv.row_bytes / 2;
+#endif
         memset(dk, 0, (size_t)(nc * D) * sizeof(REAL));
         memset(dv, 0, (size_t)(nc * Dv) * sizeof(REAL));
         int64_t ia, ib; /* the query rows that may see a key of this chunk */
@@ -154,6 +169,20 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                                                             CAT(rows_finite_, SFX)(dorows, M, Dv, Dv) &&
                                                             CAT(rows_finite_, SFX)(orows, M, Dv, Dv) &&
                                                             CAT(rows_finite_, SFX)(lse, M, 1, 1)));
+#if !IS_F64
+                int tile16 = chunk16 && !careful, fast16 = 0;
+                if (tile16) /* Q's and dO's values are bfloat16: their pairs are exact */
+                    tile16 = !npattn_pairs_across(qrows, M, D, D, qp, ldm2) &&
+                             !npattn_pairs_across(dorows, M, Dv, Dv, dop, ldm2);
+                if (tile16 && pl->bf16_fast) { /* and their pairs along the rows, zeros to m16 */
+                    fast16 = 1;
+                    npattn_pairs_of_rows(qrows, M, D, D, qm, ldd2);
+                    npattn_pairs_of_rows(dorows, M, Dv, Dv, dom, ldv2);
+                    const int64_t from = (M + 1) / 2;
+                    memset(qm + from * ldd2, 0, (size_t)((m16 / 2 - from) * ldd2) * sizeof *qm);
+                    memset(dom + from * ldv2, 0, (size_t)((m16 / 2 - from) * ldv2) * sizeof *dom);
+                }
+#endif
                 int first = 1;
                 for (int64_t kb = kc; kb < kc_end; kb++) {
                     const int64_t j0 = k0 + kb * pl->bk, nk = min64(k1 - j0, pl->bk);
@@ -163,8 +192,15 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                     const REAL *ktile = kchunk + (j0 - c0) * ldk, *vtile = vchunk + (j0 - c0) * ldv;
                     REAL *dkj = dk + (j0 - c0) * D, *dvj = dv + (j0 - c0) * Dv;
                     /* S^T (nk, M) = K_j (nk, D) @ Q^T (D, M) */
-                    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile, (int)ldk,
-                         qrows, (int)D, (REAL)0, st, (int)M);
+#if !IS_F64
+                    int64_t run; /* K's and V's rows from j0 (dense: all of them) */
+                    if (tile16)
+                        kn->scores_bf16(qp, ldm2, M, D / 2, (const uint16_t *)npattn_kv_row(&kk, j0, &run), ldk16, nk,
+                                        st, M);
+                    else
+#endif
+                        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile,
+                             (int)ldk, qrows, (int)D, (REAL)0, st, (int)M);
                     if (cap > 0) /* cap' = 1 - tanh(s / cap)^2, from the raw scores */
                         for (int64_t x = 0; x < nk * M; x++) {
                             REAL t = (REAL)tanh((double)(st[x] * scale / cap));
@@ -192,12 +228,22 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                         /* dV_j (nk, Dv) += P^T (nk, M) @ dO (M, Dv) */
                         if (careful)
                             CAT(seen_product_, SFX)(&tile, st, 0, dorows, Dv, Dv, (REAL)1, dvj, Dv);
+#if !IS_F64
+                        else if (fast16 && !npattn_bf16_rows(st, nk, M, M, pbf, m16))
+                            add_product(kn, dom, ldv2, Dv, m16, pbf, nk, prod, dvj);
+#endif
                         else
                             GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)Dv, (int)M, (REAL)1, st,
                                  (int)M, dorows, (int)Dv, (REAL)1, dvj, (int)Dv);
                         /* dP^T (nk, M) = V_j (nk, Dv) @ dO^T (Dv, M) */
-                        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)M, (int)Dv, (REAL)1, vtile,
-                             (int)ldv, dorows, (int)Dv, (REAL)0, dpt, (int)M);
+#if !IS_F64
+                        if (tile16)
+                            kn->scores_bf16(dop, ldm2, M, Dv / 2, (const uint16_t *)npattn_kv_row(&vv, j0, &run), ldv16,
+                                            nk, dpt, M);
+                        else
+#endif
+                            GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)M, (int)Dv, (REAL)1, vtile,
+                                 (int)ldv, dorows, (int)Dv, (REAL)0, dpt, (int)M);
                     } else {
                         memset(dpt, 0, (size_t)(nk * M) * sizeof(REAL));
                     }
@@ -238,11 +284,28 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                         first = 0;
                         continue;
                     }
+                    REAL ds_alpha = alpha;
+#if !IS_F64
+                    if (fast16) { /* dS scaled, then its pairs both ways: dK's along the rows, dQ's along the keys */
+                        if (alpha != 1)
+                            for (int64_t x = 0; x < nk * M; x++) dpt[x] *= alpha;
+                        ds_alpha = 1;
+                        if (!npattn_bf16_rows(dpt, nk, M, M, dsbf, m16) &&
+                            !npattn_pairs_of_rows(dpt, nk, M, M, dsk, ldm2)) {
+                            npattn_pairs_of_rows(ktile, nk, D, ldk, kp, ldd2);
+                            if (first) memset(dq, 0, (size_t)(M * D) * sizeof(REAL));
+                            add_product(kn, qm, ldd2, D, m16, dsbf, nk, prod, dkj);
+                            kn->accumulate_bf16(dsk, ldm2, M, (nk + 1) / 2, kp, ldd2, D, dq);
+                            first = 0;
+                            continue;
+                        }
+                    }
+#endif
                     /* dK_j (nk, D) += dS^T (nk, M) @ Q (M, D) */
-                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, alpha, dpt, (int)M,
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, ds_alpha, dpt, (int)M,
                          qrows, (int)D, (REAL)1, dkj, (int)D);
                     /* dQ (M, D) += dS (M, nk) @ K_j (nk, D), over the chunk's blocks */
-                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, alpha, dpt, (int)M, ktile,
+                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, ds_alpha, dpt, (int)M, ktile,
                          (int)ldk, (REAL)(first ? 0 : 1), dq, (int)D);
                     first = 0;
                 }

@@ -199,7 +199,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 #if !IS_F64
         if (s.pv16) { /* bfloat16 dot products */
             pairs_of_kv(&s.vv, j0, nk, Dv, s.vp, pl->ldv2);
-            pairs_of_rows(s.st, nk, M, s.pp, pl->ldq2);
+            npattn_pairs_of_rows(s.st, nk, M, M, s.pp, pl->ldq2); /* a subnormal weight, below 2^-126, may read as 0 */
             npattn_kernels()->accumulate_bf16(s.pp, pl->ldq2, M, (nk + 1) / 2, s.vp, pl->ldv2, Dv, ot);
             continue;
         }

@@ -144,6 +144,44 @@ def test_kernel_tables(rng, table, dtype):
         check_backward(q, k, v, randn(rng, (1, 4, 33, 24), dtype), softcap=3.0, sinks=np.zeros(4))
 
 
+@pytest.mark.parametrize("table", runnable_kernels())
+@pytest.mark.parametrize("precision", ["highest", "fast"])
+def test_bfloat16_gradients_and_subnormal_values(rng, table, precision):
+    """bfloat16 q, k, v and dout (the table's bfloat16 dot products where it has them:
+    S^T and dP^T under either precision, and under "fast" the products with the
+    weights and dS rounded to bfloat16) within each precision's tolerance: odd rows,
+    keys and widths, softcap, sinks, a window. A subnormal value, which those
+    instructions read as 0, sends its tile to float32: a subnormal q against large
+    keys, subnormal keys against large queries, a subnormal dout against large values
+    and subnormal values against a large dout (dout scaled so that no gradient
+    overflows)."""
+    bf16 = dtype_of("bfloat16")
+    tiny = float(pytest.importorskip("ml_dtypes").finfo(bf16).smallest_subnormal)
+    with kernels(table):
+        for H_q, H_kv, L, S, D, D_v in ((4, 2, 33, 70, 24, 24), (2, 1, 7, 301, 16, 8), (8, 2, 65, 90, 64, 32)):
+            q, k, v = qkv(rng, (1,), H_q, H_kv, L, S, D, D_v, dtype=bf16)
+            dout = randn(rng, (1, H_q, L, D_v), bf16)
+            check_backward(q, k, v, dout, precision=precision)
+            check_backward(q, k, v, dout, precision=precision, softcap=3.0, sinks=np.zeros(H_q), window=(40, 0))
+
+        def subnormal(x):
+            units = rng.integers(1, 2**7, size=x.shape) * rng.choice([-1, 1], size=x.shape)
+            return (units * tiny).astype(bf16)
+
+        def scaled(x, power):
+            return (x.astype(np.float32) * np.float32(2.0**power)).astype(bf16)
+
+        q, k, v = qkv(rng, (1,), 2, 1, 7, 40, 16, 16, dtype=bf16)
+        dout = randn(rng, (1, 2, 7, 16), bf16)
+        for args in (
+            (subnormal(q), scaled(k, 125), v, scaled(dout, -20)),
+            (scaled(q, 125), subnormal(k), v, scaled(dout, -20)),
+            (q, k, scaled(v, 125), subnormal(dout)),
+            (q, k, subnormal(v), scaled(dout, 120)),
+        ):
+            check_backward(*args, precision=precision)
+
+
 def test_extremes_are_redone_in_double(rng):
     """float32 inputs whose intermediate products overflow float32 (values 1e36, so
     dP = dO . V reaches 1e37 * D) but whose gradients are representable."""

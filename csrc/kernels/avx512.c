@@ -406,6 +406,18 @@ AVX512BF16 static int pair_f32_avx512(const float *a, const float *b, int64_t n,
     return sub != 0;
 }
 
+/* Rounded by vcvtneps2bf16, as pair_f32. */
+AVX512BF16 static int bf16_f32_avx512(const float *x, int64_t n, uint16_t *out) {
+    __mmask16 sub = 0;
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 m = lanes(n, c / 16);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + c);
+        sub |= subnormal_f32(v);
+        _mm256_mask_storeu_epi16(out + c, m, (__m256i)_mm512_cvtneps_pbh(v));
+    }
+    return sub != 0;
+}
+
 /* The pair (k[2p], k[2p + 1]) in every lane. */
 AVX512BF16 INLINE __m512bh pair_at(const uint16_t *k, int64_t p) {
     int32_t w;
@@ -535,6 +547,7 @@ const struct npattn_kernels npattn_kernels_avx512bf16 = {
     AVX512_F32_KERNELS,
     .bf16_d_step = 2,
     .pair_f32 = pair_f32_avx512,
+    .bf16_f32 = bf16_f32_avx512,
     .pair_bf16 = pair_bf16_avx512,
     .scores_bf16 = scores_bf16_avx512,
     .accumulate_bf16 = accumulate_bf16_avx512,
@@ -547,6 +560,7 @@ const struct npattn_kernels npattn_kernels_amx = {
     .bf16_d_step = 32,
     .bf16_tile = 256,
     .pair_f32 = pair_f32_avx512,
+    .bf16_f32 = bf16_f32_avx512,
     .pair_bf16 = pair_bf16_avx512,
     .scores_bf16 = npattn_amx_scores_bf16,
     .accumulate_bf16 = npattn_amx_accumulate_bf16,

@@ -1,5 +1,7 @@
-/* kernels/convert.c: float16 and bfloat16 to and from float, and rows of any
- * dtype loaded as float or double and stored back, rounded to nearest even. */
+/* kernels/convert.c: float16 and bfloat16 to and from float, rows of any
+ * dtype loaded as float or double and stored back, rounded to nearest even,
+ * and float rows as the bfloat16 pairs of the dot products. */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -55,6 +57,53 @@ uint16_t npattn_f32_to_bf16(float f) {
     memcpy(&x, &f, sizeof x);
     if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40u);
     return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+int npattn_pairs_of_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo) {
+    int sub = 0;
+    for (int64_t p = 0; 2 * p < n; p++) {
+        sub |= npattn_kernels()->pair_f32(x + 2 * p * ldx, 2 * p + 1 < n ? x + (2 * p + 1) * ldx : NULL, w,
+                                          out + p * ldo);
+        memset(out + p * ldo + w, 0, (size_t)(ldo - w) * sizeof *out);
+    }
+    return sub;
+}
+
+/* x[0 .. n-1] rounded to nearest even bfloat16 into out; returns whether
+ * one was subnormal. Branch-free, for the compiler to vectorise. */
+static int bf16_of(const float *x, int64_t n, uint16_t *out) {
+    int sub = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        const uint32_t mag = u & 0x7FFFFFFFu;
+        sub |= mag != 0 && mag < 0x00800000u;
+        out[i] = (uint16_t)(mag > 0x7F800000u ? (u >> 16) | 0x40u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+    return sub;
+}
+
+int npattn_bf16_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint16_t *out, int64_t ldo) {
+    int sub = 0;
+    for (int64_t r = 0; r < n; r++) {
+        sub |= npattn_kernels()->bf16_f32(x + r * ldx, w, out + r * ldo);
+        memset(out + r * ldo + w, 0, (size_t)(ldo - w) * sizeof *out);
+    }
+    return sub;
+}
+
+int npattn_pairs_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo) {
+    uint16_t half[128];
+    int sub = 0;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c0 = 0; c0 < w; c0 += 128) {
+            const int64_t nc = w - c0 < 128 ? w - c0 : 128;
+            sub |= bf16_of(x + r * ldx + c0, nc, half);
+            if (nc % 2) half[nc] = 0;
+            for (int64_t c = 0; c < nc; c += 2) out[(c0 + c) / 2 * ldo + r] = half[c] | (uint32_t)half[c + 1] << 16;
+        }
+    for (int64_t p = 0; p < (w + 1) / 2; p++) memset(out + p * ldo + n, 0, (size_t)(ldo - n) * sizeof *out);
+    return sub;
 }
 
 int npattn_all_finite_f32(const float *x, int64_t n) {

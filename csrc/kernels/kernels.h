@@ -74,7 +74,8 @@ struct npattn_kernels {
      * values, the first in its low half, and each dot product sums the two
      * products of a pair. pair_bf16: out[c] = a[c] | b[c] << 16 for c < n
      * (b NULL: zeros; out NULL: only the check); pair_f32 likewise with a
-     * and b rounded to nearest even bfloat16. Both return whether a value
+     * and b rounded to nearest even bfloat16; bf16_f32: out[c] = x[c] so
+     * rounded. All three return whether a value
      * was subnormal, which the dot products would take as 0 (its pair in
      * out is then unspecified): the caller then computes without them. scores_bf16: st (nk, ldst) columns r < M
      * = sum over pairs p < np of qp[p * ldq + r] . (k[j * ldk + 2p],
@@ -88,6 +89,7 @@ struct npattn_kernels {
     int64_t bf16_d_step, bf16_tile;
     int (*pair_bf16)(const uint16_t *a, const uint16_t *b, int64_t n, uint32_t *out);
     int (*pair_f32)(const float *a, const float *b, int64_t n, uint32_t *out);
+    int (*bf16_f32)(const float *x, int64_t n, uint16_t *out);
     void (*scores_bf16)(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k, int64_t ldk,
                         int64_t nk, float *st, int64_t ldst);
     void (*accumulate_bf16)(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp, int64_t ldv,
@@ -174,6 +176,20 @@ void npattn_load_f64(enum npattn_dtype dtype, const void *src, int64_t stride, i
 /* dst[j * stride] = src[j] rounded to nearest even in dtype, for j < n. */
 void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst, int64_t stride);
 void npattn_store_f64(enum npattn_dtype dtype, const double *src, int64_t n, void *dst, int64_t stride);
+
+/* Float rows as the bfloat16 operands of scores_bf16 and accumulate_bf16,
+ * rounded to nearest even (exact for values that are bfloat16 already).
+ * Each returns whether a value was subnormal, which the dot products would
+ * read as 0: the caller then computes without them.
+ * pairs_of_rows: rows 2p and 2p + 1 of x (n rows of w, ldx apart) as row p
+ * of out (ldo apart, zeros past w), through the table's pair_f32.
+ * pairs_across: the pairs along each row, x[r][c] and x[r][c + 1] for even
+ * c, as out[c / 2 * ldo + r], zeros for n <= r < ldo.
+ * bf16_rows: x[r][c] as out[r * ldo + c], zeros for w <= c < ldo, through
+ * the table's bf16_f32. */
+int npattn_pairs_of_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo);
+int npattn_pairs_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo);
+int npattn_bf16_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint16_t *out, int64_t ldo);
 
 /* ---- shared by the tables ---- */
 

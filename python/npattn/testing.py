@@ -326,6 +326,7 @@ def backward_tolerance(
     k_start: _Any = None,
     k_lengths: _Any = None,
     ulps: float | None = None,
+    precision: str = "highest",
     **ignored: _Any,
 ) -> dict[str, tuple[float, _np.ndarray]]:
     """``{gradient: (rtol, atol)}`` for the gradients of :func:`npattn.sdpa_backward`
@@ -349,8 +350,11 @@ def backward_tolerance(
     moves a gradient, times the number of weights summed. A sum of subnormal terms
     rounds each: half a subnormal ulp per term summed. A gradient in a narrower dtype
     than the one computed in is correctly rounded to it: ``rtol`` eps/2, and half its
-    smallest subnormal.
+    smallest subnormal. With ``precision="fast"`` and a float16 or bfloat16 result,
+    the weights and dS may be rounded to the half type before their products: two
+    ulps of it times the gradient's magnitude more for ``dq``, ``dk`` and ``dv``.
     """
+    precision = _check_precision("backward_tolerance", precision)
     dtype = _np.dtype(dtype)
     computed = "float64" if dtype == _np.float64 else "float32"
     ulps = OWN_ULPS[computed] if ulps is None else ulps
@@ -399,6 +403,8 @@ def backward_tolerance(
         terms = {"dq": S, "dk": rows, "dv": rows, "dsinks": 0}[name]
         floor += TINY[computed] / 2 * (terms + 1) * copies
         floor += TINY[own] / 2  # the gradient's own rounding
+        if precision == "fast" and dtype.name in ("float16", "bfloat16") and name != "dsinks":
+            floor = floor + FAST_HALF_ULPS * EPS[dtype.name] * mags[name]  # P and dS rounded to the half type
         tolerances[name] = (rtol, (u if name == "dv" else via_d) * mags[name] + floor)
     return tolerances
 
