@@ -19,6 +19,7 @@
 #define BWD_FLOPS_BUDGET 1000000  /* keys * rows * width per gemm: OpenBLAS's small-matrix path */
 #define BWD_KEYS_MIN 16
 #define BWD_KEYS_MAX 256
+#define BWD_KEYS_BF16 96          /* keys per block with no OpenBLAS product: measured best of 48-128 on Zen 4 */
 #define BWD_CHUNK_BYTES (2 << 20) /* a chunk's K, V (converted) and dK, dV */
 
 struct bwd_layout {
@@ -215,7 +216,16 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     pl.bh = min64(pl.group, BWD_ROWS);
     pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
     pl.bq = max64(1, min64(max64(L, 1), BWD_ROWS / pl.bh));
-    pl.bk = BWD_FLOPS_BUDGET / (pl.bh * pl.bq * width) / 16 * 16;
+    const struct npattn_kernels *kn = npattn_kernels();
+    const enum npattn_dtype b16 = NPATTN_DTYPE_BF16;
+    pl.bf16 = !pl.f64 && kn->scores_bf16 && p->q.dtype == b16 && p->k.dtype == b16 && p->v.dtype == b16 &&
+              bp->dout.dtype == b16 && p->k.col_stride == 1 && p->v.col_stride == 1 && D > 0 && Dv > 0 &&
+              D % kn->bf16_d_step == 0 && Dv % kn->bf16_d_step == 0;
+    pl.bf16_fast = pl.bf16 && kn->accumulate_bf16 && p->precision == NPATTN_PRECISION_FAST;
+    const int64_t step = max64(2, kn->bf16_d_step);
+    pl.ldm2 = (pl.bh * pl.bq + 15) / 16 * 16, pl.ldd2 = (D + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
+    pl.m16 = (pl.bh * pl.bq + step - 1) / step * step;
+    pl.bk = pl.bf16_fast ? BWD_KEYS_BF16 : BWD_FLOPS_BUDGET / (pl.bh * pl.bq * width) / 16 * 16;
     pl.bk = min64(BWD_KEYS_MAX, max64(BWD_KEYS_MIN, pl.bk));
     pl.n_kblock = (S + pl.bk - 1) / pl.bk;
     pl.chunk = max64(1, BWD_CHUNK_BYTES / (pl.bk * 2 * width * (pl.f64 ? 8 : 4)));
@@ -226,15 +236,6 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
     pl.k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl.ldk);
     pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, computed, S, Dv, &pl.ldv);
-    const struct npattn_kernels *kn = npattn_kernels();
-    const enum npattn_dtype b16 = NPATTN_DTYPE_BF16;
-    pl.bf16 = !pl.f64 && kn->scores_bf16 && p->q.dtype == b16 && p->k.dtype == b16 && p->v.dtype == b16 &&
-              bp->dout.dtype == b16 && p->k.col_stride == 1 && p->v.col_stride == 1 && D > 0 && Dv > 0 &&
-              D % kn->bf16_d_step == 0 && Dv % kn->bf16_d_step == 0;
-    pl.bf16_fast = pl.bf16 && kn->accumulate_bf16 && p->precision == NPATTN_PRECISION_FAST;
-    const int64_t step = max64(2, kn->bf16_d_step);
-    pl.ldm2 = (pl.bh * pl.bq + 15) / 16 * 16, pl.ldd2 = (D + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
-    pl.m16 = (pl.bh * pl.bq + step - 1) / step * step;
 
     /* Threads planned as the forward pass plans them; split a unit's key blocks when
      * there are fewer units than threads (each split then keeps its dQ apart), unless
