@@ -13,7 +13,11 @@ calls of one row alternate, so that drift on a shared machine hits them all):
 - **prefill** (L = S, causal), Qwen3-4B heads, S = 2048 (and 4096 on 8 threads
   or more): npattn float32, float16 and bfloat16 under ``precision="highest"``
   and ``"fast"``; PyTorch float32 and bfloat16. GFLOP/s counts the visible
-  pairs, 4 D flops each.
+  pairs, 4 D flops each;
+- **backward** (``sdpa_backward`` of that prefill), Qwen3-4B heads, L = S =
+  2048: npattn float32, and bfloat16 ``q``, ``k``, ``v`` and ``dout`` under
+  both precisions (PyTorch's autograd runs its forward pass again and is not
+  timed here). GFLOP/s counts the five products, 10 D flops per pair.
 """
 
 from __future__ import annotations
@@ -94,6 +98,26 @@ def prefill_row(rng, model, S, threads, torch_call) -> dict:
     }  # fmt: skip
 
 
+def backward_row(rng, model, S, threads) -> dict:
+    H_q, H_kv, D = MODEL_HEADS[model]
+    x32 = [rng.standard_normal((1, h, S, D), dtype=np.float32) for h in (H_q, H_kv, H_kv, H_q)]
+    calls = {}
+    for name, dtype, precision in (("float32", "float32", "highest"), ("bfloat16 highest", "bfloat16", "highest"),
+                                   ("bfloat16 fast", "bfloat16", "fast")):  # fmt: skip
+        q, k, v, dout = (x.astype(measure.dtype_of(dtype)) for x in x32)
+        out, lse = npattn.sdpa(q, k, v, return_lse=True, precision=precision, threads=threads)
+        calls[f"npattn {name}"] = lambda q=q, k=k, v=v, g=dout, o=out, s=lse, p=precision: npattn.sdpa_backward(
+            g, q, k, v, o, s, precision=p, threads=threads
+        )
+    ms = measure.interleaved(calls, rounds=5)
+    flops = 10.0 * D * H_q * S * (S + 1) / 2
+    base = ms["npattn float32"]
+    return {
+        "model": model, "S": S,
+        "systems": {n: {"ms": t, "gflops": flops / t / 1e6, "vs_npattn_f32": base / t} for n, t in ms.items()},
+    }  # fmt: skip
+
+
 def main() -> None:
     args = measure.suite_args(__doc__)
     T = args.threads
@@ -110,12 +134,15 @@ def main() -> None:
     for S in prefill_keys:
         prefill.append(prefill_row(rng, "Qwen3-4B", S, T, torch_call))
         print(prefill[-1], flush=True)
+    backward = [backward_row(rng, "Qwen3-4B", 2048 if not args.quick else 256, T)]
+    print(backward[-1], flush=True)
     data = {
         "provenance": report.provenance(T),
         "read_bandwidth": measure.read_bandwidth(T),
         "fma_peak": measure.fma_peak(T),
         "decode": decode,
         "prefill": prefill,
+        "backward": backward,
     }
     measure.finish_suite(args, data, markdown)
 
@@ -124,22 +151,30 @@ def markdown(data: dict) -> str:
     bw, fma = data["read_bandwidth"], data["fma_peak"]
     lines = [
         f"Read bandwidth {bw['gbs']:.1f} GB/s, float32 FMA peak {fma['gflops']:.0f} GFLOP/s "
-        f"({fma['kernels']} kernels), on {bw['threads']} threads.",
-        "",
-        "Decode (L = 1): ms, GB/s of K/V, and npattn float32's time over this one's.",
-        "",
+        f"({fma['kernels']} kernels), on {bw['threads']} threads."
     ]
-    names = list(data["decode"][0]["systems"]) if data["decode"] else []
-    lines += ["| heads | S | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for r in data["decode"]:
-        cells = [f"{s['ms']:.3g} ms, {s['gbs']:.0f} GB/s, {s['vs_npattn_f32']:.2f}x" for s in r["systems"].values()]
-        lines.append(f"| {r['model']} | {r['S']} | " + " | ".join(cells) + " |")
-    lines += ["", "Prefill (L = S, causal): ms, GFLOP/s, and npattn float32's time over this one's.", ""]
-    names = list(data["prefill"][0]["systems"]) if data["prefill"] else []
-    lines += ["| heads | L = S | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for r in data["prefill"]:
-        cells = [f"{s['ms']:.4g} ms, {s['gflops']:.0f}, {s['vs_npattn_f32']:.2f}x" for s in r["systems"].values()]
-        lines.append(f"| {r['model']} | {r['S']} | " + " | ".join(cells) + " |")
+
+    def read(s):
+        return f"{s['ms']:.3g} ms, {s['gbs']:.0f} GB/s"
+
+    def compute(s):
+        return f"{s['ms']:.4g} ms, {s['gflops']:.0f}"
+
+    parts = (
+        ("decode", "Decode (L = 1): ms, GB/s of K/V", "S", read),
+        ("prefill", "Prefill (L = S, causal): ms, GFLOP/s", "L = S", compute),
+        ("backward", "Backward of that prefill: ms, GFLOP/s", "L = S", compute),
+    )
+    for part, title, size, cell in parts:
+        rows = data.get(part, [])  # records of earlier runs may lack a part
+        if not rows:
+            continue
+        names = list(rows[0]["systems"])
+        lines += ["", f"{title}, and npattn float32's time over this one's.", ""]
+        lines += [f"| heads | {size} | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for r in rows:
+            cells = [f"{cell(s)}, {s['vs_npattn_f32']:.2f}x" for s in r["systems"].values()]
+            lines.append(f"| {r['model']} | {r['S']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
