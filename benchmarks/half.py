@@ -51,6 +51,14 @@ def torch_sdpa(threads: int):
     return prepare
 
 
+def record(model: str, S: int, ms: dict, unit: str, amount: dict) -> dict:
+    """A row of the record: each system's ms, its rate in `unit` (its amount, bytes
+    or flops, per ms / 1e6: GB/s or GFLOP/s) and npattn float32's time over its own."""
+    base = ms["npattn float32"]
+    rates = {n: {"ms": t, unit: amount[n] / t / 1e6, "vs_npattn_f32": base / t} for n, t in ms.items()}
+    return {"model": model, "S": S, "systems": rates}
+
+
 def decode_row(rng, model, S, threads, torch_call) -> dict:
     H_q, H_kv, D = MODEL_HEADS[model]
     q32 = rng.standard_normal((1, H_q, 1, D), dtype=np.float32)
@@ -67,12 +75,7 @@ def decode_row(rng, model, S, threads, torch_call) -> dict:
         for dtype in ("float32", "bfloat16"):
             calls[f"torch {dtype}"] = torch_call(q32, k32, v32, dtype, False)
             read[f"torch {dtype}"] = (4 if dtype == "float32" else 2) * 2 * k32.size
-    ms = measure.interleaved(calls)
-    base = ms["npattn float32"]
-    return {
-        "model": model, "S": S,
-        "systems": {n: {"ms": t, "gbs": read[n] / t / 1e6, "vs_npattn_f32": base / t} for n, t in ms.items()},
-    }  # fmt: skip
+    return record(model, S, measure.interleaved(calls), "gbs", read)
 
 
 def prefill_row(rng, model, S, threads, torch_call) -> dict:
@@ -90,12 +93,7 @@ def prefill_row(rng, model, S, threads, torch_call) -> dict:
         for dtype in ("float32", "bfloat16"):
             calls[f"torch {dtype}"] = torch_call(q32, k32, v32, dtype, True)
     ms = measure.interleaved(calls, rounds=5)
-    flops = 4.0 * D * H_q * S * (S + 1) / 2
-    base = ms["npattn float32"]
-    return {
-        "model": model, "S": S,
-        "systems": {n: {"ms": t, "gflops": flops / t / 1e6, "vs_npattn_f32": base / t} for n, t in ms.items()},
-    }  # fmt: skip
+    return record(model, S, ms, "gflops", dict.fromkeys(ms, 4.0 * D * H_q * S * (S + 1) / 2))
 
 
 def backward_row(rng, model, S, threads) -> dict:
@@ -110,12 +108,7 @@ def backward_row(rng, model, S, threads) -> dict:
             g, q, k, v, o, s, precision=p, threads=threads
         )
     ms = measure.interleaved(calls, rounds=5)
-    flops = 10.0 * D * H_q * S * (S + 1) / 2
-    base = ms["npattn float32"]
-    return {
-        "model": model, "S": S,
-        "systems": {n: {"ms": t, "gflops": flops / t / 1e6, "vs_npattn_f32": base / t} for n, t in ms.items()},
-    }  # fmt: skip
+    return record(model, S, ms, "gflops", dict.fromkeys(ms, 10.0 * D * H_q * S * (S + 1) / 2))
 
 
 def main() -> None:
