@@ -143,27 +143,6 @@ static inline const struct npattn_next *next_rows(const struct npattn_kv *kv, in
 /* Nothing to prefetch past the rows: a tile converted into scratch. */
 static const struct npattn_next no_next = {NULL, 0};
 
-/* Q's pairs for scores_bf16, from the unit's bfloat16 rows: qp[p * ldq + r]
- * = elements 2p, 2p + 1 of stacked row r, zeros for r >= M. Returns 0 when
- * a value is subnormal. */
-static int pairs_of_q(const struct npattn_problem *p, const struct unit *u, int64_t D, uint32_t *qp, int64_t ldq) {
-    const int64_t cs = p->q.col_stride;
-    int sub = 0;
-    for (int64_t r = 0; r < ldq; r++) {
-        if (r >= u->M) {
-            for (int64_t d = 0; d < D; d += 2) qp[d / 2 * ldq + r] = 0;
-            continue;
-        }
-        const uint16_t *row = (const uint16_t *)npattn_elem(&p->q, 2, u->off_q, u->h0 + r / u->nq, u->i0 + r % u->nq);
-        for (int64_t d = 0; d < D; d += 2) {
-            const uint16_t x = row[d * cs], y = row[(d + 1) * cs];
-            sub |= npattn_bf16_subnormal(x) | npattn_bf16_subnormal(y);
-            qp[d / 2 * ldq + r] = x | (uint32_t)y << 16;
-        }
-    }
-    return !sub;
-}
-
 /* Value rows j0 + 2p and j0 + 2p + 1 (bfloat16, Dv wide) as row p of out;
  * with out NULL (K's rows), only the check. Returns 0 when a value is
  * subnormal. */

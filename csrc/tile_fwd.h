@@ -157,17 +157,20 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     const int64_t t_begin = n_ktile * split / pl->n_split, t_end = n_ktile * (split + 1) / pl->n_split;
     s.kk = kv_of(pl, u, &p->k, n_ktile > 0, pl->k_page_bytes);
     s.vv = kv_of(pl, u, &p->v, n_ktile > 0 && Dv > 0, pl->v_page_bytes);
-    /* the dot products, unless a value is subnormal (they would read it as 0) */
-    s.qk16 = !f64 && pl->bf16_qk && n_ktile > 0 && rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D) &&
-             pairs_of_q(p, u, D, s.qp, pl->ldq2);
-    s.pv16 = !f64 && pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
-
     /* Q's rows (M, D) for the streaming kernels; Q^T (D, M) for the gemm,
      * which then reads K in place as a plain NoTrans product (a form
      * OpenBLAS's small-matrix kernels take) */
-    if (!s.qk16)
-        CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, s.stream ? s.qt : (REAL *)(scratch + lay->qrows),
-                                s.stream ? NULL : s.qt);
+    REAL *qrows = s.stream ? s.qt : (REAL *)(scratch + lay->qrows);
+    CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.stream ? NULL : s.qt);
+    /* the dot products, unless a value is subnormal (they would read it as 0) */
+#if IS_F64
+    (void)qrows;
+    s.qk16 = s.pv16 = 0;
+#else
+    s.qk16 = pl->bf16_qk && n_ktile > 0 && rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D) &&
+             !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
+    s.pv16 = pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
+#endif
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */
     for (int64_t r = 0; r < M; r++) {

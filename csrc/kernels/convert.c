@@ -69,20 +69,6 @@ int npattn_pairs_of_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint
     return sub;
 }
 
-/* x[0 .. n-1] rounded to nearest even bfloat16 into out; returns whether
- * one was subnormal. Branch-free, for the compiler to vectorise. */
-static int bf16_of(const float *x, int64_t n, uint16_t *out) {
-    int sub = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, x + i, sizeof u);
-        const uint32_t mag = u & 0x7FFFFFFFu;
-        sub |= mag != 0 && mag < 0x00800000u;
-        out[i] = (uint16_t)(mag > 0x7F800000u ? (u >> 16) | 0x40u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-    }
-    return sub;
-}
-
 int npattn_bf16_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint16_t *out, int64_t ldo) {
     int sub = 0;
     for (int64_t r = 0; r < n; r++) {
@@ -98,7 +84,7 @@ int npattn_pairs_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint3
     for (int64_t r = 0; r < n; r++)
         for (int64_t c0 = 0; c0 < w; c0 += 128) {
             const int64_t nc = w - c0 < 128 ? w - c0 : 128;
-            sub |= bf16_of(x + r * ldx + c0, nc, half);
+            sub |= npattn_kernels()->bf16_f32(x + r * ldx + c0, nc, half);
             if (nc % 2) half[nc] = 0;
             for (int64_t c = 0; c < nc; c += 2) out[(c0 + c) / 2 * ldo + r] = half[c] | (uint32_t)half[c + 1] << 16;
         }

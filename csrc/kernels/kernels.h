@@ -184,7 +184,8 @@ void npattn_store_f64(enum npattn_dtype dtype, const double *src, int64_t n, voi
  * pairs_of_rows: rows 2p and 2p + 1 of x (n rows of w, ldx apart) as row p
  * of out (ldo apart, zeros past w), through the table's pair_f32.
  * pairs_across: the pairs along each row, x[r][c] and x[r][c + 1] for even
- * c, as out[c / 2 * ldo + r], zeros for n <= r < ldo.
+ * c, as out[c / 2 * ldo + r], zeros for n <= r < ldo, through the table's
+ * bf16_f32.
  * bf16_rows: x[r][c] as out[r * ldo + c], zeros for w <= c < ldo, through
  * the table's bf16_f32. */
 int npattn_pairs_of_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo);
