@@ -25,7 +25,7 @@
 #define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
 #define STREAM_ROWS 16            /* at most this many stacked rows stream (decode) */
 #define STREAM_KEYS 64            /* keys per streamed tile: its scores stay in L1 */
-#define SPLIT_MIN_KEYS 512        /* split-K gives each part at least this many keys */
+#define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
 
 /* Byte offsets of one slot's scratch regions. */
 struct layout {
@@ -54,6 +54,7 @@ struct fwd_plan {
     struct layout lay, lay64;     /* a slot's scratch in the computed type, and in double */
     struct npattn_slots slots;    /* lay.size bytes each; lay64.size in double when a float task needs it */
     double *partials;             /* split-K: (lse, O / l) per task */
+    _Atomic int64_t *parts_left;  /* split-K: per unit, its tasks not yet done (after the partials) */
 };
 
 /* Where a unit's rows are. */
@@ -201,15 +202,9 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     return s;
 }
 
-static void run_task(void *arg, int64_t task, int32_t slot) {
-    struct fwd_plan *pl = arg;
-    npattn_run_exact(pl, task, slot, &pl->slots, tile_fwd_f32, tile_fwd_f64, &pl->run);
-}
-
 /* Merges the n_split partials of one unit: lse = logaddexp of the parts,
  * out = sum of exp(lse_s - lse) * O_s, in split order. */
-static void merge_task(void *arg, int64_t unit, int32_t slot) {
-    struct fwd_plan *pl = arg;
+static void merge_task(struct fwd_plan *pl, int64_t unit, int32_t slot) {
     const struct npattn_problem *p = pl->p;
     const int64_t Dv = p->n_embd_v, stride = pl->max_m * (Dv + 1);
     struct unit u;
@@ -243,6 +238,17 @@ static void merge_task(void *arg, int64_t unit, int32_t slot) {
         if (Dv > 0) npattn_store_f64(p->out.dtype, orow, Dv, npattn_elem(&p->out, pl->out_size, u.off_out, h, i), p->out.col_stride);
         if (p->lse.data) store_lse(p, u.off_lse, h, i, lse);
     }
+}
+
+/* A task; under split-K the unit's last task to finish merges its parts
+ * (in split order, whichever thread it is), so that one round of the pool
+ * does the whole call. */
+static void run_task(void *arg, int64_t task, int32_t slot) {
+    struct fwd_plan *pl = arg;
+    npattn_run_exact(pl, task, slot, &pl->slots, tile_fwd_f32, tile_fwd_f64, &pl->run);
+    if (pl->n_split > 1 && atomic_fetch_sub(&pl->parts_left[task / pl->n_split], 1) == 1 &&
+        !atomic_load_explicit(&pl->run.stop, memory_order_relaxed))
+        merge_task(pl, task / pl->n_split, slot);
 }
 
 enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
@@ -375,15 +381,17 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     }
     if (pl.n_split > 1) {
         /* n_task < 64 * threads + n_unit here: small */
-        pl.partials = npattn_alloc((size_t)n_task * (size_t)(pl.max_m * (Dv + 1)) * sizeof(double));
+        /* and after them, the units' counts of tasks left */
+        const size_t n_part = (size_t)n_task * (size_t)(pl.max_m * (Dv + 1));
+        pl.partials = npattn_alloc(n_part * sizeof(double) + (size_t)pl.n_unit * sizeof *pl.parts_left);
         if (!pl.partials) goto done;
+        pl.parts_left = (_Atomic int64_t *)(pl.partials + n_part);
+        for (int64_t i = 0; i < pl.n_unit; i++) atomic_init(&pl.parts_left[i], pl.n_split);
     }
 
     npattn_blas_init();
     npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
     status = npattn_pool_run(run_task, &pl, n_task, n_slot, &pl.run);
-    if (status == NPATTN_STATUS_OK && pl.n_split > 1)
-        status = npattn_pool_run(merge_task, &pl, pl.n_unit, (int32_t)min64(n_slot, pl.n_unit), &pl.run);
 
 done:
     npattn_free(pl.partials);
