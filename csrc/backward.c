@@ -52,6 +52,7 @@ struct bwd_plan {
     struct bwd_layout lay, lay64;
     struct npattn_slots slots; /* lay.size bytes each; lay64.size in double when a float task needs it */
     double *dq_parts;          /* split-K: each task's dQ, (group, L, D) */
+    _Atomic int64_t *parts_left; /* split-K: per unit, its tasks not yet done (after the dQ parts) */
 };
 
 
@@ -155,15 +156,9 @@ static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k
     return s;
 }
 
-static void run_task(void *arg, int64_t task, int32_t slot) {
-    struct bwd_plan *pl = arg;
-    npattn_run_exact(pl, task, slot, &pl->slots, tile_bwd_f32, tile_bwd_f64, &pl->run);
-}
-
 /* Split-K (nothing summed, so a unit is one batch entry's kv head): dQ of the
  * unit's rows is the sum of its tasks' partials, in split order. */
-static void reduce_task(void *arg, int64_t unit, int32_t slot) {
-    struct bwd_plan *pl = arg;
+static void reduce_task(struct bwd_plan *pl, int64_t unit, int32_t slot) {
     const struct npattn_backward_problem *bp = pl->bp;
     const struct npattn_problem *p = &bp->fwd;
     const int64_t D = p->n_embd_k, L = p->n_query, b = unit / p->n_head_kv, g = unit % p->n_head_kv;
@@ -179,6 +174,16 @@ static void reduce_task(void *arg, int64_t unit, int32_t slot) {
             }
             npattn_store_f64(bp->dq.dtype, row, D, npattn_elem(&bp->dq, es, off, g * pl->group + h, i), bp->dq.col_stride);
         }
+}
+
+/* A task; under split-K the unit's last task to finish sums its dQ parts
+ * (in split order, whichever thread it is), as the forward pass merges. */
+static void run_task(void *arg, int64_t task, int32_t slot) {
+    struct bwd_plan *pl = arg;
+    npattn_run_exact(pl, task, slot, &pl->slots, tile_bwd_f32, tile_bwd_f64, &pl->run);
+    if (pl->n_split > 1 && atomic_fetch_sub(&pl->parts_left[task / pl->n_split], 1) == 1 &&
+        !atomic_load_explicit(&pl->run.stop, memory_order_relaxed))
+        reduce_task(pl, task / pl->n_split, slot);
 }
 
 enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp) {
@@ -264,16 +269,17 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
     if (pl.n_split > 1) {
         /* n_task < 2 threads + n_unit: a few copies of one head group's dQ */
         size_t each = (size_t)(pl.group * L * D);
-        if (each > SIZE_MAX / sizeof(double) / (size_t)n_task) goto done;
-        pl.dq_parts = npattn_alloc(each * (size_t)n_task * sizeof(double));
+        if (each + 1 > SIZE_MAX / sizeof(double) / (size_t)n_task) goto done;
+        /* and after them, the units' counts of tasks left (n_unit <= n_task) */
+        pl.dq_parts = npattn_alloc((each * (size_t)n_task + (size_t)pl.n_unit) * sizeof(double));
         if (!pl.dq_parts) goto done;
+        pl.parts_left = (_Atomic int64_t *)(pl.dq_parts + each * (size_t)n_task);
+        for (int64_t i = 0; i < pl.n_unit; i++) atomic_init(&pl.parts_left[i], pl.n_split);
     }
 
     npattn_blas_init();
     npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
     status = npattn_pool_run(run_task, &pl, n_task, n_slot, &pl.run);
-    if (status == NPATTN_STATUS_OK && pl.n_split > 1)
-        status = npattn_pool_run(reduce_task, &pl, pl.n_unit, (int32_t)min64(n_slot, pl.n_unit), &pl.run);
 
 done:
     npattn_free(pl.dq_parts);
