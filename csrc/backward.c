@@ -181,8 +181,7 @@ static void reduce_task(struct bwd_plan *pl, int64_t unit, int32_t slot) {
 static void run_task(void *arg, int64_t task, int32_t slot) {
     struct bwd_plan *pl = arg;
     npattn_run_exact(pl, task, slot, &pl->slots, tile_bwd_f32, tile_bwd_f64, &pl->run);
-    if (pl->n_split > 1 && atomic_fetch_sub(&pl->parts_left[task / pl->n_split], 1) == 1 &&
-        !atomic_load_explicit(&pl->run.stop, memory_order_relaxed))
+    if (pl->n_split > 1 && npattn_part_done(&pl->parts_left[task / pl->n_split], &pl->run))
         reduce_task(pl, task / pl->n_split, slot);
 }
 
@@ -274,7 +273,7 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
         pl.dq_parts = npattn_alloc((each * (size_t)n_task + (size_t)pl.n_unit) * sizeof(double));
         if (!pl.dq_parts) goto done;
         pl.parts_left = (_Atomic int64_t *)(pl.dq_parts + each * (size_t)n_task);
-        for (int64_t i = 0; i < pl.n_unit; i++) atomic_init(&pl.parts_left[i], pl.n_split);
+        npattn_parts_init(pl.parts_left, pl.n_unit, pl.n_split);
     }
 
     npattn_blas_init();

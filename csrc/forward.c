@@ -246,8 +246,7 @@ static void merge_task(struct fwd_plan *pl, int64_t unit, int32_t slot) {
 static void run_task(void *arg, int64_t task, int32_t slot) {
     struct fwd_plan *pl = arg;
     npattn_run_exact(pl, task, slot, &pl->slots, tile_fwd_f32, tile_fwd_f64, &pl->run);
-    if (pl->n_split > 1 && atomic_fetch_sub(&pl->parts_left[task / pl->n_split], 1) == 1 &&
-        !atomic_load_explicit(&pl->run.stop, memory_order_relaxed))
+    if (pl->n_split > 1 && npattn_part_done(&pl->parts_left[task / pl->n_split], &pl->run))
         merge_task(pl, task / pl->n_split, slot);
 }
 
@@ -386,7 +385,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.partials = npattn_alloc(n_part * sizeof(double) + (size_t)pl.n_unit * sizeof *pl.parts_left);
         if (!pl.partials) goto done;
         pl.parts_left = (_Atomic int64_t *)(pl.partials + n_part);
-        for (int64_t i = 0; i < pl.n_unit; i++) atomic_init(&pl.parts_left[i], pl.n_split);
+        npattn_parts_init(pl.parts_left, pl.n_unit, pl.n_split);
     }
 
     npattn_blas_init();

@@ -118,6 +118,17 @@ int npattn_run_stopped(struct npattn_run *run, int32_t slot);
 /* Records a failure (the first one wins) and stops the run. */
 void npattn_run_fail(struct npattn_run *run, enum npattn_status status);
 
+/* Split-K's count of each unit's tasks not yet done: n_unit counts of n_split. */
+static inline void npattn_parts_init(_Atomic int64_t *left, int64_t n_unit, int64_t n_split) {
+    for (int64_t i = 0; i < n_unit; i++) atomic_init(&left[i], n_split);
+}
+
+/* Counts one of a unit's tasks done: whether it was the unit's last and the
+ * run goes on, so that this task finishes the unit (merges its parts). */
+static inline int npattn_part_done(_Atomic int64_t *left, struct npattn_run *run) {
+    return atomic_fetch_sub(left, 1) == 1 && !atomic_load_explicit(&run->stop, memory_order_relaxed);
+}
+
 /* A driver's per-slot scratch: n slots of `size` bytes (a multiple of 64),
  * and for a float problem a table of per-slot double scratch of exact_size
  * bytes, made when first needed. */
