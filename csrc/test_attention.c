@@ -232,7 +232,7 @@ static void test_stream_kernels(void) {
     static const enum npattn_dtype types[3] = {NPATTN_DTYPE_F32, NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
     static const struct npattn_next no_next = {NULL, 0}; /* nothing to prefetch past the rows */
     static const int64_t widths[] = {1, 5, 8, 15, 16, 24, 63, 64, 128, 130};
-    static const int64_t rows[] = {1, 2, 3, 4, 5, 7, 8, 16}, keys[] = {1, 2, 3, 4, 64, 67};
+    static const int64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 16}, keys[] = {1, 2, 3, 4, 64, 67};
     static float q[MAX_M * MAX_D], kf[MAX_N * (MAX_D + 3)], st[MAX_M * MAX_N], o[MAX_M * MAX_D], of[MAX_M * MAX_D];
     static float sf[MAX_M * MAX_N], o0[MAX_M * MAX_D];
     static uint16_t kh[MAX_N * (MAX_D + 3)];

@@ -220,9 +220,10 @@ AVX2 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int
     __m256 acc[16]; /* acc[3 * row + key]; 12 .. 15 stay zero, for the reduction */
     for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();
     int64_t d = 0;
-    if (pf) /* the rows ahead, into L2 */
-        for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk), D * npattn_stream_size(kt));
+    const int64_t es = npattn_stream_size(kt);
     for (; d + 8 <= D; d += 8) {
+        if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
+            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + d), 1);
         __m256 kv[3];
         for (int a = 0; a < nkb; a++) kv[a] = load8(kt, npattn_stream_at(kt, kr, a * ldk + d));
         for (int b = 0; b < nr; b++) {
@@ -275,63 +276,90 @@ AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_d
     else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
-/* o (nr <= 6 rows, 8 * nc <= 16 columns from e0) += P @ v, o in registers
- * while the value rows (type vt) stream past: 12 accumulators, 2 value
- * vectors (converted once, used 6 times) and a broadcast weight. pf_rows:
- * the prefetch distance, whole rows (0: none); next as for scores. */
+/* o (nr rows, 8 * nc columns from e0; nr * nc <= 12) += P @ v, o in
+ * registers while the value rows (type vt) stream past: nr * nc
+ * accumulators, enough independent chains for two FMA units of 4-cycle
+ * latency, nc value vectors (converted once, used nr times) and a broadcast
+ * weight. pf_rows: the prefetch distance, whole rows (0: none); next as for
+ * scores. */
 AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
                                   const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
                                   const struct npattn_next *next) {
-    __m256 acc[12]; /* acc[2 * row + chunk], from zero */
-    for (int i = 0; i < 2 * nr; i++) acc[i] = _mm256_setzero_ps();
+    __m256 acc[12]; /* acc[nc * row + chunk], from zero */
+    for (int i = 0; i < nr * nc; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < nk; j++) {
         const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
         if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
-        __m256 vv[2];
+        __m256 vv[12];
         for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, j * ldv + e0 + 8 * c));
         for (int a = 0; a < nr; a++) {
             __m256 pa = _mm256_broadcast_ss(st + a * ldst + j);
-            for (int c = 0; c < nc; c++) acc[2 * a + c] = _mm256_fmadd_ps(pa, vv[c], acc[2 * a + c]);
+            for (int c = 0; c < nc; c++) acc[nc * a + c] = _mm256_fmadd_ps(pa, vv[c], acc[nc * a + c]);
         }
     }
     for (int a = 0; a < nr; a++)
         for (int c = 0; c < nc; c++) {
             float *oc = o + a * Dv + e0 + 8 * c;
-            _mm256_storeu_ps(oc, _mm256_add_ps(_mm256_loadu_ps(oc), acc[2 * a + c]));
+            _mm256_storeu_ps(oc, _mm256_add_ps(_mm256_loadu_ps(oc), acc[nc * a + c]));
         }
 }
 
-/* Columns e0 .. e0 + 8 * nc - 1 of every row, 6 rows at a time, the row
- * count of the last block specialised. */
-AVX2 INLINE void accumulate_columns(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int nc,
-                                    int64_t nk, const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o,
-                                    int64_t pf_rows, const struct npattn_next *next) {
-    int64_t r = 0;
-    for (; r + 6 <= M; r += 6)
-        accumulate_block(vt, st + r * ldst, ldst, 6, nc, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 ? pf_rows : 0, next);
-    int64_t pr = r == 0 ? pf_rows : 0;
-    switch (M - r) {
-    case 5: accumulate_block(vt, st + r * ldst, ldst, 5, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
-    case 4: accumulate_block(vt, st + r * ldst, ldst, 4, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
-    case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
-    case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
-    case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nc, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+/* Rows [0, nr) of o, every whole 8 columns: blocks of nc chunks, then one
+ * block of the chunks left, fewer than nc (a count of its own, so that the
+ * accumulators stay in registers; the others never occur, and compile to
+ * nothing). */
+AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
+                                 const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o,
+                                 int64_t pf) {
+    int64_t e0 = 0;
+    for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) accumulate_block(vt, st, ldst, nr, nc, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
+    const int64_t pr = e0 == 0 ? pf : 0;
+    switch ((Dv - e0) / 8) {
+    case 7: if (7 < nc) accumulate_block(vt, st, ldst, nr, 7 < nc ? 7 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 6: if (6 < nc) accumulate_block(vt, st, ldst, nr, 6 < nc ? 6 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 5: if (5 < nc) accumulate_block(vt, st, ldst, nr, 5 < nc ? 5 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 4: if (4 < nc) accumulate_block(vt, st, ldst, nr, 4 < nc ? 4 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 3: if (3 < nc) accumulate_block(vt, st, ldst, nr, 3 < nc ? 3 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 2: if (2 < nc) accumulate_block(vt, st, ldst, nr, 2 < nc ? 2 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 1: if (1 < nc) accumulate_block(vt, st, ldst, nr, 1 < nc ? 1 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
     default: break;
     }
 }
 
 AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
                                const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
-    /* the first block of the first pass prefetches */
+    /* the first block prefetches */
     const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt));
-    int64_t e0 = 0;
-    for (; e0 + 16 <= Dv; e0 += 16) accumulate_columns(vt, st, ldst, M, 2, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
-    if (e0 + 8 <= Dv) {
-        accumulate_columns(vt, st, ldst, M, 1, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
-        e0 += 8;
+    for (int64_t r = 0, nr; r < M; r += nr) {
+        /* blocks of 6 rows, then what is left; 4 + 3 for the last 7 */
+        const int64_t left = M - r;
+        nr = left == 7 ? 4 : left > 6 ? 6 : left;
+        const float *sr = st + r * ldst;
+        float *orow = o + r * Dv;
+        const int64_t pr = r == 0 ? pf : 0;
+        /* column chunks: as many as fill 12 accumulators; for half rows,
+         * whose converted chunks all take registers, no more than fit */
+        const int f32 = vt == NPATTN_DTYPE_F32;
+        switch (nr) {
+        case 6: accumulate_rows(vt, sr, ldst, 6, 2, nk, next, v, ldv, Dv, orow, pr); break;
+        case 5: accumulate_rows(vt, sr, ldst, 5, 2, nk, next, v, ldv, Dv, orow, pr); break;
+        case 4: accumulate_rows(vt, sr, ldst, 4, 3, nk, next, v, ldv, Dv, orow, pr); break;
+        case 3:
+            if (f32) accumulate_rows(vt, sr, ldst, 3, 4, nk, next, v, ldv, Dv, orow, pr);
+            else accumulate_rows(vt, sr, ldst, 3, 3, nk, next, v, ldv, Dv, orow, pr);
+            break;
+        case 2:
+            if (f32) accumulate_rows(vt, sr, ldst, 2, 6, nk, next, v, ldv, Dv, orow, pr);
+            else accumulate_rows(vt, sr, ldst, 2, 5, nk, next, v, ldv, Dv, orow, pr);
+            break;
+        default:
+            if (f32) accumulate_rows(vt, sr, ldst, 1, 8, nk, next, v, ldv, Dv, orow, pr);
+            else accumulate_rows(vt, sr, ldst, 1, 7, nk, next, v, ldv, Dv, orow, pr);
+            break;
+        }
     }
-    if (e0 < Dv) /* columns left over, fewer than 8 */
-        npattn_accumulate_columns(st, ldst, M, nk, vt, v, ldv, Dv, e0, o);
+    if (Dv % 8) /* columns left over, fewer than 8 */
+        npattn_accumulate_columns(st, ldst, M, nk, vt, v, ldv, Dv, Dv / 8 * 8, o);
 }
 
 /* One copy of the loops per value type, its conversion inlined. */

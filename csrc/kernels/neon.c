@@ -209,9 +209,10 @@ INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t 
     float32x4_t acc[8]; /* acc[4 * row + key] */
     for (int i = 0; i < 8; i++) acc[i] = vdupq_n_f32(0.0f);
     int64_t d = 0;
-    if (pf) /* the rows ahead, into L2 */
-        for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk), D * npattn_stream_size(kt));
+    const int64_t es = npattn_stream_size(kt);
     for (; d + 4 <= D; d += 4) {
+        if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
+            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + d), 1);
         float32x4_t kv[4], qv[2];
         for (int a = 0; a < nkb; a++) kv[a] = load4(kt, npattn_stream_at(kt, kr, a * ldk + d));
         for (int b = 0; b < nr; b++) qv[b] = vld1q_f32(qr + b * D + d);
