@@ -305,9 +305,9 @@ AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t
 }
 
 /* Rows [0, nr) of o, every whole 8 columns: blocks of nc chunks, then one
- * block of the chunks left, fewer than nc (a count of its own, so that the
- * accumulators stay in registers; the others never occur, and compile to
- * nothing). */
+ * block of the chunks left, fewer than nc, each count a constant of its own
+ * so that the accumulators stay in registers (the cases of nc or more never
+ * occur, and compile to nothing). */
 AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
                                  const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o,
                                  int64_t pf) {
@@ -315,13 +315,13 @@ AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t 
     for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) accumulate_block(vt, st, ldst, nr, nc, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
     const int64_t pr = e0 == 0 ? pf : 0;
     switch ((Dv - e0) / 8) {
-    case 7: if (7 < nc) accumulate_block(vt, st, ldst, nr, 7 < nc ? 7 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 6: if (6 < nc) accumulate_block(vt, st, ldst, nr, 6 < nc ? 6 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 5: if (5 < nc) accumulate_block(vt, st, ldst, nr, 5 < nc ? 5 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 4: if (4 < nc) accumulate_block(vt, st, ldst, nr, 4 < nc ? 4 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 3: if (3 < nc) accumulate_block(vt, st, ldst, nr, 3 < nc ? 3 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 2: if (2 < nc) accumulate_block(vt, st, ldst, nr, 2 < nc ? 2 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 1: if (1 < nc) accumulate_block(vt, st, ldst, nr, 1 < nc ? 1 : 1, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 7: if (7 < nc) accumulate_block(vt, st, ldst, nr, 7, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 6: if (6 < nc) accumulate_block(vt, st, ldst, nr, 6, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 5: if (5 < nc) accumulate_block(vt, st, ldst, nr, 5, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 4: if (4 < nc) accumulate_block(vt, st, ldst, nr, 4, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 3: if (3 < nc) accumulate_block(vt, st, ldst, nr, 3, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 2: if (2 < nc) accumulate_block(vt, st, ldst, nr, 2, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 1: if (1 < nc) accumulate_block(vt, st, ldst, nr, 1, nk, v, ldv, Dv, e0, o, pr, next); break;
     default: break;
     }
 }
