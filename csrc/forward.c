@@ -26,6 +26,7 @@
 #define STREAM_ROWS 16            /* at most this many stacked rows stream (decode) */
 #define STREAM_KEYS 64            /* keys per streamed tile: its scores stay in L1 */
 #define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
+#define HEAD_RUN_BYTES 32768      /* a kv head's rows read at about the memory's streaming rate when this many lie together */
 
 /* Byte offsets of one slot's scratch regions. */
 struct layout {
@@ -40,8 +41,9 @@ struct fwd_plan {
     int64_t group;                /* H_q / H_kv query heads per kv head */
     int64_t bq, n_qblock;         /* query rows per unit, and blocks of them */
     int64_t bh, n_hblock;         /* heads of a group per unit, and blocks of them */
+    int64_t bg, n_gblock;         /* kv heads per unit (decode of interleaved heads: several), and blocks of them */
     int64_t bk;                   /* keys per tile */
-    int64_t max_m;                /* bh * bq: the most stacked rows */
+    int64_t max_m;                /* bg * bh * bq: the most stacked rows */
     int64_t n_unit, n_split;      /* units, and tasks per unit (split-K) */
     int stream;                   /* decode-sized float tiles: the streaming kernels */
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
@@ -59,7 +61,8 @@ struct fwd_plan {
 
 /* Where a unit's rows are. */
 struct unit {
-    int64_t b, g, i0, nq, h0, nh, M; /* request, kv head, first row and rows, first head and heads, stacked rows */
+    int64_t b, g, ng, i0, nq, h0, nh, M; /* request, first kv head and kv heads, first row and rows, first query
+                                           head and heads, stacked rows (those of each kv head in turn) */
     struct npattn_band band;      /* its request's band */
     int64_t k0, k1;               /* the request's range of keys */
     int64_t j0, j1;               /* keys the band and the request's range let some row see */
@@ -84,12 +87,14 @@ static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     int64_t qb = pl->n_qblock - 1 - unit % pl->n_qblock, rest = unit / pl->n_qblock;
     int64_t hb = rest % pl->n_hblock;
     rest /= pl->n_hblock;
-    const int64_t b = u->b = rest / p->n_head_kv;
-    u->g = rest % p->n_head_kv;
+    const int64_t b = u->b = rest / pl->n_gblock;
+    u->g = rest % pl->n_gblock * pl->bg;
+    u->ng = min64(pl->bg, p->n_head_kv - u->g);
     u->i0 = qb * pl->bq;
     u->nq = min64(pl->bq, p->n_query - u->i0);
     u->h0 = u->g * pl->group + hb * pl->bh;
-    u->nh = min64(pl->bh, pl->group - hb * pl->bh);
+    /* several kv heads: each with its whole group (bh is the group) */
+    u->nh = u->ng * min64(pl->bh, pl->group - hb * pl->bh);
     u->M = u->nh * u->nq;
     u->band = npattn_band_request(p, &pl->band, b, &u->k0, &u->k1);
     unit_keys(&u->band, u->i0, u->i0 + u->nq, u->k0, u->k1, p->n_key, &u->j0, &u->j1);
@@ -117,12 +122,18 @@ static inline void store_lse(const struct npattn_problem *p, int64_t off, int64_
     else *(float *)at = (float)lse;
 }
 
-/* The rows of k or v (t) that unit u reads, of its kv head (none unless `reads`). */
+/* The rows of k or v (t) that unit u reads, of its first kv head (none unless `reads`). */
 static struct npattn_kv kv_of(const struct fwd_plan *pl, const struct unit *u, const struct npattn_tensor *t, int reads,
                               int64_t page_bytes) {
     const int64_t es = (int64_t)npattn_dtype_size(t->dtype), off = t == &pl->p->k ? u->off_k : u->off_v;
     struct npattn_kv kv = {reads ? npattn_elem(t, es, off, u->g, 0) : NULL, t->row_stride * es, NULL, 1, 0};
     if (reads && u->table) kv.table = u->table, kv.page_size = pl->p->pages->page_size, kv.page_bytes = page_bytes;
+    return kv;
+}
+
+/* kv's rows of the kv head gi after its own, head_bytes from one to the next. */
+static inline struct npattn_kv kv_head(struct npattn_kv kv, int64_t gi, int64_t head_bytes) {
+    kv.base += gi * head_bytes;
     return kv;
 }
 
@@ -139,6 +150,30 @@ static inline const struct npattn_next *next_rows(const struct npattn_kv *kv, in
     next->rows = j + *run < j1 ? npattn_kv_row(kv, j + *run, &rest) : NULL;
     next->n = min64(rest, j1 - j - *run);
     return next;
+}
+
+/* As next_rows, for kv head gi of a unit's ng (kv: its first head's rows,
+ * head_bytes from one head's to the next's), whose rows the kernels read a
+ * run at a time, head after head: with several heads, what follows head
+ * gi's rows at `at` is the same keys' rows of head gi + 1, and after the
+ * last head the first head's rows after the run. */
+static inline const struct npattn_next *next_head_rows(const struct npattn_kv *kv, int64_t head_bytes, int64_t gi,
+                                                       int64_t ng, const char *at, int64_t *run, int64_t left,
+                                                       int64_t j, int64_t j1, struct npattn_next *next) {
+    if (ng == 1) return next_rows(kv, run, left, j, j1, next);
+    *run = min64(*run, left);
+    int64_t rest = *run;
+    next->rows = gi + 1 < ng ? at + head_bytes : j + *run < j1 ? npattn_kv_row(kv, j + *run, &rest) : NULL;
+    next->n = gi + 1 < ng ? *run : min64(rest, j1 - j - *run);
+    return next;
+}
+
+/* Bytes of t's rows of one kv head that lie together, rows of `width`
+ * elements: a page's where one row follows another (page_size rows; 0:
+ * dense, no end), else one row. */
+static int64_t head_run_bytes(const struct npattn_tensor *t, int64_t page_size, int64_t width) {
+    if (t->row_stride == width && !page_size) return INT64_MAX;
+    return (t->row_stride == width ? page_size : 1) * width * (int64_t)npattn_dtype_size(t->dtype);
 }
 
 /* Nothing to prefetch past the rows: a tile converted into scratch. */
@@ -300,7 +335,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.k_page_bytes = p->pages->k_page_stride * (int64_t)npattn_dtype_size(p->k.dtype);
         pl.v_page_bytes = p->pages->v_page_stride * (int64_t)npattn_dtype_size(p->v.dtype);
     }
-    pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
+    pl.bg = 1, pl.n_gblock = p->n_head_kv;
+    pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
     /* bfloat16 q and k: their products are exact in float, so QK^T may be
      * the table's bfloat16 dot products (K's rows read in place); under
      * "fast", P @ V of bfloat16 v too, the weights rounded to bfloat16 */
@@ -316,7 +352,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
             pl.bq = min64(p->n_query, max64(pl.bq, min64(TILE_QUERY_MAX, kn->bf16_tile / pl.bh / 16 * 16)));
             pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
             pl.max_m = pl.bh * pl.bq;
-            pl.n_unit = n_batch * p->n_head_kv * pl.n_hblock * pl.n_qblock;
+            pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
         }
         const int64_t budget = pl.bf16_pv ? kn->bf16_tile : TILE_FLOPS_BUDGET / (pl.max_m * max64(Dv, 1));
         pl.bk = max64(32, min64(kn->bf16_tile, budget) / 32 * 32);
@@ -361,6 +397,25 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
             int64_t want = min64((int64_t)ceil((double)most_keys / fair), 64 * (int64_t)plan_threads / pl.n_unit);
             pl.n_split = max64(pl.n_split, max64(1, min64(want, most_keys / SPLIT_MIN_KEYS)));
         }
+    }
+    /* Decode where a kv head's rows lie together only a few KiB at a time (a
+     * small page's, or one row where the heads interleave, as in a
+     * (B, S, H_kv, D) cache), which memory serves well below its streaming
+     * rate: a unit takes all kv heads of its request and reads its keys a
+     * run at a time (a page, or a tile), each run's rows of every head in
+     * turn. On several threads each unit's keys split bg times more, so that
+     * the tasks are as many as with a unit per kv head, bg smaller where the
+     * keys are too few. */
+    const int64_t page_size = p->pages ? p->pages->page_size : 0;
+    if (pl.stream && pl.k_direct && (pl.v_direct || Dv == 0) && !p->weights.data && pl.n_hblock == 1 &&
+        min64(head_run_bytes(&p->k, page_size, D), Dv > 0 ? head_run_bytes(&p->v, page_size, Dv) : INT64_MAX) <
+            HEAD_RUN_BYTES) {
+        int64_t bg = p->n_head_kv;
+        if (plan_threads > 1) bg = max64(1, min64(bg, most_keys / SPLIT_MIN_KEYS / pl.n_split));
+        pl.bg = bg, pl.n_gblock = (p->n_head_kv + bg - 1) / bg;
+        pl.max_m *= bg;
+        pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
+        if (plan_threads > 1) pl.n_split *= bg;
     }
     int64_t n_task = pl.n_unit * pl.n_split;
     const int32_t n_slot = (int32_t)min64(run_threads, n_task);

@@ -23,7 +23,8 @@ struct CAT(fwd_task_, SFX) {
     uint32_t *qp, *pp, *vp;        /* the pairs of Q^T, P and V (float tasks) */
     REAL *qt, *st, *mt, *lt, *at, *row, *kt, *bias;
     int32_t *lo, *hi;
-    struct npattn_kv kk, vv;       /* K's and V's rows of the unit's kv head */
+    struct npattn_kv kk, vv;       /* K's and V's rows of the unit's (first) kv head */
+    int64_t mg, k_head, v_head;    /* stacked rows per kv head; bytes from one kv head's K (V) rows to the next's */
     int64_t sld, sj, sr;           /* scores (j, r) at st[j * sj + r * sr], rows sld apart */
     SCORE_TILE tile;
 };
@@ -49,24 +50,31 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
         }
     } else
 #endif
-    if (s->stream && s->k_direct) { /* page by page, as stored */
+    if (s->stream && s->k_direct) { /* page by page, as stored; each page's rows of the unit's kv heads in turn */
         for (int64_t j = 0, run; j < nk; j += run) {
-            const char *at = npattn_kv_row(&s->kk, j0 + j, &run);
-            struct npattn_next next;
-            const struct npattn_next *after = next_rows(&s->kk, &run, nk - j, j0 + j, u->j1, &next);
-            npattn_kernels()->scores((const float *)s->qt, M, D, p->k.dtype, at, pl->ldk, run, after, (float *)s->st + j,
-                                     s->sld);
+            const char *first = npattn_kv_row(&s->kk, j0 + j, &run);
+            for (int64_t gi = 0; gi < u->ng; gi++) {
+                const char *at = first + gi * s->k_head;
+                struct npattn_next next;
+                const struct npattn_next *after =
+                    next_head_rows(&s->kk, s->k_head, gi, u->ng, at, &run, nk - j, j0 + j, u->j1, &next);
+                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, p->k.dtype, at, pl->ldk, run,
+                                         after, (float *)s->st + gi * s->mg * s->sld + j, s->sld);
+            }
         }
     } else {
-        int64_t ldk;
-        int in_place;
-        const void *ktile =
-            CAT(kv_rows_, SFX)(&p->k, &s->kk, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
-        if (s->stream)
-            npattn_kernels()->scores((const float *)s->qt, M, D, NPATTN_DTYPE_F32, ktile, ldk, nk, &no_next, (float *)s->st, s->sld);
-        else
-            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, (const REAL *)ktile,
-                 (int)ldk, s->qt, (int)M, (REAL)0, s->st, (int)M);
+        for (int64_t gi = 0; gi < u->ng; gi++) { /* each kv head's tile in turn */
+            const struct npattn_kv kv = kv_head(s->kk, gi, s->k_head);
+            int64_t ldk;
+            int in_place;
+            const void *ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
+            if (s->stream)
+                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, ktile, ldk,
+                                         nk, &no_next, (float *)s->st + gi * s->mg * s->sld, s->sld);
+            else
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)s->mg, (int)D, (REAL)1,
+                     (const REAL *)ktile, (int)ldk, s->qt + gi * s->mg, (int)M, (REAL)0, s->st + gi * s->mg, (int)M);
+        }
     }
     s->tile.nk = nk;
     s->tile.bias = NULL;
@@ -157,6 +165,9 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     const int64_t t_begin = n_ktile * split / pl->n_split, t_end = n_ktile * (split + 1) / pl->n_split;
     s.kk = kv_of(pl, u, &p->k, n_ktile > 0, pl->k_page_bytes);
     s.vv = kv_of(pl, u, &p->v, n_ktile > 0 && Dv > 0, pl->v_page_bytes);
+    s.mg = M / u->ng;
+    s.k_head = p->k.head_stride * (int64_t)npattn_dtype_size(p->k.dtype);
+    s.v_head = p->v.head_stride * (int64_t)npattn_dtype_size(p->v.dtype);
     /* Q's rows (M, D) for the streaming kernels; Q^T (D, M) for the gemm,
      * which then reads K in place as a plain NoTrans product (a form
      * OpenBLAS's small-matrix kernels take) */
@@ -207,24 +218,32 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             continue;
         }
 #endif
-        if (s.stream && v_direct) { /* page by page, as stored */
+        if (s.stream && v_direct) { /* page by page, as stored; each page's rows of the unit's kv heads in turn */
             for (int64_t j = 0, run; j < nk; j += run) {
-                const char *at = npattn_kv_row(&s.vv, j0 + j, &run);
-                struct npattn_next next;
-                const struct npattn_next *after = next_rows(&s.vv, &run, nk - j, j0 + j, u->j1, &next);
-                npattn_kernels()->accumulate((const float *)s.st + j, s.sld, M, run, after, p->v.dtype, at, pl->ldv, Dv,
-                                             (float *)ot);
+                const char *first = npattn_kv_row(&s.vv, j0 + j, &run);
+                for (int64_t gi = 0; gi < u->ng; gi++) {
+                    const char *at = first + gi * s.v_head;
+                    struct npattn_next next;
+                    const struct npattn_next *after =
+                        next_head_rows(&s.vv, s.v_head, gi, u->ng, at, &run, nk - j, j0 + j, u->j1, &next);
+                    npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld + j, s.sld, s.mg, run, after,
+                                                 p->v.dtype, at, pl->ldv, Dv, (float *)ot + gi * s.mg * Dv);
+                }
             }
             continue;
         }
-        int64_t ldv;
-        int in_place;
-        const void *vtile = CAT(kv_rows_, SFX)(&p->v, &s.vv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
-        if (s.stream)
-            npattn_kernels()->accumulate((const float *)s.st, s.sld, M, nk, &no_next, NPATTN_DTYPE_F32, vtile, ldv, Dv, (float *)ot);
-        else
-            GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)Dv, (int)nk, (REAL)1, s.st, (int)M,
-                 (const REAL *)vtile, (int)ldv, (REAL)1, ot, (int)Dv);
+        for (int64_t gi = 0; gi < u->ng; gi++) {
+            const struct npattn_kv kv = kv_head(s.vv, gi, s.v_head);
+            int64_t ldv;
+            int in_place;
+            const void *vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
+            if (s.stream)
+                npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld, s.sld, s.mg, nk, &no_next,
+                                             NPATTN_DTYPE_F32, vtile, ldv, Dv, (float *)ot + gi * s.mg * Dv);
+            else
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s.mg, (int)Dv, (int)nk, (REAL)1, s.st + gi * s.mg,
+                     (int)M, (const REAL *)vtile, (int)ldv, (REAL)1, ot + gi * s.mg * Dv, (int)Dv);
+        }
     }
 #if !IS_F64
     /* an accumulator that overflowed is recomputed in double */

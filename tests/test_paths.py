@@ -76,6 +76,32 @@ def test_split_k_decode_matches_reference(variant, rng, threads, sinks, mask):
     np.testing.assert_array_equal(lse, lse_again)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("kv_name", ["float32", "bfloat16"])
+def test_decode_of_interleaved_kv_heads_matches_reference(variant, rng, threads, kv_name):
+    """Decode over a cache whose kv heads interleave row by row (a (B, S, H_kv, D)
+    array, passed transposed) reads each run of keys for every kv head in turn, one
+    unit taking all of a request's kv heads (split-K on several threads): the
+    reference for each head, with per-head masks, sinks and lse; an extreme value
+    that sends the unit to double. On one thread, the same bits as the contiguous
+    copy (on several, its keys split into other parts, merged in another order)."""
+    B, H_q, H_kv, S, D = 2, 6, 3, 1100, 64
+    kv_dtype = dtype_of(kv_name)
+    q = randn(rng, (B, H_q, 1, D))
+    k, v = (np.ascontiguousarray(randn(rng, (B, S, H_kv, D)).astype(kv_dtype)).transpose(0, 2, 1, 3) for _ in range(2))
+    mask = rng.random((H_q, 1, S)) < 0.7
+    mask[4] = False  # one head sees no key: only its sink
+    kwargs = {"threads": threads, "return_lse": True, "sinks": rng.standard_normal(H_q), "mask": mask}
+    got, lse = check(q, k, v, **kwargs)
+    if threads == 1:
+        contiguous = npattn.sdpa(q, np.ascontiguousarray(k), np.ascontiguousarray(v), **kwargs)
+        np.testing.assert_array_equal(got, contiguous[0])
+        np.testing.assert_array_equal(lse, contiguous[1])
+    big = v.copy()
+    big[1, 2] = float(np.finfo(np.float32).max) if kv_name == "float32" else 3e38  # float32 sums overflow
+    check(q, k, big, threads=threads)
+
+
 def test_split_k_float64_matches_reference(check, rng):
     """The float64 merge is exact to float64 rounding."""
     q, k, v = qkv(rng, (1,), 2, 1, 2, 6000, 32, dtype=np.float64)
