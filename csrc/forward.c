@@ -26,6 +26,7 @@
 #define STREAM_ROWS 16            /* at most this many stacked rows stream (decode) */
 #define STREAM_KEYS 64            /* keys per streamed tile: its scores stay in L1 */
 #define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
+#define MERGE_PARTS 8             /* split-K over several kv heads per unit: at most this many parts */
 #define HEAD_RUN_BYTES 32768      /* a kv head's rows read at about the memory's streaming rate when this many lie together */
 
 /* Byte offsets of one slot's scratch regions. */
@@ -404,14 +405,17 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * rate: a unit takes all kv heads of its request and reads its keys a
      * run at a time (a page, or a tile), each run's rows of every head in
      * turn. On several threads each unit's keys split bg times more, so that
-     * the tasks are as many as with a unit per kv head, bg smaller where the
-     * keys are too few. */
+     * the tasks are as many as with a unit per kv head; bg is smaller where
+     * the keys are too few, and where the unit would have more than
+     * MERGE_PARTS parts: the last of them merges bg times the rows of bg
+     * times the parts on its own. */
     const int64_t page_size = p->pages ? p->pages->page_size : 0;
     if (pl.stream && pl.k_direct && (pl.v_direct || Dv == 0) && !p->weights.data && pl.n_hblock == 1 &&
         min64(head_run_bytes(&p->k, page_size, D), Dv > 0 ? head_run_bytes(&p->v, page_size, Dv) : INT64_MAX) <
             HEAD_RUN_BYTES) {
         int64_t bg = p->n_head_kv;
-        if (plan_threads > 1) bg = max64(1, min64(bg, most_keys / SPLIT_MIN_KEYS / pl.n_split));
+        if (plan_threads > 1)
+            bg = max64(1, min64(bg, min64(most_keys / SPLIT_MIN_KEYS, MERGE_PARTS) / pl.n_split));
         pl.bg = bg, pl.n_gblock = (p->n_head_kv + bg - 1) / bg;
         pl.max_m *= bg;
         pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
