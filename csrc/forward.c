@@ -4,6 +4,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
@@ -58,7 +59,20 @@ struct fwd_plan {
     struct npattn_slots slots;    /* lay.size bytes each; lay64.size in double when a float task needs it */
     double *partials;             /* split-K: (lse, O / l) per task */
     _Atomic int64_t *parts_left;  /* split-K: per unit, its tasks not yet done (after the partials) */
+    struct request_rank *rank;    /* requests of their own lengths: longest first (units in that order); else NULL */
 };
+
+/* A request and the keys its rows see, summed over its query blocks. */
+struct request_rank {
+    int64_t keys, b;
+};
+
+/* More keys first; of equal keys, the lower request. */
+static int by_keys(const void *x, const void *y) {
+    const struct request_rank *a = x, *b = y;
+    if (a->keys != b->keys) return a->keys > b->keys ? -1 : 1;
+    return (a->b > b->b) - (a->b < b->b);
+}
 
 /* Where a unit's rows are. */
 struct unit {
@@ -84,11 +98,12 @@ static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     const struct npattn_problem *p = pl->p;
     /* Units of one kv head run back to back, so its K and V stay in cache;
      * within it, largest first: the last query blocks see the most keys
-     * under a causal mask. */
+     * under a causal mask. Requests of their own lengths run longest first,
+     * so that the threads finish together. */
     int64_t qb = pl->n_qblock - 1 - unit % pl->n_qblock, rest = unit / pl->n_qblock;
     int64_t hb = rest % pl->n_hblock;
     rest /= pl->n_hblock;
-    const int64_t b = u->b = rest / pl->n_gblock;
+    const int64_t b = u->b = pl->rank ? pl->rank[rest / pl->n_gblock].b : rest / pl->n_gblock;
     u->g = rest % pl->n_gblock * pl->bg;
     u->ng = min64(pl->bg, p->n_head_kv - u->g);
     u->i0 = qb * pl->bq;
@@ -367,17 +382,24 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     int64_t most_keys = 0;
     /* every request alike, unless each has its own range or offset */
     const int64_t n_request = p->k_start || p->k_length || p->q_offsets ? n_batch : 1;
+    if (n_request > 1) {
+        pl.rank = npattn_alloc((size_t)n_request * sizeof *pl.rank);
+        if (!pl.rank) return NPATTN_STATUS_NO_MEMORY;
+    }
     for (int64_t b = 0; b < n_request; b++) {
         int64_t k0, k1;
         const struct npattn_band band = npattn_band_request(p, &pl.band, b, &k0, &k1);
+        if (pl.rank) pl.rank[b] = (struct request_rank){0, b};
         for (int64_t qb = 0; qb < pl.n_qblock; qb++) {
             int64_t i0 = qb * pl.bq, nq = min64(pl.bq, p->n_query - i0), j0, j1;
             unit_keys(&band, i0, i0 + nq, k0, k1, S, &j0, &j1);
             flops += (double)nq * (double)(j1 - j0);
             unit_keys_sum += (double)(j1 - j0);
             most_keys = max64(most_keys, j1 - j0);
+            if (pl.rank) pl.rank[b].keys += j1 - j0;
         }
     }
+    if (pl.rank) qsort(pl.rank, (size_t)n_request, sizeof *pl.rank, by_keys);
     flops *= 2.0 * (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)(n_batch / n_request) *
              (double)p->n_head_kv;
     const struct npattn_threads threads = npattn_plan_threads(flops, p->n_threads);
@@ -428,7 +450,10 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     pl.lay64 = pl.f64 ? pl.lay : layout_of(&pl, sizeof(double), 0, 0);
     size_t slot_bytes = max64((int64_t)pl.lay.size, (int64_t)(max64(Dv, 1) * sizeof(double))); /* merge rows too */
     status = npattn_slots_alloc(&pl.slots, n_slot, slot_bytes, pl.f64 ? 0 : pl.lay64.size);
-    if (status != NPATTN_STATUS_OK) return status;
+    if (status != NPATTN_STATUS_OK) {
+        npattn_free(pl.rank);
+        return status;
+    }
     status = NPATTN_STATUS_NO_MEMORY;
     if (pl.bf16_qk || pl.bf16_pv) {
         const size_t n = (size_t)(n_batch * p->n_head_kv);
@@ -452,6 +477,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     status = npattn_pool_run(run_task, &pl, n_task, n_slot, &pl.run);
 
 done:
+    npattn_free(pl.rank);
     npattn_free(pl.partials);
     npattn_free((void *)pl.k_normal);
     npattn_slots_free(&pl.slots);
