@@ -13,6 +13,9 @@
  * keys may be split into n_split tasks (split-K), each leaving a partial
  * (lse, normalised O) that merge() combines. The attention weights, where
  * asked for, are a second walk over the same key tiles (weights_ below).
+ * A decode unit over kv heads whose rows interleave (forward.c) takes ng kv
+ * heads g .. g + ng - 1, each with its whole group, rows stacked head after
+ * head (mg of each): the two products run per kv head, all else per row.
  */
 /* A task's scratch, and where its unit's rows are. */
 struct CAT(fwd_task_, SFX) {

@@ -97,7 +97,7 @@ def test_decode_of_interleaved_kv_heads_matches_reference(variant, rng, threads,
         contiguous = npattn.sdpa(q, np.ascontiguousarray(k), np.ascontiguousarray(v), **kwargs)
         np.testing.assert_array_equal(got, contiguous[0])
         np.testing.assert_array_equal(lse, contiguous[1])
-    big = v.copy()
+    big = v.copy(order="K")  # interleaved as v is
     big[1, 2] = float(np.finfo(np.float32).max) if kv_name == "float32" else 3e38  # float32 sums overflow
     check(q, k, big, threads=threads)
 
