@@ -205,7 +205,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 
         /* the probabilities of this key tile, max and sum updated */
         if (CAT(softmax_step_, SFX)(pl, &s, j0, nk)) return 1;
-        for (int64_t r = 0; r < M; r++) /* the rows whose max grew */
+        for (int64_t r = 0; r < M && t > t_begin; r++) /* the rows whose max grew (O is zeros at the first tile) */
             if (at[r] != (REAL)1)
                 for (int64_t e = 0; e < Dv; e++) ot[r * Dv + e] *= at[r];
 
