@@ -21,6 +21,7 @@
 #define TILE_ROWS_MIN 16
 #define TILE_ROWS_MAX 128
 #define TILE_QUERY_MAX 64         /* query positions per tile: diagonal tiles waste about bq / L */
+#define QBLOCK_MIN 8              /* the fewest query positions a tile is cut to, for more threads */
 #define TILE_KEYS_MIN 16
 #define TILE_KEYS_MAX 512
 #define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
@@ -92,6 +93,30 @@ static void unit_keys(const struct npattn_band *band, int64_t i0, int64_t i1, in
     npattn_band_keys(band, i0, i1, S, j0, j1);
     *j0 = max64(*j0, k0), *j1 = min64(*j1, k1);
     if (*j0 >= *j1) *j0 = *j1 = 0;
+}
+
+/* The visible (query row, key) pairs of one kv head's group member over the
+ * call's units, with each unit's keys summed, the most one unit sees, and
+ * the requests ranked by their keys, longest first (pl->rank, if any). */
+static double count_work(struct fwd_plan *pl, int64_t n_request, double *unit_keys_sum, int64_t *most_keys) {
+    const struct npattn_problem *p = pl->p;
+    double pairs = 0;
+    *unit_keys_sum = 0, *most_keys = 0;
+    for (int64_t b = 0; b < n_request; b++) {
+        int64_t k0, k1;
+        const struct npattn_band band = npattn_band_request(p, &pl->band, b, &k0, &k1);
+        if (pl->rank) pl->rank[b] = (struct request_rank){0, b};
+        for (int64_t qb = 0; qb < pl->n_qblock; qb++) {
+            int64_t i0 = qb * pl->bq, nq = min64(pl->bq, p->n_query - i0), j0, j1;
+            unit_keys(&band, i0, i0 + nq, k0, k1, p->n_key, &j0, &j1);
+            pairs += (double)nq * (double)(j1 - j0);
+            *unit_keys_sum += (double)(j1 - j0);
+            *most_keys = max64(*most_keys, j1 - j0);
+            if (pl->rank) pl->rank[b].keys += j1 - j0;
+        }
+    }
+    if (pl->rank) qsort(pl->rank, (size_t)n_request, sizeof *pl->rank, by_keys);
+    return pairs;
 }
 
 static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
@@ -378,32 +403,29 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     /* The work, and the threads it repays: each beyond the caller must get
      * NPATTN_FLOPS_PER_THREAD. The same problem and n_threads always give the same
      * plan, whatever threads actually start. */
-    double flops = 0, unit_keys_sum = 0;
-    int64_t most_keys = 0;
+    double unit_keys_sum;
+    int64_t most_keys;
     /* every request alike, unless each has its own range or offset */
     const int64_t n_request = p->k_start || p->k_length || p->q_offsets ? n_batch : 1;
     if (n_request > 1) {
         pl.rank = npattn_alloc((size_t)n_request * sizeof *pl.rank);
         if (!pl.rank) return NPATTN_STATUS_NO_MEMORY;
     }
-    for (int64_t b = 0; b < n_request; b++) {
-        int64_t k0, k1;
-        const struct npattn_band band = npattn_band_request(p, &pl.band, b, &k0, &k1);
-        if (pl.rank) pl.rank[b] = (struct request_rank){0, b};
-        for (int64_t qb = 0; qb < pl.n_qblock; qb++) {
-            int64_t i0 = qb * pl.bq, nq = min64(pl.bq, p->n_query - i0), j0, j1;
-            unit_keys(&band, i0, i0 + nq, k0, k1, S, &j0, &j1);
-            flops += (double)nq * (double)(j1 - j0);
-            unit_keys_sum += (double)(j1 - j0);
-            most_keys = max64(most_keys, j1 - j0);
-            if (pl.rank) pl.rank[b].keys += j1 - j0;
-        }
-    }
-    if (pl.rank) qsort(pl.rank, (size_t)n_request, sizeof *pl.rank, by_keys);
-    flops *= 2.0 * (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)(n_batch / n_request) *
-             (double)p->n_head_kv;
+    double flops = count_work(&pl, n_request, &unit_keys_sum, &most_keys) * 2.0 *
+                   (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)(n_batch / n_request) *
+                   (double)p->n_head_kv;
     const struct npattn_threads threads = npattn_plan_threads(flops, p->n_threads);
     const int32_t plan_threads = threads.plan, run_threads = threads.run;
+    /* A small prefill of fewer units than threads (few kv heads): query
+     * blocks of fewer rows, so that more threads share it */
+    if (!pl.stream && !pl.bf16_qk && !pl.bf16_pv && pl.n_unit < plan_threads && pl.bq > QBLOCK_MIN) {
+        const int64_t share = (plan_threads + pl.n_unit - 1) / pl.n_unit;
+        pl.bq = max64(QBLOCK_MIN, (pl.bq / share + QBLOCK_MIN - 1) / QBLOCK_MIN * QBLOCK_MIN);
+        pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
+        pl.max_m = pl.bh * pl.bq;
+        pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
+        count_work(&pl, n_request, &unit_keys_sum, &most_keys);
+    }
     /* Split-K when there are fewer units than threads (decode with few heads):
      * each part of a unit's keys is a task, merged by log-sum-exp. */
     pl.n_split = 1;

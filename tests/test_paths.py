@@ -76,6 +76,23 @@ def test_split_k_decode_matches_reference(variant, rng, threads, sinks, mask):
     np.testing.assert_array_equal(lse, lse_again)
 
 
+@pytest.mark.parametrize("L, S", [(32, 32), (33, 50), (17, 17)])
+@pytest.mark.parametrize("mask", ["causal", "causal_top_left", None, "bool", "additive"])
+def test_small_prefill_on_many_threads_matches_reference(variant, rng, L, S, mask):
+    """A prefill of few query blocks and two kv heads has fewer units than 16
+    threads: its query blocks are cut to 8 rows so that more threads share it.
+    The result equals the reference with lse, and repeats bitwise whoever runs it."""
+    q, k, v = qkv(rng, (1,), 14, 2, L, S, 64, 64)
+    m = make_mask(rng, mask, (14, L, S))
+    check(q, k, v, mask=m, threads=16, return_lse=True)
+    results = {}
+    for mode in (0, 2):
+        with pool_mode(mode):
+            results[mode] = npattn.sdpa(q, k, v, mask=m, threads=16, return_lse=True)
+    np.testing.assert_array_equal(results[2][0], results[0][0])
+    np.testing.assert_array_equal(results[2][1], results[0][1])
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("kv_name", ["float32", "bfloat16"])
 def test_decode_of_interleaved_kv_heads_matches_reference(variant, rng, threads, kv_name):
