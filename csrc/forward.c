@@ -95,6 +95,14 @@ static void unit_keys(const struct npattn_band *band, int64_t i0, int64_t i1, in
     if (*j0 >= *j1) *j0 = *j1 = 0;
 }
 
+/* Query blocks of bq positions: their count, the stacked rows, the units. */
+static void query_blocks(struct fwd_plan *pl, int64_t bq, int64_t n_batch) {
+    pl->bq = bq;
+    pl->n_qblock = (pl->p->n_query + bq - 1) / bq;
+    pl->max_m = pl->bh * bq;
+    pl->n_unit = n_batch * pl->n_gblock * pl->n_hblock * pl->n_qblock;
+}
+
 /* The visible (query row, key) pairs of one kv head's group member over the
  * call's units, with each unit's keys summed, the most one unit sees, and
  * the requests ranked by their keys, longest first (pl->rank, if any). */
@@ -357,8 +365,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     if (pl.bq >= unit) pl.bq = pl.bq / unit * unit;
     pl.bq = min64(p->n_query, min64(pl.bq, TILE_QUERY_MAX));
     pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
-    pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
-    pl.max_m = pl.bh * pl.bq;
+    pl.bg = 1, pl.n_gblock = p->n_head_kv;
+    query_blocks(&pl, pl.bq, n_batch);
     pl.bk = min64(TILE_KEYS_MAX, max64(TILE_KEYS_MIN, TILE_FLOPS_BUDGET / (pl.max_m * width) / 16 * 16));
     /* a few stacked rows (decode) make gemms that are all overhead: stream
      * each key and value row once through the SIMD kernels instead */
@@ -376,8 +384,6 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.k_page_bytes = p->pages->k_page_stride * (int64_t)npattn_dtype_size(p->k.dtype);
         pl.v_page_bytes = p->pages->v_page_stride * (int64_t)npattn_dtype_size(p->v.dtype);
     }
-    pl.bg = 1, pl.n_gblock = p->n_head_kv;
-    pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
     /* bfloat16 q and k: their products are exact in float, so QK^T may be
      * the table's bfloat16 dot products (K's rows read in place); under
      * "fast", P @ V of bfloat16 v too, the weights rounded to bfloat16 */
@@ -390,10 +396,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         /* the tile sizes that suit the table's dot products; with P @ V a
          * float32 gemm, its keys within the small-gemm budget */
         if (pl.bf16_pv) {
-            pl.bq = min64(p->n_query, max64(pl.bq, min64(TILE_QUERY_MAX, kn->bf16_tile / pl.bh / 16 * 16)));
-            pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
-            pl.max_m = pl.bh * pl.bq;
-            pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
+            query_blocks(&pl, min64(p->n_query, max64(pl.bq, min64(TILE_QUERY_MAX, kn->bf16_tile / pl.bh / 16 * 16))),
+                         n_batch);
         }
         const int64_t budget = pl.bf16_pv ? kn->bf16_tile : TILE_FLOPS_BUDGET / (pl.max_m * max64(Dv, 1));
         pl.bk = max64(32, min64(kn->bf16_tile, budget) / 32 * 32);
@@ -420,10 +424,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * blocks of fewer rows, so that more threads share it */
     if (!pl.stream && !pl.bf16_qk && !pl.bf16_pv && pl.n_unit < plan_threads && pl.bq > QBLOCK_MIN) {
         const int64_t share = (plan_threads + pl.n_unit - 1) / pl.n_unit;
-        pl.bq = max64(QBLOCK_MIN, (pl.bq / share + QBLOCK_MIN - 1) / QBLOCK_MIN * QBLOCK_MIN);
-        pl.n_qblock = (p->n_query + pl.bq - 1) / pl.bq;
-        pl.max_m = pl.bh * pl.bq;
-        pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
+        query_blocks(&pl, max64(QBLOCK_MIN, (pl.bq / share + QBLOCK_MIN - 1) / QBLOCK_MIN * QBLOCK_MIN), n_batch);
         count_work(&pl, n_request, &unit_keys_sum, &most_keys);
     }
     /* Split-K when there are fewer units than threads (decode with few heads):

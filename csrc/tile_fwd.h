@@ -205,9 +205,10 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 
         /* the probabilities of this key tile, max and sum updated */
         if (CAT(softmax_step_, SFX)(pl, &s, j0, nk)) return 1;
-        for (int64_t r = 0; r < M && t > t_begin; r++) /* the rows whose max grew (O is zeros at the first tile) */
-            if (at[r] != (REAL)1)
-                for (int64_t e = 0; e < Dv; e++) ot[r * Dv + e] *= at[r];
+        if (t > t_begin) /* the rows whose max grew (O is zeros at the first tile) */
+            for (int64_t r = 0; r < M; r++)
+                if (at[r] != (REAL)1)
+                    for (int64_t e = 0; e < Dv; e++) ot[r * Dv + e] *= at[r];
 
         /* O (M, D_v) += P (M, nk) @ V_tile (nk, D_v), P stored as st; V in
          * place where BLAS, or the streaming kernels in V's own type, can
