@@ -217,10 +217,47 @@ static void test_conversions(void) {
     float back[10];
     npattn_load_f32(NPATTN_DTYPE_F16, f16, 1, 10, back);
     expect(back[1] == -2.5f && back[2] == 65504.0f && isinf(back[3]) && back[5] == 5.9604645e-8f, "float16 -> float32");
+    /* NaN stays NaN (quiet), one stride or another */
+    const float odd[] = {NAN, -NAN, INFINITY, -0.0f};
+    uint16_t two[8] = {0};
+    npattn_store_f32(NPATTN_DTYPE_BF16, odd, 4, two, 2);
+    expect((two[0] & 0x7FC0) == 0x7FC0 && (two[2] & 0x7FC0) == 0x7FC0 && two[4] == 0x7F80 && two[6] == 0x8000 &&
+               two[1] == 0,
+           "float32 -> bfloat16: NaN, infinity, -0 at stride 2");
     double wide[3] = {1e300, -1e300, -INFINITY};
     npattn_load_f32(NPATTN_DTYPE_F64, wide, 1, 3, back);
     expect(back[0] == 3.4028234663852886e38f && back[1] == -3.4028234663852886e38f && back[2] == -INFINITY,
            "float64 -> float32 keeps finite values finite");
+}
+
+/* pairs_across against its definition: out[c / 2 * ldo + r] holds x[r][c]
+ * and x[r][c + 1] as bfloat16 (0 past an odd width), zeros in lanes n .. ldo,
+ * for row counts around 16 and widths around the 128 of a chunk. */
+static void test_pairs_across(void) {
+    static float x[37 * 131];
+    static uint32_t out[66 * 48];
+    for (int i = 0; i < 37 * 131; i++) x[i] = (float)((i * 7919) % 1000 - 500) / 64.0f;
+    const int sizes[][2] = {{1, 2}, {16, 128}, {17, 131}, {37, 130}, {15, 1}};
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0 || !npattn_kernels()->bf16_f32) continue;
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            const int n = sizes[k][0], w = sizes[k][1], ldo = 48;
+            memset(out, 0xAB, sizeof out);
+            expect(npattn_pairs_across(x, n, w, 131, out, ldo) == 0, "pairs_across: no subnormal");
+            int bad = 0;
+            for (int p = 0; p < (w + 1) / 2; p++)
+                for (int r = 0; r < ldo; r++) {
+                    uint32_t want = 0;
+                    if (r < n) {
+                        want = npattn_f32_to_bf16(x[r * 131 + 2 * p]);
+                        if (2 * p + 1 < w) want |= (uint32_t)npattn_f32_to_bf16(x[r * 131 + 2 * p + 1]) << 16;
+                    }
+                    bad += out[p * ldo + r] != want;
+                }
+            expect(bad == 0, "pairs_across: each pair in its lane, zeros past the rows");
+        }
+    }
+    npattn_kernels_force("");
 }
 
 /* The streaming kernels read float16 and bfloat16 rows as stored: the same
@@ -721,6 +758,7 @@ int main(void) {
     test_half_cache();
     test_bf16_kernels();
     test_conversions();
+    test_pairs_across();
     test_invalid();
     test_key_ranges();
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -55,8 +55,8 @@ float npattn_bf16_to_f32(uint16_t b) {
 uint16_t npattn_f32_to_bf16(float f) {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
-    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+    const uint32_t nan = (x >> 16) | 0x40u, rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded); /* a select: loops of it vectorize */
 }
 
 int npattn_pairs_of_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo) {
@@ -79,15 +79,23 @@ int npattn_bf16_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint16_t
 }
 
 int npattn_pairs_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo) {
-    uint16_t half[128];
+    /* 16 rows at a time, so that each pair's 16 lanes are one run of out */
+    uint16_t half[16][128 + 2];
     int sub = 0;
-    for (int64_t r = 0; r < n; r++)
+    for (int64_t r0 = 0; r0 < n; r0 += 16) {
+        const int64_t nr = n - r0 < 16 ? n - r0 : 16;
         for (int64_t c0 = 0; c0 < w; c0 += 128) {
             const int64_t nc = w - c0 < 128 ? w - c0 : 128;
-            sub |= npattn_kernels()->bf16_f32(x + r * ldx + c0, nc, half);
-            if (nc % 2) half[nc] = 0;
-            for (int64_t c = 0; c < nc; c += 2) out[(c0 + c) / 2 * ldo + r] = half[c] | (uint32_t)half[c + 1] << 16;
+            for (int64_t i = 0; i < nr; i++) {
+                sub |= npattn_kernels()->bf16_f32(x + (r0 + i) * ldx + c0, nc, half[i]);
+                half[i][nc] = 0;
+            }
+            for (int64_t c = 0; c < nc; c += 2) {
+                uint32_t *to = out + (c0 + c) / 2 * ldo + r0;
+                for (int64_t i = 0; i < nr; i++) to[i] = half[i][c] | (uint32_t)half[i][c + 1] << 16;
+            }
         }
+    }
     for (int64_t p = 0; p < (w + 1) / 2; p++) memset(out + p * ldo + n, 0, (size_t)(ldo - n) * sizeof *out);
     return sub;
 }
@@ -125,7 +133,8 @@ void npattn_load_f32(enum npattn_dtype dtype, const void *src, int64_t stride, i
     }
     case NPATTN_DTYPE_BF16: {
         const uint16_t *s = src;
-        for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
+        if (stride == 1) for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j]);
+        else for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
         return;
     }
     case NPATTN_DTYPE_F16: {
@@ -152,7 +161,8 @@ void npattn_load_f64(enum npattn_dtype dtype, const void *src, int64_t stride, i
     }
     case NPATTN_DTYPE_BF16: {
         const uint16_t *s = src;
-        for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
+        if (stride == 1) for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j]);
+        else for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
         return;
     }
     case NPATTN_DTYPE_F16: {
@@ -177,7 +187,8 @@ void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void
     }
     case NPATTN_DTYPE_BF16: {
         uint16_t *d = dst;
-        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16(src[j]);
+        if (stride == 1) for (int64_t j = 0; j < n; j++) d[j] = npattn_f32_to_bf16(src[j]);
+        else for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16(src[j]);
         return;
     }
     case NPATTN_DTYPE_F16: {
