@@ -1,6 +1,7 @@
 /* kernels/avx512.c: the kernels in AVX-512 (F, BW, VL), 16 query rows per vector, masked
  * tails. Twin of avx2.c and neon.c: the same arithmetic in other widths. */
 #if defined(__x86_64__) || defined(__i386__)
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -16,10 +17,9 @@ AVX512 INLINE __mmask16 lanes(int64_t n, int64_t c) {
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
-AVX512 INLINE __m512 exp_nonpos(__m512 x) {
+/* 2^y for y <= 0 (or -inf), 0 below 2^-126. */
+AVX512 INLINE __m512 exp2_nonpos(__m512 y) {
     const __m512 vmin = _mm512_set1_ps(NPATTN_EXP2_MIN);
-    __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E));
     __mmask16 keep = _mm512_cmp_ps_mask(y, vmin, _CMP_GE_OQ);
     y = _mm512_max_ps(y, vmin);
     __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -33,6 +33,9 @@ AVX512 INLINE __m512 exp_nonpos(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n */
 }
+
+/* exp(x) for x <= 0 (or -inf). */
+AVX512 INLINE __m512 exp_nonpos(__m512 x) { return exp2_nonpos(_mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E))); }
 
 /* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
 AVX512 INLINE __m512 tanh_approx(__m512 y) {
@@ -57,18 +60,31 @@ AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, f
     const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
     const int capped = t->softcap > 0;
     const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
+    const __m512 scale2 = _mm512_set1_ps(t->scale * NPATTN_LOG2E), log2e = _mm512_set1_ps(NPATTN_LOG2E);
+    const int plain = npattn_tile_plain(t);
     for (int64_t r = 0; r < M; r += 16) {
         const __mmask16 live = lanes(M - r, 0);
         __m512 vm = _mm512_maskz_loadu_ps(live, m + r), mx = vm;
-        /* nf sums x - x over unhidden scores: it stays 0 unless one is NaN or infinite */
+        /* nf sums x - x over unhidden scores (plain: the scores): it stays finite unless one is NaN or infinite */
         __m512 nf = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(vm, ninf, _CMP_NEQ_UQ), vm, vm);
         __m512i vlo = _mm512_setzero_si512(), vhi = vlo;
         if (t->lo) {
             vlo = _mm512_maskz_loadu_epi32(live, t->lo + r);
             vhi = _mm512_maskz_loadu_epi32(live, t->hi + r);
         }
+        if (plain) { /* pass 1: the column max of the raw scores, times scale */
+            __m512 raw = _mm512_set1_ps(-FLT_MAX);
+            for (int64_t j = 0; j < nk; j++) {
+                __m512 x = _mm512_maskz_loadu_ps(live, st + j * ld + r);
+                nf = _mm512_add_ps(nf, x);
+                raw = _mm512_max_ps(raw, x);
+            }
+            raw = _mm512_mul_ps(raw, scale);
+            nf = _mm512_add_ps(nf, raw);
+            mx = _mm512_max_ps(mx, raw);
+        }
         /* pass 1: final scores written back, the column max */
-        for (int64_t j = 0; j < nk; j++) {
+        for (int64_t j = 0; j < nk && !plain; j++) {
             float *row = st + j * ld + r;
             __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row), scale);
             __m512 check = _mm512_sub_ps(x, x);
@@ -89,13 +105,14 @@ AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, f
             _mm512_mask_storeu_ps(row, live, x);
             mx = _mm512_max_ps(mx, x);
         }
-        if (_mm512_cmp_ps_mask(nf, zero, _CMP_NEQ_UQ)) return 1;
+        if (_mm512_cmp_ps_mask(_mm512_sub_ps(nf, nf), zero, _CMP_NEQ_UQ)) return 1;
         /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
         __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), mx, zero);
-        __m512 a = exp_nonpos(_mm512_sub_ps(vm, shift)), sum = zero;
+        __m512 a = exp_nonpos(_mm512_sub_ps(vm, shift)), sum = zero, shift2 = _mm512_mul_ps(shift, log2e);
         for (int64_t j = 0; j < nk; j++) {
             float *row = st + j * ld + r;
-            __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row), shift));
+            __m512 x = _mm512_maskz_loadu_ps(live, row);
+            __m512 p = plain ? exp2_nonpos(_mm512_fmsub_ps(x, scale2, shift2)) : exp_nonpos(_mm512_sub_ps(x, shift));
             _mm512_mask_storeu_ps(row, live, p);
             sum = _mm512_add_ps(sum, p);
         }

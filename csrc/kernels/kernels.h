@@ -194,6 +194,13 @@ int npattn_bf16_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint16_t
 
 /* ---- shared by the tables ---- */
 
+/* Whether a tile's scores are only scaled, by a positive scale (no softcap,
+ * bias or band cut): the max of the scores is then scale times the max of
+ * the raw ones, and the softmax may scale them in the exponent. */
+static inline int npattn_tile_plain(const struct npattn_score_tile *t) {
+    return t->softcap <= 0 && !t->bias && !t->lo && t->scale > 0;
+}
+
 /* Whether bfloat16 bits b are a subnormal value (which the bfloat16 dot
  * products read as 0). */
 static inline int npattn_bf16_subnormal(uint16_t b) { return (b & 0x7f80) == 0 && (b & 0x7fff) != 0; }

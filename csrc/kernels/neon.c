@@ -3,6 +3,7 @@
  * avx2.c and avx512.c. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -19,10 +20,9 @@ INLINE float32x4_t keep(float32x4_t x, uint32x4_t mask) {
 /* Whether a lane of x is not 0 (NaN included). */
 INLINE int any_nonzero(float32x4_t x) { return vminvq_u32(vceqq_f32(x, vdupq_n_f32(0.0f))) == 0; }
 
-/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
-INLINE float32x4_t exp_nonpos(float32x4_t x) {
+/* 2^y for y <= 0 (or -inf), 0 below 2^-126. */
+INLINE float32x4_t exp2_nonpos(float32x4_t y) {
     const float32x4_t vmin = vdupq_n_f32(NPATTN_EXP2_MIN);
-    float32x4_t y = vmulq_f32(x, vdupq_n_f32(NPATTN_LOG2E));
     uint32x4_t live = vcgeq_f32(y, vmin);
     y = vmaxq_f32(y, vmin);
     float32x4_t n = vrndnq_f32(y);
@@ -37,6 +37,9 @@ INLINE float32x4_t exp_nonpos(float32x4_t x) {
     int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
     return keep(vmulq_f32(p, vreinterpretq_f32_s32(e)), live);
 }
+
+/* exp(x) for x <= 0 (or -inf). */
+INLINE float32x4_t exp_nonpos(float32x4_t x) { return exp2_nonpos(vmulq_f32(x, vdupq_n_f32(NPATTN_LOG2E))); }
 
 /* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
 INLINE float32x4_t tanh_approx(float32x4_t y) {
@@ -60,18 +63,31 @@ static int softmax_neon(float *st, const struct npattn_score_tile *t, float *m, 
     const float32x4_t scale = vdupq_n_f32(t->scale), ninf = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
     const int capped = t->softcap > 0;
     const float32x4_t cap = vdupq_n_f32(t->softcap), inv_cap = vdupq_n_f32(capped ? 1.0f / t->softcap : 0.0f);
+    const float32x4_t scale2 = vdupq_n_f32(t->scale * NPATTN_LOG2E), log2e = vdupq_n_f32(NPATTN_LOG2E);
+    const int plain = npattn_tile_plain(t);
     int64_t r = 0;
     for (; r + 4 <= M; r += 4) {
         float32x4_t vm = vld1q_f32(m + r), mx = vm;
-        /* nf sums x - x over unhidden scores: it stays 0 unless one is NaN or infinite */
+        /* nf sums x - x over unhidden scores (plain: the scores): it stays finite unless one is NaN or infinite */
         float32x4_t nf = keep(vsubq_f32(vm, vm), vmvnq_u32(vceqq_f32(vm, ninf)));
         int32x4_t vlo = vdupq_n_s32(0), vhi = vlo;
         if (t->lo) {
             vlo = vld1q_s32(t->lo + r);
             vhi = vld1q_s32(t->hi + r);
         }
+        if (plain) { /* pass 1: the column max of the raw scores, times scale */
+            float32x4_t raw = vdupq_n_f32(-FLT_MAX);
+            for (int64_t j = 0; j < nk; j++) {
+                float32x4_t x = vld1q_f32(st + j * ld + r);
+                nf = vaddq_f32(nf, x);
+                raw = vmaxq_f32(raw, x);
+            }
+            raw = vmulq_f32(raw, scale);
+            nf = vaddq_f32(nf, raw);
+            mx = vmaxq_f32(mx, raw);
+        }
         /* pass 1: final scores written back, the column max */
-        for (int64_t j = 0; j < nk; j++) {
+        for (int64_t j = 0; j < nk && !plain; j++) {
             float *row = st + j * ld + r;
             float32x4_t x = vmulq_f32(vld1q_f32(row), scale);
             float32x4_t check = vsubq_f32(x, x);
@@ -92,13 +108,14 @@ static int softmax_neon(float *st, const struct npattn_score_tile *t, float *m, 
             vst1q_f32(row, x);
             mx = vmaxq_f32(mx, x);
         }
-        if (any_nonzero(nf)) return 1;
+        if (any_nonzero(vsubq_f32(nf, nf))) return 1;
         /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
         float32x4_t shift = select(vceqq_f32(mx, ninf), zero, mx);
-        float32x4_t a = exp_nonpos(vsubq_f32(vm, shift)), sum = zero;
+        float32x4_t a = exp_nonpos(vsubq_f32(vm, shift)), sum = zero, nshift2 = vnegq_f32(vmulq_f32(shift, log2e));
         for (int64_t j = 0; j < nk; j++) {
             float *row = st + j * ld + r;
-            float32x4_t p = exp_nonpos(vsubq_f32(vld1q_f32(row), shift));
+            float32x4_t x = vld1q_f32(row);
+            float32x4_t p = plain ? exp2_nonpos(vfmaq_f32(nshift2, x, scale2)) : exp_nonpos(vsubq_f32(x, shift));
             vst1q_f32(row, p);
             sum = vaddq_f32(sum, p);
         }
