@@ -34,15 +34,18 @@ static const void *CAT(kv_rows_, SFX)(const struct npattn_tensor *t, const struc
 }
 
 /* Stacked rows r = 0 .. M-1 (head h0 + r / nq, query i0 + r % nq) of an
- * operand of width w at batch offset off, as REAL: rows (M, w), and with
- * rowsT also transposed (w, M) into it: 8 x 8 blocks, whose fixed bounds
- * the compiler unrolls (a quarter to a half of the time of blocks with
- * bounds checked inside), then the rows and columns left over. */
+ * operand of width w at batch offset off, as REAL: rows (M, w). */
 static void CAT(stacked_rows_, SFX)(const struct npattn_tensor *t, int64_t off, int64_t h0, int64_t i0, int64_t nq,
-                                    int64_t M, int64_t w, REAL *rows, REAL *rowsT) {
+                                    int64_t M, int64_t w, REAL *rows) {
     const int64_t es = (int64_t)npattn_dtype_size(t->dtype);
     for (int64_t r = 0; r < M; r++) LOAD(t->dtype, npattn_elem(t, es, off, h0 + r / nq, i0 + r % nq), t->col_stride, w, rows + r * w);
-    if (!rowsT) return;
+}
+
+/* rowsT (w, M) = the transpose of rows (M, w), for the forward pass alone
+ * (inline: no warning where unused): 8 x 8 blocks, whose fixed bounds the
+ * compiler unrolls (a quarter to a half of the time of blocks with bounds
+ * checked inside), then the rows and columns left over. */
+static inline void CAT(transposed_, SFX)(const REAL *rows, int64_t M, int64_t w, REAL *rowsT) {
     int64_t r0 = 0;
     for (; r0 + 8 <= M; r0 += 8) {
         int64_t d0 = 0;

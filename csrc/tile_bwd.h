@@ -156,9 +156,9 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
             for (int64_t i0 = ia / pl->bq * pl->bq; i0 < ib; i0 += pl->bq) {
                 if (npattn_run_stopped(&pl->run, slot)) return 0;
                 const int64_t nq = L - i0 < pl->bq ? L - i0 : pl->bq, M = nh * nq;
-                CAT(stacked_rows_, SFX)(&p->q, off_q, h0, i0, nq, M, D, qrows, NULL);
-                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h0, i0, nq, M, Dv, dorows, NULL);
-                CAT(stacked_rows_, SFX)(&p->out, off_o, h0, i0, nq, M, Dv, orows, NULL);
+                CAT(stacked_rows_, SFX)(&p->q, off_q, h0, i0, nq, M, D, qrows);
+                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h0, i0, nq, M, Dv, dorows);
+                CAT(stacked_rows_, SFX)(&p->out, off_o, h0, i0, nq, M, Dv, orows);
                 for (int64_t r = 0; r < M; r++) { /* D_i = rowsum(dO_i * O_i); the running max starts at lse */
                     REAL sum = 0;
                     for (int64_t e = 0; e < Dv; e++) sum += dorows[r * Dv + e] * orows[r * Dv + e];
@@ -332,8 +332,8 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
         for (int64_t h = hg0; h < hg0 + pl->group; h++) {
             double sum = 0;
             for (int64_t i = 0; i < L; i++) {
-                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h, i, 1, 1, Dv, dorows, NULL);
-                CAT(stacked_rows_, SFX)(&p->out, off_o, h, i, 1, 1, Dv, orows, NULL);
+                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h, i, 1, 1, Dv, dorows);
+                CAT(stacked_rows_, SFX)(&p->out, off_o, h, i, 1, 1, Dv, orows);
                 double di = 0, lse;
                 for (int64_t e = 0; e < Dv; e++) di += (double)dorows[e] * (double)orows[e];
                 REAL l1;

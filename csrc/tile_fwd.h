@@ -171,11 +171,11 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     s.mg = M / u->ng;
     s.k_head = p->k.head_stride * (int64_t)npattn_dtype_size(p->k.dtype);
     s.v_head = p->v.head_stride * (int64_t)npattn_dtype_size(p->v.dtype);
-    /* Q's rows (M, D) for the streaming kernels; Q^T (D, M) for the gemm,
-     * which then reads K in place as a plain NoTrans product (a form
-     * OpenBLAS's small-matrix kernels take) */
+    /* Q's rows (M, D) for the streaming kernels and the dot products' pairs;
+     * Q^T (D, M) for the gemm, which then reads K in place as a plain
+     * NoTrans product (a form OpenBLAS's small-matrix kernels take) */
     REAL *qrows = s.stream ? s.qt : (REAL *)(scratch + lay->qrows);
-    CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.stream ? NULL : s.qt);
+    CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
     /* the dot products, unless a value is subnormal (they would read it as 0) */
 #if IS_F64
     (void)qrows;
@@ -185,6 +185,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
              !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
     s.pv16 = pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
 #endif
+    if (!s.stream && !s.qk16) CAT(transposed_, SFX)(qrows, M, D, s.qt);
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */
     for (int64_t r = 0; r < M; r++) {
@@ -216,9 +217,15 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         if (Dv == 0) continue;
 #if !IS_F64
         if (s.pv16) { /* bfloat16 dot products */
+            const struct npattn_kernels *kn = npattn_kernels();
             pairs_of_kv(&s.vv, j0, nk, Dv, s.vp, pl->ldv2);
-            npattn_pairs_of_rows(s.st, nk, M, M, s.pp, pl->ldq2); /* a subnormal weight, below 2^-126, may read as 0 */
-            npattn_kernels()->accumulate_bf16(s.pp, pl->ldq2, M, (nk + 1) / 2, s.vp, pl->ldv2, Dv, ot);
+            /* a subnormal weight, below 2^-126, may read as 0 */
+            if (kn->accumulate_weights_bf16) {
+                kn->accumulate_weights_bf16(s.st, M, M, nk, s.vp, pl->ldv2, Dv, ot);
+                continue;
+            }
+            npattn_pairs_of_rows(s.st, nk, M, M, s.pp, pl->ldq2);
+            kn->accumulate_bf16(s.pp, pl->ldq2, M, (nk + 1) / 2, s.vp, pl->ldv2, Dv, ot);
             continue;
         }
 #endif

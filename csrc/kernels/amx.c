@@ -111,52 +111,70 @@ AMX void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int6
 
 /* ---- P @ V: o (M, Dv) += P V, P's pairs transposed into A tiles ---- */
 
-/* pa (16 rows, n16 apart) = the transpose of 16 lanes of pp's rows
- * 0 .. n16 - 1: pa[i * n16 + p] = pp[p * ldp + i], zeros for p >= np. */
-AMX static void transpose_pairs(const uint32_t *pp, int64_t ldp, int64_t np, int64_t n16, uint32_t *pa) {
+/* The transpose of 16 rows of 16 32-bit lanes, in place. */
+AMX static inline __attribute__((always_inline)) void transpose16(__m512i x[16]) {
+    __m512i t[16], u[16];
+    /* within each 128-bit lane L: u[4g + c] = column 4L + c of rows 4g .. 4g + 3 */
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+    }
+    for (int g = 0; g < 4; g++) {
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    /* then column 4L + c is lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
+    for (int c = 0; c < 4; c++) {
+        const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+        const __m512i d = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        x[c] = _mm512_shuffle_i32x4(a, d, 0x88);
+        x[4 + c] = _mm512_shuffle_i32x4(a, d, 0xdd);
+        x[8 + c] = _mm512_shuffle_i32x4(b, e, 0x88);
+        x[12 + c] = _mm512_shuffle_i32x4(b, e, 0xdd);
+    }
+}
+
+/* pa (16 rows, n16 apart) = P's pairs for 16 rows r0 .. r0 + 15 as A tiles,
+ * pa[i * n16 + p] the pair p of row r0 + i, zeros for p >= np. P is given
+ * either as pairs, pp[p * ldp + r] (st NULL), or as floats, st[j * ldst + r]
+ * for nk keys, rounded here to nearest even bfloat16 (a subnormal weight
+ * may read as 0; lanes r0 + i >= M are not read). */
+AMX static void p_tiles(const uint32_t *pp, int64_t ldp, const float *st, int64_t ldst, int64_t nk, int64_t M,
+                        int64_t r0, int64_t np, int64_t n16, uint32_t *pa) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                         20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __mmask16 live = M - r0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (M - r0)) - 1);
     for (int64_t p0 = 0; p0 < n16; p0 += 16) {
-        __m512i x[16], t[16], u[16];
-        for (int i = 0; i < 16; i++)
-            x[i] = p0 + i < np ? _mm512_loadu_si512(pp + (p0 + i) * ldp) : _mm512_setzero_si512();
-        /* within each 128-bit lane L: u[4g + c] = column 4L + c of rows 4g .. 4g + 3 */
-        for (int i = 0; i < 16; i += 2) {
-            t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
-            t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+        __m512i x[16];
+        for (int i = 0; i < 16; i++) {
+            const int64_t p = p0 + i, j = 2 * p;
+            if (!st) {
+                x[i] = p < np ? _mm512_loadu_si512(pp + p * ldp + r0) : _mm512_setzero_si512();
+                continue;
+            }
+            const __m512 a = j < nk ? _mm512_maskz_loadu_ps(live, st + j * ldst + r0) : _mm512_setzero_ps();
+            const __m512 b = j + 1 < nk ? _mm512_maskz_loadu_ps(live, st + (j + 1) * ldst + r0) : _mm512_setzero_ps();
+            x[i] = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* a's 16 values, then b's: paired */
         }
-        for (int g = 0; g < 4; g++) {
-            u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-            u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-            u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-            u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-        }
-        /* then column 4L + c is lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
-        for (int c = 0; c < 4; c++) {
-            const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
-            const __m512i d = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
-            x[c] = _mm512_shuffle_i32x4(a, d, 0x88);
-            x[4 + c] = _mm512_shuffle_i32x4(a, d, 0xdd);
-            x[8 + c] = _mm512_shuffle_i32x4(b, e, 0x88);
-            x[12 + c] = _mm512_shuffle_i32x4(b, e, 0xdd);
-        }
+        transpose16(x);
         for (int i = 0; i < 16; i++) _mm512_store_si512(pa + i * n16 + p0, x[i]);
     }
 }
 
-AMX void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
-                                    int64_t ldv, int64_t Dv, float *o) {
+/* accumulate_bf16 and accumulate_weights_bf16: P as pairs (pp) or as floats (st). */
+AMX static void accumulate(const uint32_t *pp, int64_t ldp, const float *st, int64_t ldst, int64_t nk, int64_t M,
+                           int64_t np, const uint32_t *vp, int64_t ldv, int64_t Dv, float *o) {
     const int64_t n16 = (np + 15) / 16 * 16;
-    if (n16 > 256) { /* more than 512 keys: not a tile of forward.c's */
-        npattn_kernels_avx512bf16.accumulate_bf16(pp, ldp, M, np, vp, ldv, Dv, o);
-        return;
-    }
     uint32_t pa[32 * 256] __attribute__((aligned(64)));   /* 32 rows of P's pairs, as A tiles */
     uint32_t vpad[16 * 32] __attribute__((aligned(64))); /* V's last pairs (32 lanes), zeros past np and ldv */
     float spill[32 * 32] __attribute__((aligned(64)));   /* o's block when cut short, (32, 32) */
     _tile_loadconfig(&config);
     for (int64_t r = 0; r < M; r += 32) {
         const int64_t nr = M - r < 32 ? M - r : 32;
-        transpose_pairs(pp + r, ldp, np, n16, pa);
-        if (nr > 16) transpose_pairs(pp + r + 16, ldp, np, n16, pa + 16 * n16);
+        p_tiles(pp, ldp, st, ldst, nk, M, r, np, n16, pa);
+        if (nr > 16) p_tiles(pp, ldp, st, ldst, nk, M, r + 16, np, n16, pa + 16 * n16);
         else memset(pa + 16 * n16, 0, (size_t)(16 * n16) * sizeof *pa);
         for (int64_t e = 0; e < Dv; e += 32) {
             const int64_t ne = Dv - e < 32 ? Dv - e : 32;
@@ -201,5 +219,21 @@ AMX void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, 
         }
     }
     _tile_release();
+}
+
+AMX void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
+                                    int64_t ldv, int64_t Dv, float *o) {
+    if (np > 256) /* more than 512 keys: not a tile of forward.c's */
+        npattn_kernels_avx512bf16.accumulate_bf16(pp, ldp, M, np, vp, ldv, Dv, o);
+    else
+        accumulate(pp, ldp, NULL, 0, 0, M, np, vp, ldv, Dv, o);
+}
+
+AMX void npattn_amx_accumulate_weights_bf16(const float *st, int64_t ldst, int64_t M, int64_t nk, const uint32_t *vp,
+                                            int64_t ldv, int64_t Dv, float *o) {
+    for (int64_t j = 0; j < nk; j += 512) { /* the pairs' scratch holds 512 keys */
+        const int64_t n = nk - j < 512 ? nk - j : 512;
+        accumulate(NULL, 0, st + j * ldst, ldst, n, M, (n + 1) / 2, vp + j / 2 * ldv, ldv, Dv, o);
+    }
 }
 #endif

@@ -10,9 +10,10 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* 2^y for y <= 0 (or -inf), 0 below 2^-126. */
-AVX2 INLINE __m256 exp2_nonpos(__m256 y) {
+/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
+AVX2 INLINE __m256 exp_nonpos(__m256 x) {
     const __m256 vmin = _mm256_set1_ps(NPATTN_EXP2_MIN);
+    __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(NPATTN_LOG2E));
     __m256 keep = _mm256_cmp_ps(y, vmin, _CMP_GE_OQ);
     y = _mm256_max_ps(y, vmin);
     __m256 n = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -27,9 +28,6 @@ AVX2 INLINE __m256 exp2_nonpos(__m256 y) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
-
-/* exp(x) for x <= 0 (or -inf). */
-AVX2 INLINE __m256 exp_nonpos(__m256 x) { return exp2_nonpos(_mm256_mul_ps(x, _mm256_set1_ps(NPATTN_LOG2E))); }
 
 /* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
 AVX2 INLINE __m256 tanh_approx(__m256 y) {
@@ -53,7 +51,6 @@ AVX2 static int softmax_avx2(float *st, const struct npattn_score_tile *t, float
     const __m256 scale = _mm256_set1_ps(t->scale), ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
     const int capped = t->softcap > 0;
     const __m256 cap = _mm256_set1_ps(t->softcap), inv_cap = _mm256_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
-    const __m256 scale2 = _mm256_set1_ps(t->scale * NPATTN_LOG2E), log2e = _mm256_set1_ps(NPATTN_LOG2E);
     const int plain = npattn_tile_plain(t);
     int64_t r = 0;
     for (; r + 8 <= M; r += 8) {
@@ -102,11 +99,11 @@ AVX2 static int softmax_avx2(float *st, const struct npattn_score_tile *t, float
         if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_sub_ps(nf, nf), zero, _CMP_NEQ_UQ))) return 1;
         /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
         __m256 shift = _mm256_blendv_ps(mx, zero, _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ));
-        __m256 a = exp_nonpos(_mm256_sub_ps(vm, shift)), sum = zero, shift2 = _mm256_mul_ps(shift, log2e);
+        __m256 a = exp_nonpos(_mm256_sub_ps(vm, shift)), sum = zero;
         for (int64_t j = 0; j < nk; j++) {
             float *row = st + j * ld + r;
             __m256 x = _mm256_loadu_ps(row);
-            __m256 p = plain ? exp2_nonpos(_mm256_fmsub_ps(x, scale2, shift2)) : exp_nonpos(_mm256_sub_ps(x, shift));
+            __m256 p = exp_nonpos(_mm256_sub_ps(plain ? _mm256_mul_ps(x, scale) : x, shift));
             _mm256_storeu_ps(row, p);
             sum = _mm256_add_ps(sum, p);
         }

@@ -17,9 +17,10 @@ AVX512 INLINE __mmask16 lanes(int64_t n, int64_t c) {
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-/* 2^y for y <= 0 (or -inf), 0 below 2^-126. */
-AVX512 INLINE __m512 exp2_nonpos(__m512 y) {
+/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
+AVX512 INLINE __m512 exp_nonpos(__m512 x) {
     const __m512 vmin = _mm512_set1_ps(NPATTN_EXP2_MIN);
+    __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E));
     __mmask16 keep = _mm512_cmp_ps_mask(y, vmin, _CMP_GE_OQ);
     y = _mm512_max_ps(y, vmin);
     __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -33,9 +34,6 @@ AVX512 INLINE __m512 exp2_nonpos(__m512 y) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n */
 }
-
-/* exp(x) for x <= 0 (or -inf). */
-AVX512 INLINE __m512 exp_nonpos(__m512 x) { return exp2_nonpos(_mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E))); }
 
 /* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
 AVX512 INLINE __m512 tanh_approx(__m512 y) {
@@ -60,7 +58,6 @@ AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, f
     const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
     const int capped = t->softcap > 0;
     const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
-    const __m512 scale2 = _mm512_set1_ps(t->scale * NPATTN_LOG2E), log2e = _mm512_set1_ps(NPATTN_LOG2E);
     const int plain = npattn_tile_plain(t);
     for (int64_t r = 0; r < M; r += 16) {
         const __mmask16 live = lanes(M - r, 0);
@@ -108,11 +105,11 @@ AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, f
         if (_mm512_cmp_ps_mask(_mm512_sub_ps(nf, nf), zero, _CMP_NEQ_UQ)) return 1;
         /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
         __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), mx, zero);
-        __m512 a = exp_nonpos(_mm512_sub_ps(vm, shift)), sum = zero, shift2 = _mm512_mul_ps(shift, log2e);
+        __m512 a = exp_nonpos(_mm512_sub_ps(vm, shift)), sum = zero;
         for (int64_t j = 0; j < nk; j++) {
             float *row = st + j * ld + r;
             __m512 x = _mm512_maskz_loadu_ps(live, row);
-            __m512 p = plain ? exp2_nonpos(_mm512_fmsub_ps(x, scale2, shift2)) : exp_nonpos(_mm512_sub_ps(x, shift));
+            __m512 p = exp_nonpos(_mm512_sub_ps(plain ? _mm512_mul_ps(x, scale) : x, shift));
             _mm512_mask_storeu_ps(row, live, p);
             sum = _mm512_add_ps(sum, p);
         }
@@ -581,6 +578,7 @@ const struct npattn_kernels npattn_kernels_amx = {
     .pair_bf16 = pair_bf16_avx512,
     .scores_bf16 = npattn_amx_scores_bf16,
     .accumulate_bf16 = npattn_amx_accumulate_bf16,
+    .accumulate_weights_bf16 = npattn_amx_accumulate_weights_bf16,
 };
 #endif
 

@@ -82,7 +82,11 @@ struct npattn_kernels {
      * k[j * ldk + 2p + 1]), K's bfloat16 rows read in place (ldq a multiple
      * of 16 at least M, lanes past M ignored). accumulate_bf16: o (M, Dv)
      * row-major += sum over p < np of pp[p * ldp + r] . vp[p * ldv + e]
-     * (ldv a multiple of 16 at least Dv). scores_bf16 takes K's rows of D
+     * (ldv a multiple of 16 at least Dv). accumulate_weights_bf16, where a
+     * table has it (NULL elsewhere): the same product with P given as the
+     * floats st (nk, ldst) columns r < M, rounded to nearest even bfloat16
+     * (a subnormal weight may read as 0), so that they need no pairs of
+     * rows first. scores_bf16 takes K's rows of D
      * = 2 np values when D is a multiple of bf16_d_step. bf16_tile: the
      * keys per tile and the most stacked rows that suit them (0: the
      * float32 gemms' tile sizes). */
@@ -94,6 +98,8 @@ struct npattn_kernels {
                         int64_t nk, float *st, int64_t ldst);
     void (*accumulate_bf16)(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp, int64_t ldv,
                             int64_t Dv, float *o);
+    void (*accumulate_weights_bf16)(const float *st, int64_t ldst, int64_t M, int64_t nk, const uint32_t *vp,
+                                    int64_t ldv, int64_t Dv, float *o);
 
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
@@ -118,6 +124,8 @@ void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int64_t 
                             int64_t nk, float *st, int64_t ldst);
 void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
                                 int64_t ldv, int64_t Dv, float *o);
+void npattn_amx_accumulate_weights_bf16(const float *st, int64_t ldst, int64_t M, int64_t nk, const uint32_t *vp,
+                                        int64_t ldv, int64_t Dv, float *o);
 /* Asks the OS for the tile data state (once per process is enough);
  * returns whether it was granted. */
 int npattn_amx_request_permission(void);
@@ -196,7 +204,8 @@ int npattn_bf16_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint16_t
 
 /* Whether a tile's scores are only scaled, by a positive scale (no softcap,
  * bias or band cut): the max of the scores is then scale times the max of
- * the raw ones, and the softmax may scale them in the exponent. */
+ * the raw ones (rounding keeps order), and the softmax need not write the
+ * scaled scores back before its second pass, which scales them again. */
 static inline int npattn_tile_plain(const struct npattn_score_tile *t) {
     return t->softcap <= 0 && !t->bias && !t->lo && t->scale > 0;
 }

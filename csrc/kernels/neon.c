@@ -20,9 +20,10 @@ INLINE float32x4_t keep(float32x4_t x, uint32x4_t mask) {
 /* Whether a lane of x is not 0 (NaN included). */
 INLINE int any_nonzero(float32x4_t x) { return vminvq_u32(vceqq_f32(x, vdupq_n_f32(0.0f))) == 0; }
 
-/* 2^y for y <= 0 (or -inf), 0 below 2^-126. */
-INLINE float32x4_t exp2_nonpos(float32x4_t y) {
+/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
+INLINE float32x4_t exp_nonpos(float32x4_t x) {
     const float32x4_t vmin = vdupq_n_f32(NPATTN_EXP2_MIN);
+    float32x4_t y = vmulq_f32(x, vdupq_n_f32(NPATTN_LOG2E));
     uint32x4_t live = vcgeq_f32(y, vmin);
     y = vmaxq_f32(y, vmin);
     float32x4_t n = vrndnq_f32(y);
@@ -37,9 +38,6 @@ INLINE float32x4_t exp2_nonpos(float32x4_t y) {
     int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
     return keep(vmulq_f32(p, vreinterpretq_f32_s32(e)), live);
 }
-
-/* exp(x) for x <= 0 (or -inf). */
-INLINE float32x4_t exp_nonpos(float32x4_t x) { return exp2_nonpos(vmulq_f32(x, vdupq_n_f32(NPATTN_LOG2E))); }
 
 /* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
 INLINE float32x4_t tanh_approx(float32x4_t y) {
@@ -63,7 +61,6 @@ static int softmax_neon(float *st, const struct npattn_score_tile *t, float *m, 
     const float32x4_t scale = vdupq_n_f32(t->scale), ninf = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
     const int capped = t->softcap > 0;
     const float32x4_t cap = vdupq_n_f32(t->softcap), inv_cap = vdupq_n_f32(capped ? 1.0f / t->softcap : 0.0f);
-    const float32x4_t scale2 = vdupq_n_f32(t->scale * NPATTN_LOG2E), log2e = vdupq_n_f32(NPATTN_LOG2E);
     const int plain = npattn_tile_plain(t);
     int64_t r = 0;
     for (; r + 4 <= M; r += 4) {
@@ -111,11 +108,11 @@ static int softmax_neon(float *st, const struct npattn_score_tile *t, float *m, 
         if (any_nonzero(vsubq_f32(nf, nf))) return 1;
         /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
         float32x4_t shift = select(vceqq_f32(mx, ninf), zero, mx);
-        float32x4_t a = exp_nonpos(vsubq_f32(vm, shift)), sum = zero, nshift2 = vnegq_f32(vmulq_f32(shift, log2e));
+        float32x4_t a = exp_nonpos(vsubq_f32(vm, shift)), sum = zero;
         for (int64_t j = 0; j < nk; j++) {
             float *row = st + j * ld + r;
             float32x4_t x = vld1q_f32(row);
-            float32x4_t p = plain ? exp2_nonpos(vfmaq_f32(nshift2, x, scale2)) : exp_nonpos(vsubq_f32(x, shift));
+            float32x4_t p = exp_nonpos(vsubq_f32(plain ? vmulq_f32(x, scale) : x, shift));
             vst1q_f32(row, p);
             sum = vaddq_f32(sum, p);
         }
