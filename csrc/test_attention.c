@@ -684,22 +684,39 @@ static void test_bf16_kernels(void) {
                         for (int64_t e = 0; e < ldv; e++)
                             vp[p * ldv + e] = e >= Dv ? 0 : kh[2 * p * LD + e] | (2 * p + 1 < nk ? (uint32_t)kh[(2 * p + 1) * LD + e] << 16 : 0);
                     }
-                    for (int64_t i = 0; i < M * Dv; i++) o[i] = o0[i] = (float)uniform();
-                    kt->accumulate_bf16(pp, ldq, M, npv, vp, ldv, Dv, o);
-                    close = 1;
-                    for (int64_t r = 0; r < M; r++)
-                        for (int64_t e = 0; e < Dv; e++) {
-                            double want = o0[r * Dv + e], size = fabs(want);
-                            for (int64_t j = 0; j < nk; j++) {
-                                const double x = (double)pf[j * M + r] * npattn_bf16_to_f32(kh[j * LD + e]);
-                                want += x, size += fabs(x);
+                    /* the weights as pairs, then (where the table has it) as floats */
+                    for (int as_floats = 0; as_floats < 1 + !!kt->accumulate_weights_bf16; as_floats++) {
+                        for (int64_t i = 0; i < M * Dv; i++) o[i] = o0[i] = (float)uniform();
+                        if (as_floats) kt->accumulate_weights_bf16(pf, M, M, nk, vp, ldv, Dv, o);
+                        else kt->accumulate_bf16(pp, ldq, M, npv, vp, ldv, Dv, o);
+                        close = 1;
+                        for (int64_t r = 0; r < M; r++)
+                            for (int64_t e = 0; e < Dv; e++) {
+                                double want = o0[r * Dv + e], size = fabs(want);
+                                for (int64_t j = 0; j < nk; j++) {
+                                    const double x = (double)pf[j * M + r] * npattn_bf16_to_f32(kh[j * LD + e]);
+                                    want += x, size += fabs(x);
+                                }
+                                close &= fabs(o[r * Dv + e] - want) <= size * (double)(nk + 2) * 0x1p-24;
                             }
-                            close &= fabs(o[r * Dv + e] - want) <= size * (double)(nk + 2) * 0x1p-24;
-                        }
-                    snprintf(msg, sizeof msg, "%s accumulate_bf16 M=%lld nk=%lld Dv=%lld", kernel_tables[t], (long long)M,
-                             (long long)nk, (long long)Dv);
-                    expect(close, msg);
+                        snprintf(msg, sizeof msg, "%s accumulate_%sbf16 M=%lld nk=%lld Dv=%lld", kernel_tables[t],
+                                 as_floats ? "weights_" : "", (long long)M, (long long)nk, (long long)Dv);
+                        expect(close, msg);
+                    }
                 }
+        if (kt->accumulate_weights_bf16) { /* more keys than one call's scratch: 1031 weights of 1, rounded from 1 + 2^-10 */
+            enum { NK = 1031, W = 16 };
+            static float w[NK * 3];
+            static uint32_t v1[(NK + 1) / 2 * W];
+            float acc[3 * W] = {0};
+            for (int64_t i = 0; i < NK * 3; i++) w[i] = 1.0009765625f;
+            for (int64_t i = 0; i < (NK + 1) / 2 * W; i++) v1[i] = 0x3f80u | (2 * (i / W) + 1 < NK ? 0x3f80u << 16 : 0);
+            kt->accumulate_weights_bf16(w, 3, 3, NK, v1, W, W, acc);
+            int all = 1;
+            for (int i = 0; i < 3 * W; i++) all &= acc[i] == (float)NK;
+            snprintf(msg, sizeof msg, "%s accumulate_weights_bf16 over %d keys", kernel_tables[t], NK);
+            expect(all, msg);
+        }
     }
     npattn_kernels_force("");
     /* without the OS's permission for the tile state, no amx table */
