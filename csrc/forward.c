@@ -280,7 +280,8 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     /* the bfloat16 dot products' pairs: Q^T's, P's and V's */
     const int pairs = real == sizeof(float);
     s.qp = npattn_take(&at, pairs && pl->bf16_qk ? D / 2 * (size_t)pl->ldq2 * 4 : 0);
-    s.pp = npattn_take(&at, pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4 : 0);
+    const int p_pairs = pairs && pl->bf16_pv && !npattn_kernels()->accumulate_weights_bf16; /* else paired in the kernel */
+    s.pp = npattn_take(&at, p_pairs ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4 : 0);
     s.vp = npattn_take(&at, pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4 : 0);
     s.size = at;
     return s;
