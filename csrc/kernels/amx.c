@@ -1,7 +1,8 @@
 /* kernels/amx.c: the bfloat16 products of gemm tiles on AMX-BF16 tiles
  * (Sapphire Rapids and newer), for the amx table, which is the avx512bf16
- * table with these two entries (avx512.c). Same contracts as kernels.h's
- * scores_bf16 and accumulate_bf16, and the same arithmetic: tdpbf16ps adds
+ * table with these entries (avx512.c). Same contracts as kernels.h's
+ * scores_bf16, accumulate_bf16 and accumulate_weights_bf16 (which only
+ * this table has), and the same arithmetic: tdpbf16ps adds
  * the two products of each pair of bfloat16 lanes to a float accumulator,
  * one rounding each, subnormal inputs read as 0 and subnormal results
  * flushed (the callers give it none, as for vdpbf16ps).
