@@ -41,24 +41,6 @@ static void CAT(stacked_rows_, SFX)(const struct npattn_tensor *t, int64_t off, 
     for (int64_t r = 0; r < M; r++) LOAD(t->dtype, npattn_elem(t, es, off, h0 + r / nq, i0 + r % nq), t->col_stride, w, rows + r * w);
 }
 
-/* rowsT (w, M) = the transpose of rows (M, w), for the forward pass alone
- * (inline: no warning where unused): 8 x 8 blocks, whose fixed bounds the
- * compiler unrolls (a quarter to a half of the time of blocks with bounds
- * checked inside), then the rows and columns left over. */
-static inline void CAT(transposed_, SFX)(const REAL *rows, int64_t M, int64_t w, REAL *rowsT) {
-    int64_t r0 = 0;
-    for (; r0 + 8 <= M; r0 += 8) {
-        int64_t d0 = 0;
-        for (; d0 + 8 <= w; d0 += 8)
-            for (int d = 0; d < 8; d++)
-                for (int r = 0; r < 8; r++) rowsT[(d0 + d) * M + r0 + r] = rows[(r0 + r) * w + d0 + d];
-        for (int64_t d = d0; d < w; d++)
-            for (int r = 0; r < 8; r++) rowsT[d * M + r0 + r] = rows[(r0 + r) * w + d];
-    }
-    for (int64_t r = r0; r < M; r++)
-        for (int64_t d = 0; d < w; d++) rowsT[d * M + r] = rows[r * w + d];
-}
-
 /* The mask's tile for the stacked rows and keys j0 .. j0+nk as a bias: 0 or
  * -inf for a bool mask, the values for an additive one, at bias[j * sj + r * sr].
  * Returns 1 when REAL cannot hold a value (a float64 mask beyond float's

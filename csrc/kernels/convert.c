@@ -55,8 +55,8 @@ float npattn_bf16_to_f32(uint16_t b) {
 uint16_t npattn_f32_to_bf16(float f) {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
-    const uint32_t nan = (x >> 16) | 0x40u, rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
-    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded); /* a select: loops of it vectorize */
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
 int npattn_pairs_of_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo) {
@@ -133,8 +133,7 @@ void npattn_load_f32(enum npattn_dtype dtype, const void *src, int64_t stride, i
     }
     case NPATTN_DTYPE_BF16: {
         const uint16_t *s = src;
-        if (stride == 1) for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j]);
-        else for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
+        for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
         return;
     }
     case NPATTN_DTYPE_F16: {
@@ -161,8 +160,7 @@ void npattn_load_f64(enum npattn_dtype dtype, const void *src, int64_t stride, i
     }
     case NPATTN_DTYPE_BF16: {
         const uint16_t *s = src;
-        if (stride == 1) for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j]);
-        else for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
+        for (int64_t j = 0; j < n; j++) dst[j] = npattn_bf16_to_f32(s[j * stride]);
         return;
     }
     case NPATTN_DTYPE_F16: {
@@ -187,8 +185,7 @@ void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void
     }
     case NPATTN_DTYPE_BF16: {
         uint16_t *d = dst;
-        if (stride == 1) for (int64_t j = 0; j < n; j++) d[j] = npattn_f32_to_bf16(src[j]);
-        else for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16(src[j]);
+        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16(src[j]);
         return;
     }
     case NPATTN_DTYPE_F16: {
