@@ -156,10 +156,14 @@ def test_half_cache_streamed_matches_reference(variant, rng, H_q, H_kv, L, S, D,
     """Every pair of q and K/V dtypes on the streaming (decode) path, odd widths and
     D_v != D, in every kernel table: the reference within the result dtype's bound,
     and the same bits as K and V given as their float32 values (the kernels convert
-    exactly, in registers)."""
+    exactly, in registers). The AVX-512 tables sum the scores of a bfloat16 K over
+    wide groups in another order (keys in lanes; the C tests check those bits), so
+    there only the reference holds."""
     q_dtype, kv_dtype = dtype_of(q_name), dtype_of(kv_name)
     q, k, v = qkv(rng, (1,), H_q, H_kv, L, S, D, D_v, dtypes=(q_dtype, kv_dtype, kv_dtype))
     got = check(q, k, v, threads=1)
+    if kv_name == "bfloat16" and variant in ("avx512", "avx512bf16", "amx"):
+        return
     as_f32 = npattn.sdpa(q, k.astype(np.float32), v.astype(np.float32), threads=1)
     np.testing.assert_array_equal(got, as_f32.astype(got.dtype))
 

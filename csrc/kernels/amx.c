@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "avx512.h"
 #include "kernels.h"
 
 #define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -111,31 +112,6 @@ AMX void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int6
 }
 
 /* ---- P @ V: o (M, Dv) += P V, P's pairs transposed into A tiles ---- */
-
-/* The transpose of 16 rows of 16 32-bit lanes, in place. */
-AMX static inline __attribute__((always_inline)) void transpose16(__m512i x[16]) {
-    __m512i t[16], u[16];
-    /* within each 128-bit lane L: u[4g + c] = column 4L + c of rows 4g .. 4g + 3 */
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
-    }
-    for (int g = 0; g < 4; g++) {
-        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-    }
-    /* then column 4L + c is lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
-    for (int c = 0; c < 4; c++) {
-        const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
-        const __m512i d = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
-        x[c] = _mm512_shuffle_i32x4(a, d, 0x88);
-        x[4 + c] = _mm512_shuffle_i32x4(a, d, 0xdd);
-        x[8 + c] = _mm512_shuffle_i32x4(b, e, 0x88);
-        x[12 + c] = _mm512_shuffle_i32x4(b, e, 0xdd);
-    }
-}
 
 /* pa (16 rows, n16 apart) = P's pairs for 16 rows r0 .. r0 + 15 as A tiles,
  * pa[i * n16 + p] the pair p of row r0 + i, zeros for p >= np. P is given

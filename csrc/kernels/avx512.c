@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "avx512.h"
 #include "kernels.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
@@ -242,6 +243,88 @@ AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, i
         for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[4 * b + a];
 }
 
+/* kt (D, 16) = nkb <= 16 bfloat16 key rows (at k, ldk apart; D a multiple of
+ * 32) with the keys in lanes, zeros past nkb: each row's pairs transposed,
+ * then each pair split into its two floats. The rows `ahead` are prefetched. */
+AVX512 INLINE void bf16_keys_in_lanes(const uint16_t *k, int64_t ldk, int nkb, int64_t D, const void *const *ahead,
+                                      float *kt) {
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000);
+    for (int64_t c = 0; c < D; c += 32) {
+        __m512i x[16];
+        for (int i = 0; i < 16; i++) {
+            if (i < nkb && ahead[i]) prefetch_row((const uint16_t *)ahead[i] + c, 1);
+            x[i] = i < nkb ? _mm512_loadu_si512(k + i * ldk + c) : _mm512_setzero_si512();
+        }
+        transpose16(x); /* x[p]: pair p of the chunk, one key per lane */
+        for (int p = 0; p < 16; p++) {
+            _mm512_store_si512(kt + (c + 2 * p) * 16, _mm512_slli_epi32(x[p], 16));
+            _mm512_store_si512(kt + (c + 2 * p + 1) * 16, _mm512_and_si512(x[p], top));
+        }
+    }
+}
+
+/* st's nr <= 8 rows (ldst apart) at 16 keys, or 32 (two): nr rows of q (D
+ * apart) against the keys of kt0 (lanes live0) and kt1 (live1), (D, 16)
+ * each: one FMA per row, element and half, in element order. */
+AVX512 INLINE void rows_against_keys(const float *kt0, const float *kt1, const float *q, int nr, int two, int64_t D,
+                                     float *st, int64_t ldst, __mmask16 live0, __mmask16 live1) {
+    __m512 acc[8][2];
+    for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d++) {
+        const __m512 x = _mm512_load_ps(kt0 + 16 * d), y = two ? _mm512_load_ps(kt1 + 16 * d) : x;
+        for (int r = 0; r < nr; r++) {
+            const __m512 b = _mm512_set1_ps(q[r * D + d]);
+            acc[r][0] = _mm512_fmadd_ps(x, b, acc[r][0]);
+            if (two) acc[r][1] = _mm512_fmadd_ps(y, b, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        _mm512_mask_storeu_ps(st + r * ldst, live0, acc[r][0]);
+        if (two) _mm512_mask_storeu_ps(st + r * ldst + 16, live1, acc[r][1]);
+    }
+}
+
+/* rows_against_keys for nr rows, with the second half (n1 > 0) or without,
+ * each specialised: the case nr of a switch over the rows left. */
+#define ROWS_AGAINST_KEYS(nr)                                                                                        \
+    case nr:                                                                                                         \
+        if (n1) rows_against_keys(kt, kt1, qr, nr, 1, D, s, ldst, live0, live1);                                     \
+        else rows_against_keys(kt, kt1, qr, nr, 0, D, s, ldst, live0, live1);                                        \
+        break;
+
+/* scores_of for a bfloat16 K against the rows npattn_bf16_keys_in_lanes
+ * admits: 32 keys at a time (16 at the end) with the keys in lanes, no
+ * reduction tree; the rows of q against them 8 at a time. */
+AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const uint16_t *k, int64_t ldk, int64_t nk,
+                                        const struct npattn_next *next, float *st, int64_t ldst) {
+    const int64_t pf_rows = npattn_prefetch_rows(2 * ldk);
+    float kt[2 * NPATTN_LANES_MAX_D * 16] __attribute__((aligned(64)));
+    float *const kt1 = kt + D * 16;
+    for (int64_t j = 0; j < nk; j += 32) {
+        const int n0 = (int)(nk - j < 16 ? nk - j : 16), n1 = (int)(nk - j < 32 ? nk - j - n0 : 16);
+        const void *ahead[32];
+        for (int i = 0; i < n0 + n1; i++) ahead[i] = npattn_row_ahead(NPATTN_DTYPE_BF16, k, ldk, nk, next, j + i, pf_rows);
+        bf16_keys_in_lanes(k + j * ldk, ldk, n0, D, ahead, kt);
+        if (n1) bf16_keys_in_lanes(k + (j + 16) * ldk, ldk, n1, D, ahead + 16, kt1);
+        const __mmask16 live0 = lanes(n0, 0), live1 = lanes(n1, 0);
+        for (int64_t r = 0; r < M; r += 8) {
+            float *s = st + r * ldst + j;
+            const float *qr = q + r * D;
+            switch (M - r < 8 ? M - r : 8) {
+                ROWS_AGAINST_KEYS(8)
+                ROWS_AGAINST_KEYS(7)
+                ROWS_AGAINST_KEYS(6)
+                ROWS_AGAINST_KEYS(5)
+                ROWS_AGAINST_KEYS(4)
+                ROWS_AGAINST_KEYS(3)
+                ROWS_AGAINST_KEYS(2)
+                ROWS_AGAINST_KEYS(1)
+            }
+        }
+    }
+}
+#undef ROWS_AGAINST_KEYS
+
 AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
                              int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     const int64_t pf_rows = npattn_prefetch_rows(ldk * npattn_stream_size(kt)); /* the first row block prefetches */
@@ -272,6 +355,8 @@ AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, in
 AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k,
                                  int64_t ldk, int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D))
+        bf16_scores_in_lanes(q, M, D, (const uint16_t *)k, ldk, nk, next, st, ldst);
     else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
     else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
 }

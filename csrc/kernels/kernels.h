@@ -61,9 +61,12 @@ struct npattn_kernels {
      * product summed from zero and then added to o: a call's nk terms are
      * one block, so that o's rounding grows with the blocks, not the keys
      * (many equal weights round alike). The arithmetic is the same, in
-     * float, whatever the types. Both prefetch
-     * rows a fixed distance ahead of those they read: past the nk rows,
-     * those of `next` (NULL: the rows that follow, ldk apart). */
+     * float, whatever the types, except in the AVX-512 tables' scores of a
+     * bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: there
+     * each score is one FMA per element, in element order (keys in lanes,
+     * no reduction tree). Both prefetch rows a fixed distance ahead of those
+     * they read: past the nk rows, those of `next` (NULL: the rows that
+     * follow, ldk apart). */
     void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk, int64_t nk,
                    const struct npattn_next *next, float *st, int64_t ldst);
     void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next,
@@ -213,6 +216,17 @@ static inline int npattn_tile_plain(const struct npattn_score_tile *t) {
 /* Whether bfloat16 bits b are a subnormal value (which the bfloat16 dot
  * products read as 0). */
 static inline int npattn_bf16_subnormal(uint16_t b) { return (b & 0x7f80) == 0 && (b & 0x7fff) != 0; }
+
+/* Whether the AVX-512 tables' streamed scores of a bfloat16 K put 32 keys in
+ * the lanes (kernels.h's scores): rows of D <= NPATTN_LANES_MAX_D values, a
+ * multiple of 32, against 5 or more rows of q (7 beyond D = 64). There that
+ * beat the reduction trees, 1.1-1.6x on one Xeon core at D = 64 and
+ * 1.04-1.27x at D = 128; it lost with fewer rows, and for float32 and
+ * float16 rows, whose transposes cost twice the bfloat16 pairs'. */
+#define NPATTN_LANES_MAX_D 256
+static inline int npattn_bf16_keys_in_lanes(int64_t M, int64_t D) {
+    return D > 0 && D % 32 == 0 && D <= NPATTN_LANES_MAX_D && M >= (D <= 64 ? 5 : 7);
+}
 
 /* Bytes per element of a row the streaming kernels read (F32, F16, BF16). */
 static inline int64_t npattn_stream_size(enum npattn_dtype t) { return t == NPATTN_DTYPE_F32 ? 4 : 2; }

@@ -1,0 +1,33 @@
+/* kernels/avx512.h: inline pieces shared by the AVX-512 kernels (avx512.c)
+ * and the AMX ones (amx.c). */
+#ifndef NPATTN_KERNELS_AVX512_H
+#define NPATTN_KERNELS_AVX512_H
+
+#include <immintrin.h>
+
+/* The transpose of 16 rows of 16 32-bit lanes, in place. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void transpose16(__m512i x[16]) {
+    __m512i t[16], u[16];
+    /* within each 128-bit lane L: u[4g + c] = column 4L + c of rows 4g .. 4g + 3 */
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+    }
+    for (int g = 0; g < 4; g++) {
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    /* then column 4L + c is lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
+    for (int c = 0; c < 4; c++) {
+        const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+        const __m512i d = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        x[c] = _mm512_shuffle_i32x4(a, d, 0x88);
+        x[4 + c] = _mm512_shuffle_i32x4(a, d, 0xdd);
+        x[8 + c] = _mm512_shuffle_i32x4(b, e, 0x88);
+        x[12 + c] = _mm512_shuffle_i32x4(b, e, 0xdd);
+    }
+}
+
+#endif
