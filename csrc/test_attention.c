@@ -732,6 +732,61 @@ static void test_bf16_kernels(void) {
     npattn_kernels_deny_amx(0);
 }
 
+/* A bfloat16 prefill through the forward pass, every table: q, k and v in
+ * bfloat16, so that the tables with bfloat16 dot products run QK^T on them
+ * (and, under "fast", P @ V with the weights rounded to bfloat16); the
+ * result in float32 against the double formula of the same inputs: within
+ * float32's sums under "highest", the weights' rounding (2^-9) under "fast". */
+static void test_bf16_prefill(void) {
+    const int64_t U = NPATTN_UNBOUNDED, BR = INT64_MIN;
+    static const struct case_ cases[] = {
+        {1, 4, 2, 70, 70, 64, 64, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
+        {2, 3, 1, 33, 90, 38, 20, 0, 17, 3, BR, 0, MASK_NONE, 0, 1, 1},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const struct case_ *c = &cases[ci];
+        const int64_t nq = c->B * c->Hq * c->L * c->D, nk = c->B * c->Hkv * c->S * c->D;
+        const int64_t nv = c->B * c->Hkv * c->S * c->Dv, no = c->B * c->Hq * c->L * c->Dv, nl = c->B * c->Hq * c->L;
+        double *q = malloc(8 * (size_t)nq), *k = malloc(8 * (size_t)nk), *v = malloc(8 * (size_t)nv);
+        double *want = malloc(8 * (size_t)no), *want_lse = malloc(8 * (size_t)nl), *got = malloc(8 * (size_t)no);
+        double *want_w = malloc(8 * (size_t)(nl * c->S)), sinks[4];
+        struct buffers x = {{0}, malloc(2 * (size_t)nq), malloc(2 * (size_t)nk), malloc(2 * (size_t)nv),
+                            malloc(4 * (size_t)no), malloc(4 * (size_t)nl), NULL, NULL};
+        for (int i = 0; i < 4; i++) sinks[i] = uniform() * 3;
+        for (int64_t i = 0; i < nq; i++) q[i] = uniform() * 2;
+        for (int64_t i = 0; i < nk; i++) k[i] = uniform() * 2;
+        for (int64_t i = 0; i < nv; i++) v[i] = uniform();
+        from_double(NPATTN_DTYPE_BF16, q, nq, x.q);
+        from_double(NPATTN_DTYPE_BF16, k, nk, x.k);
+        from_double(NPATTN_DTYPE_BF16, v, nv, x.v);
+        naive(c, q, k, v, NULL, NULL, c->sinks ? sinks : NULL, want, want_lse, want_w);
+        for (int t = 0; t < N_KERNEL_TABLES; t++) {
+            if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+            for (int fast = 0; fast < 2; fast++) {
+                struct npattn_problem p;
+                int64_t bshape[1];
+                fill_problem(&p, c, NPATTN_DTYPE_BF16, &x, c->sinks ? sinks : NULL, bshape);
+                p.out = tensor(x.out, NPATTN_DTYPE_F32, &x.bs[3], c->B, c->Hq, c->L, c->Dv);
+                p.weights.data = NULL;
+                p.precision = fast ? NPATTN_PRECISION_FAST : NPATTN_PRECISION_HIGHEST;
+                enum npattn_status st = npattn_sdpa(&p);
+                to_double(NPATTN_DTYPE_F32, x.out, no, got);
+                char msg[200];
+                snprintf(msg, sizeof msg, "%s bfloat16 prefill, case %zu, %s: out", kernel_tables[t], ci,
+                         fast ? "fast" : "highest");
+                expect(st == NPATTN_STATUS_OK && max_err(want, got, no, 0) < (fast ? 4e-3 : 2e-5), msg);
+                to_double(NPATTN_DTYPE_F32, x.lse, nl, got);
+                snprintf(msg, sizeof msg, "%s bfloat16 prefill, case %zu, %s: lse", kernel_tables[t], ci,
+                         fast ? "fast" : "highest");
+                expect(max_err(want_lse, got, nl, 1) < 2e-5 * 16, msg);
+            }
+        }
+        npattn_kernels_force("");
+        free(q), free(k), free(v), free(want), free(want_lse), free(got), free(want_w);
+        free(x.q), free(x.k), free(x.v), free(x.out), free(x.lse);
+    }
+}
+
 int main(void) {
     const int64_t U = NPATTN_UNBOUNDED, BR = INT64_MIN;
     if (!npattn_blas_ok()) return refused_everywhere();
@@ -780,6 +835,7 @@ int main(void) {
     test_stream_kernels();
     test_half_cache();
     test_bf16_kernels();
+    test_bf16_prefill();
     test_conversions();
     test_pairs_across();
     test_invalid();

@@ -223,8 +223,9 @@ static const enum npattn_dtype test_dtypes[N_DTYPES] = {NPATTN_DTYPE_F64, NPATTN
 static const char *const dtype_names[N_DTYPES] = {"float64", "float32", "float16", "bfloat16"};
 
 /* The kernel tables a test program runs each case under: those this CPU runs. */
-#define N_KERNEL_TABLES 6
-static const char *const kernel_tables[N_KERNEL_TABLES] = {"portable", "avx2", "avx512", "avx512bf16", "amx", "neon"};
+#define N_KERNEL_TABLES 7
+static const char *const kernel_tables[N_KERNEL_TABLES] = {
+    "portable", "avx2", "avx512", "avx512bf16", "amx", "neon", "neonbf16"};
 
 /* run(case, table) for every case under every kernel table this CPU runs. */
 static inline void for_each_table(const struct case_ *cases, size_t n, void (*run)(const struct case_ *, const char *)) {

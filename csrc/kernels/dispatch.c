@@ -1,6 +1,6 @@
 /* kernels/dispatch.c: which table of kernels runs, chosen once at run time
- * from what the CPU has. NEON is baseline on aarch64, so there it is the
- * table, with no choice to make. */
+ * from what the CPU has. NEON is baseline on aarch64; there the choice is
+ * whether it has BFDOT too (FEAT_BF16). */
 #include <stddef.h>
 #include <string.h>
 
@@ -47,6 +47,28 @@ static int amx_usable(void) {
 #endif
 #endif
 
+#if defined(__aarch64__)
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
+#else
+#include <sys/auxv.h>
+#endif
+
+/* FEAT_BF16 (BFDOT), as the OS reports it: HWCAP2_BF16 on Linux, the
+ * sysctl hw.optional.arm.FEAT_BF16 on macOS. */
+static int has_bf16(void) {
+#if defined(__APPLE__)
+    int v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_BF16", &v, &n, NULL, 0) == 0 && v == 1;
+#elif defined(__linux__)
+    return (getauxval(AT_HWCAP2) & (1ul << 14)) != 0; /* HWCAP2_BF16 */
+#else
+    return 0;
+#endif
+}
+#endif
+
 static const struct npattn_kernels *best(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
@@ -62,7 +84,7 @@ static const struct npattn_kernels *best(void) {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return &npattn_kernels_avx2;
 #elif defined(__aarch64__)
-    return &npattn_kernels_neon;
+    return has_bf16() ? &npattn_kernels_neonbf16 : &npattn_kernels_neon;
 #endif
     return &npattn_kernels_portable;
 }
@@ -81,10 +103,15 @@ static const struct npattn_kernels *runnable(int i) {
     if (b != &npattn_kernels_portable) x86[n++] = &npattn_kernels_avx2;
     x86[n++] = &npattn_kernels_portable;
     return i < n ? x86[i] : NULL;
+#elif defined(__aarch64__)
+    const struct npattn_kernels *arm[3];
+    int n = 0;
+    if (b == &npattn_kernels_neonbf16) arm[n++] = b;
+    arm[n++] = &npattn_kernels_neon;
+    arm[n++] = &npattn_kernels_portable;
+    return i < n ? arm[i] : NULL;
 #else
-    if (i == 0) return b;
-    if (i == 1 && b != &npattn_kernels_portable) return &npattn_kernels_portable;
-    return NULL;
+    return i == 0 ? b : NULL;
 #endif
 }
 

@@ -1,6 +1,6 @@
 /* kernels/kernels.h: the hot inner pieces of the core, one dispatch table per
- * instruction set. portable.c, avx2.c, avx512.c and neon.c each define one
- * complete table; dispatch.c picks the best this CPU runs. Nothing outside
+ * instruction set. portable.c, avx2.c, avx512.c (with amx.c) and neon.c
+ * define complete tables; dispatch.c picks the best this CPU runs. Nothing outside
  * csrc/kernels/ contains SIMD code.
  *
  * Scores arrive transposed: st is (nk, ld) row-major, column r holding query
@@ -72,7 +72,7 @@ struct npattn_kernels {
     void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next,
                        enum npattn_dtype vt, const void *v, int64_t ldv, int64_t Dv, float *o);
 
-    /* bfloat16 dot products (vdpbf16ps), in the tables that have them
+    /* bfloat16 dot products (vdpbf16ps, AMX tiles, BFDOT), in the tables that have them
      * (NULL elsewhere). Operands come in pairs: a uint32 holds two bfloat16
      * values, the first in its low half, and each dot product sums the two
      * products of a pair. pair_bf16: out[c] = a[c] | b[c] << 16 for c < n
@@ -136,6 +136,7 @@ int npattn_amx_request_permission(void);
 #endif
 #if defined(__aarch64__)
 extern const struct npattn_kernels npattn_kernels_neon;
+extern const struct npattn_kernels npattn_kernels_neonbf16; /* neon with BFDOT bfloat16 dot products */
 #endif
 
 /* The table in use. */

@@ -339,6 +339,210 @@ static double fma_loop_neon(int64_t n, float *sink) {
     return 2.0 * 4 * 16 * (double)n;
 }
 
+/* ---- neonbf16: the neon table with BFDOT (FEAT_BF16: Apple M2 and later,
+ * Graviton 3, Neoverse V1 and N2) ----
+ *
+ * BFDOT adds the two products of each pair of bfloat16 lanes to a float
+ * accumulator. Without FEAT_EBF16 it rounds to odd and flushes subnormal
+ * inputs and results to zero: the callers give it none (pair_bf16 and
+ * pair_f32 report them), and a flushed product is below 2^-126, which no
+ * score or output can tell. Each rounding is then within one ulp of float32,
+ * not half of one, which the tolerances of the bfloat16 paths allow for. */
+#define NEONBF16 __attribute__((target("arch=armv8.2-a+bf16")))
+
+/* Whether a lane of x (bfloat16 bits) is subnormal: all ones there. */
+INLINE uint16x8_t subnormal_bf16(uint16x8_t x) {
+    const uint16x8_t expo = vandq_u16(x, vdupq_n_u16(0x7f80)), mag = vandq_u16(x, vdupq_n_u16(0x7fff));
+    return vandq_u16(vceqzq_u16(expo), vtstq_u16(mag, mag));
+}
+
+/* x rounded to nearest even bfloat16, NaN kept (npattn_f32_to_bf16), in the
+ * low halves of the lanes; *sub gains the lanes where x was subnormal. */
+INLINE uint32x4_t round_bf16(float32x4_t x, uint32x4_t *sub) {
+    const uint32x4_t bits = vreinterpretq_u32_f32(x), mag = vandq_u32(bits, vdupq_n_u32(0x7fffffff));
+    *sub = vorrq_u32(*sub, vandq_u32(vceqzq_u32(vandq_u32(bits, vdupq_n_u32(0x7f800000))), vtstq_u32(mag, mag)));
+    const uint32x4_t odd = vandq_u32(vshrq_n_u32(bits, 16), vdupq_n_u32(1));
+    const uint32x4_t rounded = vshrq_n_u32(vaddq_u32(vaddq_u32(bits, vdupq_n_u32(0x7fff)), odd), 16);
+    const uint32x4_t nan = vorrq_u32(vshrq_n_u32(bits, 16), vdupq_n_u32(0x40));
+    return vbslq_u32(vcgtq_u32(mag, vdupq_n_u32(0x7f800000)), nan, rounded);
+}
+
+static int pair_bf16_neon(const uint16_t *a, const uint16_t *b, int64_t n, uint32_t *out) {
+    uint16x8_t sub = vdupq_n_u16(0);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        const uint16x8_t x = vld1q_u16(a + c), y = b ? vld1q_u16(b + c) : vdupq_n_u16(0);
+        sub = vorrq_u16(sub, vorrq_u16(subnormal_bf16(x), subnormal_bf16(y)));
+        if (out) {
+            vst1q_u32(out + c, vreinterpretq_u32_u16(vzip1q_u16(x, y))); /* a[c] in the low half */
+            vst1q_u32(out + c + 4, vreinterpretq_u32_u16(vzip2q_u16(x, y)));
+        }
+    }
+    int tail = 0;
+    for (; c < n; c++) {
+        const uint16_t x = a[c], y = b ? b[c] : 0;
+        tail |= npattn_bf16_subnormal(x) | npattn_bf16_subnormal(y);
+        if (out) out[c] = x | (uint32_t)y << 16;
+    }
+    return tail || vmaxvq_u16(sub) != 0;
+}
+
+static int pair_f32_neon(const float *a, const float *b, int64_t n, uint32_t *out) {
+    uint32x4_t sub = vdupq_n_u32(0);
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        const uint32x4_t x = round_bf16(vld1q_f32(a + c), &sub);
+        const uint32x4_t y = b ? round_bf16(vld1q_f32(b + c), &sub) : vdupq_n_u32(0);
+        vst1q_u32(out + c, vorrq_u32(x, vshlq_n_u32(y, 16)));
+    }
+    int tail = 0;
+    for (; c < n; c++) {
+        const float y = b ? b[c] : 0.0f;
+        tail |= fpclassify(a[c]) == FP_SUBNORMAL || fpclassify(y) == FP_SUBNORMAL;
+        out[c] = npattn_f32_to_bf16(a[c]) | (uint32_t)npattn_f32_to_bf16(y) << 16;
+    }
+    return tail || vmaxvq_u32(sub) != 0;
+}
+
+static int bf16_f32_neon(const float *x, int64_t n, uint16_t *out) {
+    uint32x4_t sub = vdupq_n_u32(0);
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) vst1_u16(out + c, vmovn_u32(round_bf16(vld1q_f32(x + c), &sub)));
+    int tail = 0;
+    for (; c < n; c++) {
+        tail |= fpclassify(x[c]) == FP_SUBNORMAL;
+        out[c] = npattn_f32_to_bf16(x[c]);
+    }
+    return tail || vmaxvq_u32(sub) != 0;
+}
+
+/* acc + the pairs of x against pair `lane` of y (a constant after inlining). */
+NEONBF16 INLINE float32x4_t bfdot_lane(float32x4_t acc, bfloat16x8_t x, bfloat16x8_t y, int lane) {
+    switch (lane) {
+    case 0: return vbfdotq_laneq_f32(acc, x, y, 0);
+    case 1: return vbfdotq_laneq_f32(acc, x, y, 1);
+    case 2: return vbfdotq_laneq_f32(acc, x, y, 2);
+    default: return vbfdotq_laneq_f32(acc, x, y, 3);
+    }
+}
+
+/* The first n (up to 4) lanes of x at p. */
+INLINE void store_columns(float *p, float32x4_t x, int64_t n) {
+    if (n >= 4) {
+        vst1q_f32(p, x);
+        return;
+    }
+    float t[4];
+    vst1q_f32(t, x);
+    for (int64_t i = 0; i < n; i++) p[i] = t[i];
+}
+
+/* The first n (up to 4) lanes at p, zeros after. */
+INLINE float32x4_t load_columns(const float *p, int64_t n) {
+    if (n >= 4) return vld1q_f32(p);
+    float t[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < n; i++) t[i] = p[i];
+    return vld1q_f32(t);
+}
+
+/* The n < 4 pairs of a row from k, zeros after. */
+NEONBF16 INLINE bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
+    uint32_t w[4] = {0, 0, 0, 0};
+    memcpy(w, k, (size_t)n * sizeof *w);
+    return vreinterpretq_bf16_u32(vld1q_u32(w));
+}
+
+/* One step of SCORES_BF16_NEON: query pair p + l against lane l of each key's four. */
+#define SCORES_STEP(l, NJ, NV)                                                                                          \
+    do {                                                                                                                \
+        bfloat16x8_t q[NV];                                                                                             \
+        for (int v = 0; v < NV; v++) q[v] = vreinterpretq_bf16_u32(vld1q_u32(qp + (p + (l)) * ldq + 4 * v));            \
+        for (int j = 0; j < NJ; j++)                                                                                    \
+            for (int v = 0; v < NV; v++) acc[j][v] = bfdot_lane(acc[j][v], q[v], kp[j], (l));                           \
+    } while (0)
+
+/* st rows j .. j + NJ (keys), 4 * NV columns from r0 (nr of them live):
+ * NJ * NV accumulators, each step four pairs of a key row (one vector, one
+ * lane each) against NV vectors of query pairs. */
+#define SCORES_BF16_NEON(NJ, NV)                                                                                        \
+    NEONBF16 static void scores_bf16_##NJ##x##NV(const uint32_t *qp, int64_t ldq, int64_t np, const uint16_t *k,        \
+                                                int64_t ldk, float *st, int64_t ldst, int64_t nr) {                     \
+        float32x4_t acc[NJ][NV];                                                                                        \
+        bfloat16x8_t kp[NJ];                                                                                            \
+        for (int j = 0; j < NJ; j++)                                                                                    \
+            for (int v = 0; v < NV; v++) acc[j][v] = vdupq_n_f32(0.0f);                                                 \
+        int64_t p = 0;                                                                                                  \
+        for (; p + 4 <= np; p += 4) {                                                                                   \
+            for (int j = 0; j < NJ; j++) kp[j] = vreinterpretq_bf16_u16(vld1q_u16(k + j * ldk + 2 * p));                \
+            SCORES_STEP(0, NJ, NV);                                                                                     \
+            SCORES_STEP(1, NJ, NV);                                                                                     \
+            SCORES_STEP(2, NJ, NV);                                                                                     \
+            SCORES_STEP(3, NJ, NV);                                                                                     \
+        }                                                                                                               \
+        if (p < np) { /* the last pairs, fewer than four */                                                             \
+            for (int j = 0; j < NJ; j++) kp[j] = last_pairs(k + j * ldk + 2 * p, np - p);                               \
+            SCORES_STEP(0, NJ, NV);                                                                                     \
+            if (np - p > 1) SCORES_STEP(1, NJ, NV);                                                                     \
+            if (np - p > 2) SCORES_STEP(2, NJ, NV);                                                                     \
+        }                                                                                                               \
+        for (int j = 0; j < NJ; j++)                                                                                    \
+            for (int v = 0; v < NV; v++) store_columns(st + j * ldst + 4 * v, acc[j][v], nr - 4 * v);                   \
+    }
+
+SCORES_BF16_NEON(4, 4)
+SCORES_BF16_NEON(1, 4)
+SCORES_BF16_NEON(4, 1)
+SCORES_BF16_NEON(1, 1)
+
+NEONBF16 static void scores_bf16_neon(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k,
+                                      int64_t ldk, int64_t nk, float *st, int64_t ldst) {
+    int64_t r = 0;
+    for (; r + 16 <= M; r += 16) { /* 16 columns: four vectors */
+        int64_t j = 0;
+        for (; j + 4 <= nk; j += 4) scores_bf16_4x4(qp + r, ldq, np, k + j * ldk, ldk, st + j * ldst + r, ldst, 16);
+        for (; j < nk; j++) scores_bf16_1x4(qp + r, ldq, np, k + j * ldk, ldk, st + j * ldst + r, ldst, 16);
+    }
+    for (; r < M; r += 4) { /* then 4 at a time, the last cut at M */
+        int64_t j = 0;
+        for (; j + 4 <= nk; j += 4) scores_bf16_4x1(qp + r, ldq, np, k + j * ldk, ldk, st + j * ldst + r, ldst, M - r);
+        for (; j < nk; j++) scores_bf16_1x1(qp + r, ldq, np, k + j * ldk, ldk, st + j * ldst + r, ldst, M - r);
+    }
+}
+
+/* o rows r .. r + 4, 4 * NV columns from e (nr rows and nc columns of them
+ * live): 4 * NV accumulators, each step the four rows' weights of one pair
+ * (one vector, one lane each) against NV vectors of value pairs. */
+#define ACCUMULATE_BF16_NEON(NV)                                                                                        \
+    NEONBF16 static void accumulate_bf16_4x##NV(const uint32_t *pp, int64_t ldp, int64_t np, const uint32_t *vp,        \
+                                               int64_t ldv, float *o, int64_t ldo, int64_t nr, int64_t nc) {            \
+        float32x4_t acc[4][NV];                                                                                         \
+        for (int r = 0; r < 4; r++)                                                                                     \
+            for (int v = 0; v < NV; v++)                                                                                \
+                acc[r][v] = r < nr ? load_columns(o + r * ldo + 4 * v, nc - 4 * v) : vdupq_n_f32(0.0f);                 \
+        for (int64_t p = 0; p < np; p++) {                                                                              \
+            bfloat16x8_t x[NV];                                                                                         \
+            for (int v = 0; v < NV; v++) x[v] = vreinterpretq_bf16_u32(vld1q_u32(vp + p * ldv + 4 * v));                \
+            const bfloat16x8_t w = vreinterpretq_bf16_u32(vld1q_u32(pp + p * ldp));                                     \
+            for (int v = 0; v < NV; v++) {                                                                              \
+                acc[0][v] = vbfdotq_laneq_f32(acc[0][v], x[v], w, 0);                                                   \
+                acc[1][v] = vbfdotq_laneq_f32(acc[1][v], x[v], w, 1);                                                   \
+                acc[2][v] = vbfdotq_laneq_f32(acc[2][v], x[v], w, 2);                                                   \
+                acc[3][v] = vbfdotq_laneq_f32(acc[3][v], x[v], w, 3);                                                   \
+            }                                                                                                           \
+        }                                                                                                               \
+        for (int r = 0; r < 4 && r < nr; r++)                                                                           \
+            for (int v = 0; v < NV; v++) store_columns(o + r * ldo + 4 * v, acc[r][v], nc - 4 * v);                     \
+    }
+
+ACCUMULATE_BF16_NEON(4)
+
+NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
+                                          int64_t ldv, int64_t Dv, float *o) {
+    for (int64_t r = 0; r < M; r += 4) /* 4 rows x 16 columns a block, the last ones cut at M and Dv */
+        for (int64_t e = 0; e < Dv; e += 16)
+            accumulate_bf16_4x4(pp + r, ldp, np, vp + e, ldv, o + r * Dv + e, Dv, M - r, Dv - e);
+}
+
 const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",
     .softmax_f32 = softmax_neon,
@@ -347,5 +551,21 @@ const struct npattn_kernels npattn_kernels_neon = {
     .accumulate = accumulate_neon,
     .f16_to_f32 = f16_to_f32_neon,
     .fma_loop = fma_loop_neon,
+};
+
+const struct npattn_kernels npattn_kernels_neonbf16 = {
+    .name = "neonbf16",
+    .softmax_f32 = softmax_neon,
+    .softmax_rows_f32 = softmax_rows_neon,
+    .scores = scores_neon,
+    .accumulate = accumulate_neon,
+    .f16_to_f32 = f16_to_f32_neon,
+    .fma_loop = fma_loop_neon,
+    .bf16_d_step = 2,
+    .pair_bf16 = pair_bf16_neon,
+    .pair_f32 = pair_f32_neon,
+    .bf16_f32 = bf16_f32_neon,
+    .scores_bf16 = scores_bf16_neon,
+    .accumulate_bf16 = accumulate_bf16_neon,
 };
 #endif

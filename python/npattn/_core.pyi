@@ -97,7 +97,7 @@ def shutdown() -> None:
     """At exit (atexit): stop every call in flight; later calls raise SystemExit."""
 
 def simd() -> str:
-    """The kernel table in use: "amx", "avx512bf16", "avx512", "avx2", "neon" or "portable"."""
+    """The kernel table in use: "amx", "avx512bf16", "avx512", "avx2", "neonbf16", "neon" or "portable"."""
 
 def get_num_threads() -> int:
     """The default thread count: the CPUs available, capped by set_num_threads."""

@@ -11,7 +11,7 @@ import pytest
 
 from npattn import _core
 
-KERNELS = ["portable", "avx2", "avx512", "avx512bf16", "amx", "neon"]
+KERNELS = ["portable", "avx2", "avx512", "avx512bf16", "amx", "neon", "neonbf16"]
 
 
 def runnable_kernels():
