@@ -1,7 +1,7 @@
 /* kernels/kernels.h: the hot inner pieces of the core, one dispatch table per
  * instruction set. portable.c, avx2.c, avx512.c (with amx.c) and neon.c
- * define complete tables; dispatch.c picks the best this CPU runs. Nothing outside
- * csrc/kernels/ contains SIMD code.
+ * define complete tables; dispatch.c picks the best this CPU runs. Nothing
+ * outside csrc/kernels/ contains SIMD code.
  *
  * Scores arrive transposed: st is (nk, ld) row-major, column r holding query
  * row r's raw dot products q.k for nk keys, so that one SIMD lane serves one
@@ -72,10 +72,10 @@ struct npattn_kernels {
     void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next,
                        enum npattn_dtype vt, const void *v, int64_t ldv, int64_t Dv, float *o);
 
-    /* bfloat16 dot products (vdpbf16ps, AMX tiles, BFDOT), in the tables that have them
-     * (NULL elsewhere). Operands come in pairs: a uint32 holds two bfloat16
-     * values, the first in its low half, and each dot product sums the two
-     * products of a pair. pair_bf16: out[c] = a[c] | b[c] << 16 for c < n
+    /* bfloat16 dot products (vdpbf16ps, AMX tiles, BFDOT), in the tables
+     * that have them (NULL elsewhere). Operands come in pairs: a uint32
+     * holds two bfloat16 values, the first in its low half, and each dot
+     * product sums the two products of a pair. pair_bf16: out[c] = a[c] | b[c] << 16 for c < n
      * (b NULL: zeros; out NULL: only the check); pair_f32 likewise with a
      * and b rounded to nearest even bfloat16; bf16_f32: out[c] = x[c] so
      * rounded. All three return whether a value
@@ -221,8 +221,8 @@ static inline int npattn_bf16_subnormal(uint16_t b) { return (b & 0x7f80) == 0 &
 /* Whether the AVX-512 tables' streamed scores of a bfloat16 K put 32 keys in
  * the lanes (kernels.h's scores): rows of D <= NPATTN_LANES_MAX_D values, a
  * multiple of 32, against 5 or more rows of q (7 beyond D = 64). There that
- * beat the reduction trees, 1.1-1.6x on one Xeon core at D = 64 and
- * 1.04-1.27x at D = 128; it lost with fewer rows, and for float32 and
+ * beat the reduction trees, 1.18-1.65x on one Xeon core at D = 64 and
+ * 1.09-1.43x at D = 128; it lost with fewer rows, and for float32 and
  * float16 rows, whose transposes cost twice the bfloat16 pairs'. */
 #define NPATTN_LANES_MAX_D 256
 static inline int npattn_bf16_keys_in_lanes(int64_t M, int64_t D) {
