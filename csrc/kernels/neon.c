@@ -426,25 +426,6 @@ NEONBF16 INLINE float32x4_t bfdot_lane(float32x4_t acc, bfloat16x8_t x, bfloat16
     }
 }
 
-/* The first n (up to 4) lanes of x at p. */
-INLINE void store_columns(float *p, float32x4_t x, int64_t n) {
-    if (n >= 4) {
-        vst1q_f32(p, x);
-        return;
-    }
-    float t[4];
-    vst1q_f32(t, x);
-    for (int64_t i = 0; i < n; i++) p[i] = t[i];
-}
-
-/* The first n (up to 4) lanes at p, zeros after. */
-INLINE float32x4_t load_columns(const float *p, int64_t n) {
-    if (n >= 4) return vld1q_f32(p);
-    float t[4] = {0, 0, 0, 0};
-    for (int64_t i = 0; i < n; i++) t[i] = p[i];
-    return vld1q_f32(t);
-}
-
 /* The n < 4 pairs of a row from k, zeros after. */
 NEONBF16 INLINE bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
     uint32_t w[4] = {0, 0, 0, 0};
@@ -486,7 +467,7 @@ NEONBF16 INLINE bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
             if (np - p > 2) SCORES_STEP(2, NJ, NV);                                                                     \
         }                                                                                                               \
         for (int j = 0; j < NJ; j++)                                                                                    \
-            for (int v = 0; v < NV; v++) store_columns(st + j * ldst + 4 * v, acc[j][v], nr - 4 * v);                   \
+            for (int v = 0; v < NV && 4 * v < nr; v++) store_part(st + j * ldst, nr, 4 * v, acc[j][v]);                   \
     }
 
 SCORES_BF16_NEON(4, 4)
@@ -518,7 +499,7 @@ NEONBF16 static void scores_bf16_neon(const uint32_t *qp, int64_t ldq, int64_t M
         float32x4_t acc[4][NV];                                                                                         \
         for (int r = 0; r < 4; r++)                                                                                     \
             for (int v = 0; v < NV; v++)                                                                                \
-                acc[r][v] = r < nr ? load_columns(o + r * ldo + 4 * v, nc - 4 * v) : vdupq_n_f32(0.0f);                 \
+                acc[r][v] = r < nr && 4 * v < nc ? load_part(o + r * ldo, nc, 4 * v) : vdupq_n_f32(0.0f);                 \
         for (int64_t p = 0; p < np; p++) {                                                                              \
             bfloat16x8_t x[NV];                                                                                         \
             for (int v = 0; v < NV; v++) x[v] = vreinterpretq_bf16_u32(vld1q_u32(vp + p * ldv + 4 * v));                \
@@ -531,7 +512,7 @@ NEONBF16 static void scores_bf16_neon(const uint32_t *qp, int64_t ldq, int64_t M
             }                                                                                                           \
         }                                                                                                               \
         for (int r = 0; r < 4 && r < nr; r++)                                                                           \
-            for (int v = 0; v < NV; v++) store_columns(o + r * ldo + 4 * v, acc[r][v], nc - 4 * v);                     \
+            for (int v = 0; v < NV && 4 * v < nc; v++) store_part(o + r * ldo, nc, 4 * v, acc[r][v]);                     \
     }
 
 ACCUMULATE_BF16_NEON(4)
@@ -543,24 +524,19 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
             accumulate_bf16_4x4(pp + r, ldp, np, vp + e, ldv, o + r * Dv + e, Dv, M - r, Dv - e);
 }
 
+/* The float32 kernels, shared by the two NEON tables. */
+#define NEON_F32_KERNELS                                                                                             \
+    .softmax_f32 = softmax_neon, .softmax_rows_f32 = softmax_rows_neon, .scores = scores_neon,                        \
+    .accumulate = accumulate_neon, .f16_to_f32 = f16_to_f32_neon, .fma_loop = fma_loop_neon
+
 const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",
-    .softmax_f32 = softmax_neon,
-    .softmax_rows_f32 = softmax_rows_neon,
-    .scores = scores_neon,
-    .accumulate = accumulate_neon,
-    .f16_to_f32 = f16_to_f32_neon,
-    .fma_loop = fma_loop_neon,
+    NEON_F32_KERNELS,
 };
 
 const struct npattn_kernels npattn_kernels_neonbf16 = {
     .name = "neonbf16",
-    .softmax_f32 = softmax_neon,
-    .softmax_rows_f32 = softmax_rows_neon,
-    .scores = scores_neon,
-    .accumulate = accumulate_neon,
-    .f16_to_f32 = f16_to_f32_neon,
-    .fma_loop = fma_loop_neon,
+    NEON_F32_KERNELS,
     .bf16_d_step = 2,
     .pair_bf16 = pair_bf16_neon,
     .pair_f32 = pair_f32_neon,
