@@ -343,6 +343,49 @@ static void test_stream_kernels(void) {
     npattn_kernels_force("");
 }
 
+/* Case c with q in qt and K and V in kvt, the result in float32, under
+ * every table: the naive loop on the values as stored, the output within
+ * tol and the lse within float32's bound; what names the run. */
+static void half_case(const struct case_ *c, enum npattn_dtype qt, enum npattn_dtype kvt,
+                      enum npattn_precision precision, double tol, const char *what) {
+    const int64_t nq = c->B * c->Hq * c->L * c->D, nk = c->B * c->Hkv * c->S * c->D;
+    const int64_t nv = c->B * c->Hkv * c->S * c->Dv, no = c->B * c->Hq * c->L * c->Dv, nl = c->B * c->Hq * c->L;
+    double *q = malloc(8 * (size_t)nq), *k = malloc(8 * (size_t)nk), *v = malloc(8 * (size_t)nv);
+    double *want = malloc(8 * (size_t)no), *want_lse = malloc(8 * (size_t)nl), *got = malloc(8 * (size_t)no);
+    double *want_w = malloc(8 * (size_t)(nl * c->S)), sinks[8];
+    struct buffers x = {{0}, malloc(4 * (size_t)nq), malloc(2 * (size_t)nk), malloc(2 * (size_t)nv),
+                        malloc(4 * (size_t)no), malloc(4 * (size_t)nl), NULL, NULL};
+    for (int i = 0; i < 8; i++) sinks[i] = uniform() * 3;
+    for (int64_t i = 0; i < nq; i++) q[i] = uniform() * 2;
+    for (int64_t i = 0; i < nk; i++) k[i] = uniform() * 2;
+    for (int64_t i = 0; i < nv; i++) v[i] = uniform();
+    from_double(qt, q, nq, x.q);
+    from_double(kvt, k, nk, x.k);
+    from_double(kvt, v, nv, x.v);
+    naive(c, q, k, v, NULL, NULL, c->sinks ? sinks : NULL, want, want_lse, want_w);
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+        struct npattn_problem p;
+        int64_t bshape[1];
+        fill_problem(&p, c, NPATTN_DTYPE_F32, &x, c->sinks ? sinks : NULL, bshape);
+        p.q = tensor(x.q, qt, &x.bs[0], c->B, c->Hq, c->L, c->D);
+        p.k.dtype = p.v.dtype = kvt;
+        p.weights.data = NULL;
+        p.precision = precision;
+        enum npattn_status st = npattn_sdpa(&p);
+        to_double(NPATTN_DTYPE_F32, x.out, no, got);
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s %s: out", kernel_tables[t], what);
+        expect(st == NPATTN_STATUS_OK && max_err(want, got, no, 0) < tol, msg);
+        to_double(NPATTN_DTYPE_F32, x.lse, nl, got);
+        snprintf(msg, sizeof msg, "%s %s: lse", kernel_tables[t], what);
+        expect(max_err(want_lse, got, nl, 1) < 2e-5 * 16, msg);
+    }
+    npattn_kernels_force("");
+    free(q), free(k), free(v), free(want), free(want_lse), free(got), free(want_w);
+    free(x.q), free(x.k), free(x.v), free(x.out), free(x.lse);
+}
+
 /* A float32 q over float16 and bfloat16 K and V, decode (streamed) and
  * split-K: the naive loop on the values as stored, to float32's bound. */
 static void test_half_cache(void) {
@@ -352,47 +395,12 @@ static void test_half_cache(void) {
         {2, 6, 3, 2, 77, 63, 63, 1, 20, 0, BR, 0, MASK_NONE, 2.0, 0, 2},
         {1, 4, 1, 1, 9000, 128, 128, 1, U, U, BR, 0, MASK_NONE, 0, 1, 3}, /* split-K */
     };
-    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
-        const struct case_ *c = &cases[ci];
-        const int64_t nq = c->B * c->Hq * c->L * c->D, nk = c->B * c->Hkv * c->S * c->D;
-        const int64_t nv = c->B * c->Hkv * c->S * c->Dv, no = c->B * c->Hq * c->L * c->Dv, nl = c->B * c->Hq * c->L;
-        double *q = malloc(8 * (size_t)nq), *k = malloc(8 * (size_t)nk), *v = malloc(8 * (size_t)nv);
-        double *want = malloc(8 * (size_t)no), *want_lse = malloc(8 * (size_t)nl), *got = malloc(8 * (size_t)no);
-        double *want_w = malloc(8 * (size_t)(nl * c->S)), sinks[8];
-        struct buffers x = {{0}, malloc(4 * (size_t)nq), malloc(2 * (size_t)nk), malloc(2 * (size_t)nv),
-                            malloc(4 * (size_t)no), malloc(4 * (size_t)nl), NULL, NULL};
-        for (int i = 0; i < 8; i++) sinks[i] = uniform() * 3;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
         for (int ty = 2; ty < N_DTYPES; ty++) {
-            for (int64_t i = 0; i < nq; i++) q[i] = uniform() * 2;
-            for (int64_t i = 0; i < nk; i++) k[i] = uniform() * 2;
-            for (int64_t i = 0; i < nv; i++) v[i] = uniform();
-            from_double(NPATTN_DTYPE_F32, q, nq, x.q);
-            from_double(test_dtypes[ty], k, nk, x.k);
-            from_double(test_dtypes[ty], v, nv, x.v);
-            naive(c, q, k, v, NULL, NULL, c->sinks ? sinks : NULL, want, want_lse, want_w);
-            for (int t = 0; t < N_KERNEL_TABLES; t++) {
-                if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
-                struct npattn_problem p;
-                int64_t bshape[1];
-                fill_problem(&p, c, NPATTN_DTYPE_F32, &x, c->sinks ? sinks : NULL, bshape);
-                p.k.dtype = p.v.dtype = test_dtypes[ty];
-                p.weights.data = NULL;
-                enum npattn_status st = npattn_sdpa(&p);
-                to_double(NPATTN_DTYPE_F32, x.out, no, got);
-                char msg[200];
-                snprintf(msg, sizeof msg, "%s float32 q over a %s cache, case %zu: out", kernel_tables[t],
-                         dtype_names[ty], ci);
-                expect(st == NPATTN_STATUS_OK && max_err(want, got, no, 0) < 2e-5, msg);
-                to_double(NPATTN_DTYPE_F32, x.lse, nl, got);
-                snprintf(msg, sizeof msg, "%s float32 q over a %s cache, case %zu: lse", kernel_tables[t],
-                         dtype_names[ty], ci);
-                expect(max_err(want_lse, got, nl, 1) < 2e-5 * 16, msg);
-            }
+            char what[100];
+            snprintf(what, sizeof what, "float32 q over a %s cache, case %zu", dtype_names[ty], ci);
+            half_case(&cases[ci], NPATTN_DTYPE_F32, test_dtypes[ty], NPATTN_PRECISION_HIGHEST, 2e-5, what);
         }
-        npattn_kernels_force("");
-        free(q), free(k), free(v), free(want), free(want_lse), free(got), free(want_w);
-        free(x.q), free(x.k), free(x.v), free(x.out), free(x.lse);
-    }
 }
 
 static void test_invalid(void) {
@@ -743,48 +751,13 @@ static void test_bf16_prefill(void) {
         {1, 4, 2, 70, 70, 64, 64, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
         {2, 3, 1, 33, 90, 38, 20, 0, 17, 3, BR, 0, MASK_NONE, 0, 1, 1},
     };
-    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
-        const struct case_ *c = &cases[ci];
-        const int64_t nq = c->B * c->Hq * c->L * c->D, nk = c->B * c->Hkv * c->S * c->D;
-        const int64_t nv = c->B * c->Hkv * c->S * c->Dv, no = c->B * c->Hq * c->L * c->Dv, nl = c->B * c->Hq * c->L;
-        double *q = malloc(8 * (size_t)nq), *k = malloc(8 * (size_t)nk), *v = malloc(8 * (size_t)nv);
-        double *want = malloc(8 * (size_t)no), *want_lse = malloc(8 * (size_t)nl), *got = malloc(8 * (size_t)no);
-        double *want_w = malloc(8 * (size_t)(nl * c->S)), sinks[4];
-        struct buffers x = {{0}, malloc(2 * (size_t)nq), malloc(2 * (size_t)nk), malloc(2 * (size_t)nv),
-                            malloc(4 * (size_t)no), malloc(4 * (size_t)nl), NULL, NULL};
-        for (int i = 0; i < 4; i++) sinks[i] = uniform() * 3;
-        for (int64_t i = 0; i < nq; i++) q[i] = uniform() * 2;
-        for (int64_t i = 0; i < nk; i++) k[i] = uniform() * 2;
-        for (int64_t i = 0; i < nv; i++) v[i] = uniform();
-        from_double(NPATTN_DTYPE_BF16, q, nq, x.q);
-        from_double(NPATTN_DTYPE_BF16, k, nk, x.k);
-        from_double(NPATTN_DTYPE_BF16, v, nv, x.v);
-        naive(c, q, k, v, NULL, NULL, c->sinks ? sinks : NULL, want, want_lse, want_w);
-        for (int t = 0; t < N_KERNEL_TABLES; t++) {
-            if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
-            for (int fast = 0; fast < 2; fast++) {
-                struct npattn_problem p;
-                int64_t bshape[1];
-                fill_problem(&p, c, NPATTN_DTYPE_BF16, &x, c->sinks ? sinks : NULL, bshape);
-                p.out = tensor(x.out, NPATTN_DTYPE_F32, &x.bs[3], c->B, c->Hq, c->L, c->Dv);
-                p.weights.data = NULL;
-                p.precision = fast ? NPATTN_PRECISION_FAST : NPATTN_PRECISION_HIGHEST;
-                enum npattn_status st = npattn_sdpa(&p);
-                to_double(NPATTN_DTYPE_F32, x.out, no, got);
-                char msg[200];
-                snprintf(msg, sizeof msg, "%s bfloat16 prefill, case %zu, %s: out", kernel_tables[t], ci,
-                         fast ? "fast" : "highest");
-                expect(st == NPATTN_STATUS_OK && max_err(want, got, no, 0) < (fast ? 4e-3 : 2e-5), msg);
-                to_double(NPATTN_DTYPE_F32, x.lse, nl, got);
-                snprintf(msg, sizeof msg, "%s bfloat16 prefill, case %zu, %s: lse", kernel_tables[t], ci,
-                         fast ? "fast" : "highest");
-                expect(max_err(want_lse, got, nl, 1) < 2e-5 * 16, msg);
-            }
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
+        for (int fast = 0; fast < 2; fast++) {
+            char what[100];
+            snprintf(what, sizeof what, "bfloat16 prefill, case %zu, %s", ci, fast ? "fast" : "highest");
+            half_case(&cases[ci], NPATTN_DTYPE_BF16, NPATTN_DTYPE_BF16,
+                      fast ? NPATTN_PRECISION_FAST : NPATTN_PRECISION_HIGHEST, fast ? 4e-3 : 2e-5, what);
         }
-        npattn_kernels_force("");
-        free(q), free(k), free(v), free(want), free(want_lse), free(got), free(want_w);
-        free(x.q), free(x.k), free(x.v), free(x.out), free(x.lse);
-    }
 }
 
 int main(void) {
