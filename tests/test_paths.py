@@ -342,6 +342,7 @@ def test_inline_caller_and_pool_paths_are_bitwise_equal(rng, shape, threads, dty
         "q 3e38 against k 1e-38",
         "values 1e38",
         "scores beyond float32",
+        "scores beyond float32 once scaled",
         "mask beyond float32",
         "scale 1e-40",
         "scale 1e35",
@@ -367,6 +368,9 @@ def test_extremes_are_exact_where_representable(table, case):
     elif case == "scores beyond float32":
         q, k = q * 1e20, k * 1e20  # q.k ~ 1e40, scale 1e-42: scores of order 1
         kwargs["scale"] = 1e-42
+    elif case == "scores beyond float32 once scaled":
+        q, k = q * 1e18, k * 1e18  # q.k ~ 1e36, a float32; times the scale, not
+        kwargs["scale"] = 1e4
     elif case == "mask beyond float32":
         kwargs["mask"] = np.where(np.eye(5, 7, 2, dtype=bool), 0.0, -1e300)  # finite, beyond float32
     else:
@@ -379,6 +383,8 @@ def test_extremes_are_exact_where_representable(table, case):
     assert np.isfinite(got).all(), got
     if case == "sink 3e38":
         np.testing.assert_array_equal(got[0, 0], 0)
+    if case == "scores beyond float32 once scaled":  # each row's weight all on its largest score
+        np.testing.assert_array_equal(got, want)
     # as close as any float32 result: the tolerance of the logits that matter (the
     # mask's -1e300 only hides)
     bound = {key: val for key, val in kwargs.items() if key != "mask"}

@@ -151,14 +151,34 @@ AVX2 static int softmax_rows_avx2(float *st, const struct npattn_score_tile *t, 
     const int capped = t->softcap > 0;
     const __m256 cap = _mm256_set1_ps(t->softcap), inv_cap = _mm256_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const int plain = npattn_tile_plain(t);
     for (int64_t r = 0; r < t->M; r++) {
         float *row = st + r * t->ld;
         const float *brow = t->bias ? t->bias + r * t->ld : NULL;
         if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
         __m256i vlo = _mm256_set1_epi32(t->lo ? t->lo[r] : 0), vhi = _mm256_set1_epi32(t->lo ? t->hi[r] : 0);
         __m256 vmx = ninf, nf = zero;
+        if (plain) { /* pass 1: the row's max of the raw scores, times scale; two chains */
+            __m256 raw[2] = {_mm256_set1_ps(-FLT_MAX), _mm256_set1_ps(-FLT_MAX)}, sums[2] = {zero, zero};
+            int64_t j = 0;
+            for (; j + 16 <= t->nk; j += 16)
+                for (int c = 0; c < 2; c++) {
+                    const __m256 x = _mm256_loadu_ps(row + j + 8 * c);
+                    sums[c] = _mm256_add_ps(sums[c], x);
+                    raw[c] = _mm256_max_ps(raw[c], x);
+                }
+            for (; j < t->nk; j += 8) {
+                const __m256 x = _mm256_blendv_ps(raw[0], load_lanes(row, t->nk, j), _mm256_castsi256_ps(lanes(t->nk, j)));
+                sums[0] = _mm256_add_ps(sums[0], x);
+                raw[0] = _mm256_max_ps(raw[0], x);
+            }
+            vmx = _mm256_mul_ps(_mm256_max_ps(raw[0], raw[1]), scale);
+            /* finite unless a score is NaN or infinite, or scaling overflowed */
+            nf = _mm256_add_ps(_mm256_add_ps(sums[0], sums[1]), vmx);
+            nf = _mm256_sub_ps(nf, nf);
+        }
         /* pass 1: final scores written back, the row's max */
-        for (int64_t j = 0; j < t->nk; j += 8) {
+        for (int64_t j = 0; j < t->nk && !plain; j += 8) {
             const __m256i live = lanes(t->nk, j);
             __m256 x = _mm256_mul_ps(load_lanes(row, t->nk, j), scale);
             __m256 check = _mm256_sub_ps(x, x);
@@ -185,14 +205,22 @@ AVX2 static int softmax_rows_avx2(float *st, const struct npattn_score_tile *t, 
         mx = m[r] > mx ? m[r] : mx;
         /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
         const __m256 shift = _mm256_set1_ps(mx == -INFINITY ? 0.0f : mx);
-        __m256 sum = zero;
-        for (int64_t j = 0; j < t->nk; j += 8) {
-            const __m256i live = lanes(t->nk, j);
-            __m256 p = exp_nonpos(_mm256_sub_ps(load_lanes(row, t->nk, j), shift));
-            p = _mm256_and_ps(p, _mm256_castsi256_ps(live));
+        const __m256 by = plain ? scale : _mm256_set1_ps(1.0f);
+        __m256 sums[2] = {zero, zero};
+        int64_t j = 0;
+        for (; j + 16 <= t->nk; j += 16)
+            for (int c = 0; c < 2; c++) {
+                const __m256 p = exp_nonpos(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j + 8 * c), by), shift));
+                _mm256_storeu_ps(row + j + 8 * c, p);
+                sums[c] = _mm256_add_ps(sums[c], p);
+            }
+        for (; j < t->nk; j += 8) {
+            const __m256 x = _mm256_mul_ps(load_lanes(row, t->nk, j), by);
+            const __m256 p = _mm256_and_ps(exp_nonpos(_mm256_sub_ps(x, shift)), _mm256_castsi256_ps(lanes(t->nk, j)));
             store_lanes(row, t->nk, j, p);
-            sum = _mm256_add_ps(sum, p);
+            sums[0] = _mm256_add_ps(sums[0], p);
         }
+        const __m256 sum = _mm256_add_ps(sums[0], sums[1]);
         float a = _mm_cvtss_f32(_mm256_castps256_ps128(exp_nonpos(_mm256_sub_ps(_mm256_set1_ps(m[r]), shift))));
         l[r] = l[r] * a + hsum(sum);
         m[r] = mx;

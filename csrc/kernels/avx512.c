@@ -127,14 +127,35 @@ AVX512 static int softmax_rows_avx512(float *st, const struct npattn_score_tile 
     const int capped = t->softcap > 0;
     const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const int plain = npattn_tile_plain(t);
     for (int64_t r = 0; r < t->M; r++) {
         float *row = st + r * t->ld;
         const float *brow = t->bias ? t->bias + r * t->ld : NULL;
         if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
         __m512i vlo = _mm512_set1_epi32(t->lo ? t->lo[r] : 0), vhi = _mm512_set1_epi32(t->lo ? t->hi[r] : 0);
         __m512 vmx = ninf, nf = zero;
+        if (plain) { /* pass 1: the row's max of the raw scores, times scale; two chains */
+            __m512 raw[2] = {_mm512_set1_ps(-FLT_MAX), _mm512_set1_ps(-FLT_MAX)}, sums[2] = {zero, zero};
+            int64_t j = 0;
+            for (; j + 32 <= t->nk; j += 32)
+                for (int c = 0; c < 2; c++) {
+                    const __m512 x = _mm512_loadu_ps(row + j + 16 * c);
+                    sums[c] = _mm512_add_ps(sums[c], x);
+                    raw[c] = _mm512_max_ps(raw[c], x);
+                }
+            for (; j < t->nk; j += 16) {
+                const __mmask16 live = lanes(t->nk - j, 0);
+                const __m512 x = _mm512_maskz_loadu_ps(live, row + j);
+                sums[0] = _mm512_add_ps(sums[0], x);
+                raw[0] = _mm512_mask_max_ps(raw[0], live, raw[0], x);
+            }
+            vmx = _mm512_mul_ps(_mm512_max_ps(raw[0], raw[1]), scale);
+            /* finite unless a score is NaN or infinite, or scaling overflowed */
+            nf = _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), vmx);
+            nf = _mm512_sub_ps(nf, nf);
+        }
         /* pass 1: final scores written back, the row's max */
-        for (int64_t j = 0; j < t->nk; j += 16) {
+        for (int64_t j = 0; j < t->nk && !plain; j += 16) {
             const __mmask16 live = lanes(t->nk - j, 0);
             __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + j), scale);
             __m512 check = _mm512_sub_ps(x, x);
@@ -160,13 +181,23 @@ AVX512 static int softmax_rows_avx512(float *st, const struct npattn_score_tile 
         mx = m[r] > mx ? m[r] : mx;
         /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
         const __m512 shift = _mm512_set1_ps(mx == -INFINITY ? 0.0f : mx);
-        __m512 sum = zero;
-        for (int64_t j = 0; j < t->nk; j += 16) {
+        const __m512 by = plain ? scale : _mm512_set1_ps(1.0f);
+        __m512 sums[2] = {zero, zero};
+        int64_t j = 0;
+        for (; j + 32 <= t->nk; j += 32)
+            for (int c = 0; c < 2; c++) {
+                const __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row + j + 16 * c), by), shift));
+                _mm512_storeu_ps(row + j + 16 * c, p);
+                sums[c] = _mm512_add_ps(sums[c], p);
+            }
+        for (; j < t->nk; j += 16) {
             const __mmask16 live = lanes(t->nk - j, 0);
-            __m512 p = _mm512_maskz_mov_ps(live, exp_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + j), shift)));
+            const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + j), by);
+            const __m512 p = _mm512_maskz_mov_ps(live, exp_nonpos(_mm512_sub_ps(x, shift)));
             _mm512_mask_storeu_ps(row + j, live, p);
-            sum = _mm512_add_ps(sum, p);
+            sums[0] = _mm512_add_ps(sums[0], p);
         }
+        const __m512 sum = _mm512_add_ps(sums[0], sums[1]);
         float a = _mm_cvtss_f32(_mm512_castps512_ps128(exp_nonpos(_mm512_sub_ps(_mm512_set1_ps(m[r]), shift))));
         l[r] = l[r] * a + _mm512_reduce_add_ps(sum);
         m[r] = mx;

@@ -154,14 +154,34 @@ static int softmax_rows_neon(float *st, const struct npattn_score_tile *t, float
     const float32x4_t cap = vdupq_n_f32(t->softcap), inv_cap = vdupq_n_f32(capped ? 1.0f / t->softcap : 0.0f);
     static const int32_t iota_s[4] = {0, 1, 2, 3};
     const int32x4_t iota = vld1q_s32(iota_s);
+    const int plain = npattn_tile_plain(t);
     for (int64_t r = 0; r < t->M; r++) {
         float *row = st + r * t->ld;
         const float *brow = t->bias ? t->bias + r * t->ld : NULL;
         if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
         int32x4_t vlo = vdupq_n_s32(t->lo ? t->lo[r] : 0), vhi = vdupq_n_s32(t->lo ? t->hi[r] : 0);
         float32x4_t vmx = ninf, nf = zero;
+        if (plain) { /* pass 1: the row's max of the raw scores, times scale; two chains */
+            float32x4_t raw[2] = {vdupq_n_f32(-FLT_MAX), vdupq_n_f32(-FLT_MAX)}, sums[2] = {zero, zero};
+            int64_t j = 0;
+            for (; j + 8 <= t->nk; j += 8)
+                for (int c = 0; c < 2; c++) {
+                    const float32x4_t x = vld1q_f32(row + j + 4 * c);
+                    sums[c] = vaddq_f32(sums[c], x);
+                    raw[c] = vmaxq_f32(raw[c], x);
+                }
+            for (; j < t->nk; j += 4) {
+                const float32x4_t x = select(lanes(t->nk, j), load_part(row, t->nk, j), raw[0]);
+                sums[0] = vaddq_f32(sums[0], x);
+                raw[0] = vmaxq_f32(raw[0], x);
+            }
+            vmx = vmulq_f32(vmaxq_f32(raw[0], raw[1]), scale);
+            /* finite unless a score is NaN or infinite, or scaling overflowed */
+            nf = vaddq_f32(vaddq_f32(sums[0], sums[1]), vmx);
+            nf = vsubq_f32(nf, nf);
+        }
         /* pass 1: final scores written back, the row's max */
-        for (int64_t j = 0; j < t->nk; j += 4) {
+        for (int64_t j = 0; j < t->nk && !plain; j += 4) {
             const uint32x4_t live = lanes(t->nk, j);
             float32x4_t x = vmulq_f32(load_part(row, t->nk, j), scale);
             float32x4_t check = vsubq_f32(x, x);
@@ -187,13 +207,22 @@ static int softmax_rows_neon(float *st, const struct npattn_score_tile *t, float
         mx = m[r] > mx ? m[r] : mx;
         /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
         const float32x4_t shift = vdupq_n_f32(mx == -INFINITY ? 0.0f : mx);
-        float32x4_t sum = zero;
-        for (int64_t j = 0; j < t->nk; j += 4) {
-            const uint32x4_t live = lanes(t->nk, j);
-            float32x4_t p = keep(exp_nonpos(vsubq_f32(load_part(row, t->nk, j), shift)), live);
+        const float32x4_t by = plain ? scale : vdupq_n_f32(1.0f);
+        float32x4_t sums[2] = {zero, zero};
+        int64_t j = 0;
+        for (; j + 8 <= t->nk; j += 8)
+            for (int c = 0; c < 2; c++) {
+                const float32x4_t p = exp_nonpos(vsubq_f32(vmulq_f32(vld1q_f32(row + j + 4 * c), by), shift));
+                vst1q_f32(row + j + 4 * c, p);
+                sums[c] = vaddq_f32(sums[c], p);
+            }
+        for (; j < t->nk; j += 4) {
+            const float32x4_t x = vmulq_f32(load_part(row, t->nk, j), by);
+            const float32x4_t p = keep(exp_nonpos(vsubq_f32(x, shift)), lanes(t->nk, j));
             store_part(row, t->nk, j, p);
-            sum = vaddq_f32(sum, p);
+            sums[0] = vaddq_f32(sums[0], p);
         }
+        const float32x4_t sum = vaddq_f32(sums[0], sums[1]);
         float a = vgetq_lane_f32(exp_nonpos(vsubq_f32(vdupq_n_f32(m[r]), shift)), 0);
         l[r] = l[r] * a + vaddvq_f32(sum);
         m[r] = mx;
