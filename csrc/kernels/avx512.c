@@ -383,13 +383,23 @@ AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, in
 }
 
 /* One copy of the loops per key type, its conversion inlined. */
+/* The common head sizes as constants, so that the loops over D unroll:
+ * 1.03-1.28x in cache. (The same for accumulate_of ran its float32 rows of
+ * 64 at 0.6x.) */
+AVX512 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
+                                int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+    if (D == 64) scores_of(kt, q, M, 64, k, ldk, nk, next, st, ldst);
+    else if (D == 128) scores_of(kt, q, M, 128, k, ldk, nk, next, st, ldst);
+    else scores_of(kt, q, M, D, k, ldk, nk, next, st, ldst);
+}
+
 AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k,
                                  int64_t ldk, int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
-    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
+    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
     else if (kt == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D))
         bf16_scores_in_lanes(q, M, D, (const uint16_t *)k, ldk, nk, next, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
-    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
+    else scores_sized(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
 /* o (nr <= 4 rows, 64 columns from e0) += P @ v: o in registers while the

@@ -289,11 +289,20 @@ INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D
 }
 
 /* One copy of the loops per key type, its conversion inlined. */
+/* The common head sizes as constants, so that the loops over D unroll (as
+ * the x86 kernels do). */
+INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
+                         int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+    if (D == 64) scores_of(kt, q, M, 64, k, ldk, nk, next, st, ldst);
+    else if (D == 128) scores_of(kt, q, M, 128, k, ldk, nk, next, st, ldst);
+    else scores_of(kt, q, M, D, k, ldk, nk, next, st, ldst);
+}
+
 static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
                         int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
-    if (kt == NPATTN_DTYPE_F16) scores_of(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_of(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
-    else scores_of(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
+    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
+    else scores_sized(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
 /* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers while the
