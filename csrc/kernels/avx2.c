@@ -309,16 +309,16 @@ AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int6
     if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, st + j, ldst, NULL);
 }
 
-/* One copy of the loops per key type, its conversion inlined. */
-/* The common head sizes as constants, so that the loops over D unroll:
- * 1.05-1.25x in cache; not 128 bfloat16 columns, which then ran 0.85-0.95x. */
+/* D = 64 as a constant, so that the loops over it unroll: 1.1-1.25x in
+ * cache. (D = 128 so unrolled ran faster alone but no faster in a decode,
+ * its code crowding the other kernels'.) */
 AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
                               int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     if (D == 64) scores_of(kt, q, M, 64, k, ldk, nk, next, st, ldst);
-    else if (D == 128 && kt != NPATTN_DTYPE_BF16) scores_of(kt, q, M, 128, k, ldk, nk, next, st, ldst);
     else scores_of(kt, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
+/* One copy of the loops per key type, its conversion inlined. */
 AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
                              int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
@@ -412,15 +412,14 @@ AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ld
         npattn_accumulate_columns(st, ldst, M, nk, vt, v, ldv, Dv, Dv / 8 * 8, o);
 }
 
-/* One copy of the loops per value type, its conversion inlined. */
-/* The common head sizes as constants, as scores_sized. */
+/* Dv = 64 as a constant, as scores_sized: 1.03-1.08x. */
 AVX2 INLINE void accumulate_sized(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
                                   const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
     if (Dv == 64) accumulate_of(vt, st, ldst, M, nk, next, v, ldv, 64, o);
-    else if (Dv == 128) accumulate_of(vt, st, ldst, M, nk, next, v, ldv, 128, o);
     else accumulate_of(vt, st, ldst, M, nk, next, v, ldv, Dv, o);
 }
 
+/* One copy of the loops per value type, its conversion inlined. */
 AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next, enum npattn_dtype vt,
                                  const void *v, int64_t ldv, int64_t Dv, float *o) {
     if (vt == NPATTN_DTYPE_F16) accumulate_sized(NPATTN_DTYPE_F16, st, ldst, M, nk, next, v, ldv, Dv, o);

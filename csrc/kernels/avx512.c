@@ -382,17 +382,17 @@ AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, in
                          (int)(nk - j), st + r * ldst + j, ldst, NULL);
 }
 
-/* One copy of the loops per key type, its conversion inlined. */
-/* The common head sizes as constants, so that the loops over D unroll:
- * 1.03-1.28x in cache. (The same for accumulate_of ran its float32 rows of
- * 64 at 0.6x.) */
+/* D = 64 as a constant, so that the loops over it unroll: 1.1-1.28x in
+ * cache. (D = 128 so unrolled ran faster alone but no faster in a decode,
+ * its code crowding the other kernels'; accumulate_of so unrolled ran its
+ * float32 rows at 0.6x.) */
 AVX512 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
                                 int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     if (D == 64) scores_of(kt, q, M, 64, k, ldk, nk, next, st, ldst);
-    else if (D == 128) scores_of(kt, q, M, 128, k, ldk, nk, next, st, ldst);
     else scores_of(kt, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
+/* One copy of the loops per key type, its conversion inlined. */
 AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k,
                                  int64_t ldk, int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);

@@ -288,16 +288,15 @@ INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D
                          (int)(nk - j), st + r * ldst + j, ldst, NULL);
 }
 
-/* One copy of the loops per key type, its conversion inlined. */
-/* The common head sizes as constants, so that the loops over D unroll (as
- * the x86 kernels do). */
+/* D = 64 as a constant, so that the loops over it unroll, as in the x86
+ * kernels. */
 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
                          int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     if (D == 64) scores_of(kt, q, M, 64, k, ldk, nk, next, st, ldst);
-    else if (D == 128) scores_of(kt, q, M, 128, k, ldk, nk, next, st, ldst);
     else scores_of(kt, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
+/* One copy of the loops per key type, its conversion inlined. */
 static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
                         int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
