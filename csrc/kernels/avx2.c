@@ -310,8 +310,7 @@ AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int6
 }
 
 /* D = 64 as a constant, so that the loops over it unroll: 1.1-1.25x in
- * cache. (D = 128 so unrolled ran faster alone but no faster in a decode,
- * its code crowding the other kernels'.) */
+ * cache. (D = 128 so unrolled ran faster alone but no faster in a decode.) */
 AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
                               int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     if (D == 64) scores_of(kt, q, M, 64, k, ldk, nk, next, st, ldst);
