@@ -260,6 +260,31 @@ static void test_pairs_across(void) {
     npattn_kernels_force("");
 }
 
+/* Every table's transpose_f32 (where it has one) moves each element to its
+ * place: rows and widths around the blocks' 4 and 8. */
+static void test_transpose(void) {
+    enum { MAX_M = 70, MAX_W = 130 };
+    static const int64_t sizes[] = {1, 3, 4, 5, 7, 8, 9, 12, 16, 17, 64, 70, 128, 130};
+    static float rows[MAX_M * MAX_W], got[MAX_W * MAX_M];
+    char msg[120];
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0 || !npattn_kernels()->transpose_f32) continue;
+        for (size_t mi = 0; mi < sizeof sizes / sizeof *sizes && sizes[mi] <= MAX_M; mi++)
+            for (size_t wi = 0; wi < sizeof sizes / sizeof *sizes; wi++) {
+                const int64_t M = sizes[mi], w = sizes[wi];
+                for (int64_t i = 0; i < M * w; i++) rows[i] = (float)i;
+                for (int64_t i = 0; i < M * w; i++) got[i] = -1.0f;
+                npattn_kernels()->transpose_f32(rows, M, w, got);
+                int ok = 1;
+                for (int64_t r = 0; r < M; r++)
+                    for (int64_t d = 0; d < w; d++) ok &= got[d * M + r] == rows[r * w + d];
+                snprintf(msg, sizeof msg, "%s: transpose_f32 of %lld x %lld", kernel_tables[t], (long long)M, (long long)w);
+                expect(ok, msg);
+            }
+    }
+    npattn_kernels_force("");
+}
+
 /* The streaming kernels read float16 and bfloat16 rows as stored: the same
  * bits as the float32 copies of those rows, and the double-precision sums
  * within float32's rounding (n + 8 roundings of 2^-24 of the sum of |terms|
@@ -805,6 +830,7 @@ int main(void) {
     test_cancel_zeroing_weights();
     test_pool_modes();
     test_extremes();
+    test_transpose();
     test_stream_kernels();
     test_half_cache();
     test_bf16_kernels();

@@ -34,7 +34,9 @@ struct CAT(fwd_task_, SFX) {
 
 /* rowsT (w, M) = the transpose of rows (M, w): 8 x 8 blocks, whose fixed
  * bounds the compiler unrolls (a quarter to a half of the time of blocks
- * with bounds checked inside), then the rows and columns left over. */
+ * with bounds checked inside), then the rows and columns left over. The
+ * double tasks' and the portable table's; the SIMD tables' transpose_f32
+ * keeps its blocks in registers. */
 static void CAT(transposed_, SFX)(const REAL *rows, int64_t M, int64_t w, REAL *rowsT) {
     int64_t r0 = 0;
     for (; r0 + 8 <= M; r0 += 8) {
@@ -202,7 +204,14 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
              !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
     s.pv16 = pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
 #endif
-    if (!s.stream && !s.qk16) CAT(transposed_, SFX)(qrows, M, D, s.qt);
+    if (!s.stream && !s.qk16) {
+#if IS_F64
+        CAT(transposed_, SFX)(qrows, M, D, s.qt);
+#else
+        if (npattn_kernels()->transpose_f32) npattn_kernels()->transpose_f32(qrows, M, D, s.qt);
+        else CAT(transposed_, SFX)(qrows, M, D, s.qt);
+#endif
+    }
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */
     for (int64_t r = 0; r < M; r++) {

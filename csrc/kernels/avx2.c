@@ -433,6 +433,39 @@ AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) {
     for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
 }
 
+/* rowsT (w, M) = the transpose of rows (M, w): 8 x 8 blocks in registers
+ * (24 shuffles a block, against 64 stores one by one), then the columns and
+ * rows left over one by one. */
+AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t M, int64_t w, float *rowsT) {
+    int64_t r0 = 0;
+    for (; r0 + 8 <= M; r0 += 8) {
+        int64_t d0 = 0;
+        for (; d0 + 8 <= w; d0 += 8) {
+            __m256 x[8], t[8], u[8];
+            for (int r = 0; r < 8; r++) x[r] = _mm256_loadu_ps(rows + (r0 + r) * w + d0);
+            for (int r = 0; r < 8; r += 2) {
+                t[r] = _mm256_unpacklo_ps(x[r], x[r + 1]);
+                t[r + 1] = _mm256_unpackhi_ps(x[r], x[r + 1]);
+            }
+            /* within each 128-bit half H: u[4g + c] = column 4H + c of rows 4g .. 4g + 3 */
+            for (int g = 0; g < 2; g++) {
+                u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+                u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
+                u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+                u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
+            }
+            for (int c = 0; c < 4; c++) {
+                _mm256_storeu_ps(rowsT + (d0 + c) * M + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+                _mm256_storeu_ps(rowsT + (d0 + 4 + c) * M + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+            }
+        }
+        for (int64_t d = d0; d < w; d++)
+            for (int r = 0; r < 8; r++) rowsT[d * M + r0 + r] = rows[(r0 + r) * w + d];
+    }
+    for (int64_t r = r0; r < M; r++)
+        for (int64_t d = 0; d < w; d++) rowsT[d * M + r] = rows[r * w + d];
+}
+
 /* 12 chains of 8 lanes: two FMA units of 4-cycle latency want 8 or more. */
 AVX2 static double fma_loop_avx2(int64_t n, float *sink) {
     __m256 acc[12], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
@@ -454,6 +487,7 @@ const struct npattn_kernels npattn_kernels_avx2 = {
     .scores = scores_avx2,
     .accumulate = accumulate_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
+    .transpose_f32 = npattn_transpose_f32_avx2,
     .fma_loop = fma_loop_avx2,
 };
 #endif

@@ -679,7 +679,8 @@ AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, i
 /* The float32 kernels, shared by the three AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
     .softmax_f32 = softmax_avx512, .softmax_rows_f32 = softmax_rows_avx512, .scores = scores_avx512,                  \
-    .accumulate = accumulate_avx512, .f16_to_f32 = f16_to_f32_avx512, .fma_loop = fma_loop_avx512
+    .accumulate = accumulate_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
+    .fma_loop = fma_loop_avx512
 
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",

@@ -106,6 +106,9 @@ struct npattn_kernels {
 
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
+    /* rowsT (w, M) = the transpose of rows (M, w), both row-major: Q^T for
+     * the tiles' products. NULL: the caller's loop. */
+    void (*transpose_f32)(const float *rows, int64_t M, int64_t w, float *rowsT);
 
     /* A ceiling for the benchmarks, not used by attention: n rounds of
      * independent float32 FMAs in registers only, as many chains as the
@@ -165,6 +168,12 @@ void npattn_softmax_f64(double *st, const struct npattn_score_tile_f64 *t, doubl
 /* The portable softmax step over columns r0 .. r1-1: the SIMD tables' tails. */
 int npattn_softmax_f32_columns(float *st, const struct npattn_score_tile *t, int64_t r0, int64_t r1, float *m,
                                float *l, float *alpha);
+
+#if defined(__x86_64__) || defined(__i386__)
+/* transpose_f32 in 8 x 8 blocks of AVX registers: the AVX2 table's and the
+ * AVX-512 ones' (avx2.c). */
+void npattn_transpose_f32_avx2(const float *rows, int64_t M, int64_t w, float *rowsT);
+#endif
 
 /* accumulate's columns e0 .. Dv - 1 (the portable kernel's and the SIMD
  * kernels' column tails): the nk terms summed from zero, then added to o. */

@@ -364,6 +364,28 @@ static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {
     for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
 }
 
+/* rowsT (w, M) = the transpose of rows (M, w): 4 x 4 blocks in registers
+ * (as the x86 kernels' 8 x 8), then the columns and rows left over one by
+ * one. */
+static void transpose_f32_neon(const float *rows, int64_t M, int64_t w, float *rowsT) {
+    int64_t r0 = 0;
+    for (; r0 + 4 <= M; r0 += 4) {
+        int64_t d0 = 0;
+        for (; d0 + 4 <= w; d0 += 4) {
+            const float32x4x2_t a = vtrnq_f32(vld1q_f32(rows + r0 * w + d0), vld1q_f32(rows + (r0 + 1) * w + d0));
+            const float32x4x2_t b = vtrnq_f32(vld1q_f32(rows + (r0 + 2) * w + d0), vld1q_f32(rows + (r0 + 3) * w + d0));
+            vst1q_f32(rowsT + d0 * M + r0, vcombine_f32(vget_low_f32(a.val[0]), vget_low_f32(b.val[0])));
+            vst1q_f32(rowsT + (d0 + 1) * M + r0, vcombine_f32(vget_low_f32(a.val[1]), vget_low_f32(b.val[1])));
+            vst1q_f32(rowsT + (d0 + 2) * M + r0, vcombine_f32(vget_high_f32(a.val[0]), vget_high_f32(b.val[0])));
+            vst1q_f32(rowsT + (d0 + 3) * M + r0, vcombine_f32(vget_high_f32(a.val[1]), vget_high_f32(b.val[1])));
+        }
+        for (int64_t d = d0; d < w; d++)
+            for (int r = 0; r < 4; r++) rowsT[d * M + r0 + r] = rows[(r0 + r) * w + d];
+    }
+    for (int64_t r = r0; r < M; r++)
+        for (int64_t d = 0; d < w; d++) rowsT[d * M + r] = rows[r * w + d];
+}
+
 /* 16 chains of 4 lanes. */
 static double fma_loop_neon(int64_t n, float *sink) {
     float32x4_t acc[16], x = vdupq_n_f32(0.999999f), y = vdupq_n_f32(1e-7f);
@@ -564,7 +586,8 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
 /* The float32 kernels, shared by the two NEON tables. */
 #define NEON_F32_KERNELS                                                                                             \
     .softmax_f32 = softmax_neon, .softmax_rows_f32 = softmax_rows_neon, .scores = scores_neon,                        \
-    .accumulate = accumulate_neon, .f16_to_f32 = f16_to_f32_neon, .fma_loop = fma_loop_neon
+    .accumulate = accumulate_neon, .f16_to_f32 = f16_to_f32_neon, .transpose_f32 = transpose_f32_neon,              \
+    .fma_loop = fma_loop_neon
 
 const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",
