@@ -282,15 +282,18 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
                      (int)M, (const REAL *)vtile, (int)ldv, (REAL)1, ot + gi * s.mg * Dv, (int)Dv);
         }
     }
-#if !IS_F64
-    /* an accumulator that overflowed is recomputed in double */
-    if (!npattn_all_finite_f32(ot, M * Dv)) return 1;
-#endif
+    /* a float accumulator that overflowed: the task is recomputed in double,
+     * which stores its rows again (found as they are stored: one pass over O) */
+    int overflowed = 0;
     if (pl->n_split == 1) {
         for (int64_t r = 0; r < M; r++) {
             /* a row that saw no key: zeros, not NaN (even where 0 * a NaN value was added) */
             const REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r];
-            for (int64_t e = 0; e < Dv; e++) row[e] = inv == (REAL)0 ? (REAL)0 : ot[r * Dv + e] * inv;
+            for (int64_t e = 0; e < Dv; e++) {
+                const REAL x = ot[r * Dv + e];
+                overflowed |= x - x != (REAL)0;
+                row[e] = inv == (REAL)0 ? (REAL)0 : x * inv;
+            }
             const int64_t h = h0 + r / nq, i = i0 + r % nq;
             if (Dv > 0) STORE(p->out.dtype, row, Dv, npattn_elem(&p->out, pl->out_size, u->off_out, h, i), p->out.col_stride);
             if (p->lse.data) store_lse(p, u->off_lse, h, i, lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]));
@@ -303,9 +306,14 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         for (int64_t r = 0; r < M; r++) {
             const REAL inv = lt[r] == (REAL)0 ? (REAL)1 : (REAL)1 / lt[r];
             part[r] = lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]);
-            for (int64_t e = 0; e < Dv; e++) part[pl->max_m + r * Dv + e] = (double)(ot[r * Dv + e] * inv);
+            for (int64_t e = 0; e < Dv; e++) {
+                const REAL x = ot[r * Dv + e];
+                overflowed |= x - x != (REAL)0;
+                part[pl->max_m + r * Dv + e] = (double)(x * inv);
+            }
         }
     }
+    if (!IS_F64 && overflowed) return 1;
     /* the weights (never split-K) */
     return p->weights.data ? CAT(weights_, SFX)(pl, &s, t_begin, t_end) : 0;
 }
