@@ -175,7 +175,8 @@ void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void
     switch (dtype) {
     case NPATTN_DTYPE_F32: {
         float *d = dst;
-        for (int64_t j = 0; j < n; j++) d[j * stride] = src[j];
+        if (stride == 1) memcpy(d, src, (size_t)n * sizeof *d);
+        else for (int64_t j = 0; j < n; j++) d[j * stride] = src[j];
         return;
     }
     case NPATTN_DTYPE_F64: {
