@@ -219,7 +219,9 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         mt[r] = (REAL)sink;
         lt[r] = sink == -INFINITY ? (REAL)0 : (REAL)1;
     }
-    memset(ot, 0, (size_t)(M * Dv) * sizeof(REAL)); /* O's rows (M, D_v) */
+    /* O's rows (M, D_v): zeros, unless the first tile's gemms write them */
+    const int o_by_gemm = !s.stream && !s.pv16 && t_end > t_begin;
+    if (!o_by_gemm) memset(ot, 0, (size_t)(M * Dv) * sizeof(REAL));
 
     /* scores (j, r): transposed (keys, M) for the gemms, by rows (M, bk) for
      * the streaming kernels; the bias likewise */
@@ -279,7 +281,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
                                              NPATTN_DTYPE_F32, vtile, ldv, Dv, (float *)ot + gi * s.mg * Dv);
             else
                 GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s.mg, (int)Dv, (int)nk, (REAL)1, s.st + gi * s.mg,
-                     (int)M, (const REAL *)vtile, (int)ldv, (REAL)1, ot + gi * s.mg * Dv, (int)Dv);
+                     (int)M, (const REAL *)vtile, (int)ldv, (REAL)(t > t_begin), ot + gi * s.mg * Dv, (int)Dv);
         }
     }
     /* a float accumulator that overflowed: the task is recomputed in double,
