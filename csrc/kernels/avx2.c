@@ -309,7 +309,7 @@ AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int6
     if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, st + j, ldst, NULL);
 }
 
-/* D = 64 as a constant, so that the loops over it unroll: 1.1-1.25x in
+/* D = 64 as a constant, so that the loops over it unroll: 1.08-1.27x in
  * cache. (D = 128 so unrolled ran faster alone but no faster in a decode.) */
 AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
                               int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {

@@ -382,7 +382,7 @@ AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, in
                          (int)(nk - j), st + r * ldst + j, ldst, NULL);
 }
 
-/* D = 64 as a constant, so that the loops over it unroll: 1.1-1.28x in
+/* D = 64 as a constant, so that the loops over it unroll: 0.98-1.28x in
  * cache. (D = 128 so unrolled ran faster alone but no faster in a decode;
  * accumulate_of so unrolled ran its float32 rows at 0.6x.) */
 AVX512 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
