@@ -172,7 +172,8 @@ AVX2 static int softmax_rows_avx2(float *st, const struct npattn_score_tile *t, 
                 sums[0] = _mm256_add_ps(sums[0], x);
                 raw[0] = _mm256_max_ps(raw[0], x);
             }
-            vmx = _mm256_mul_ps(_mm256_max_ps(raw[0], raw[1]), scale);
+            /* the lanes' max before scaling: a lane no score reached holds -FLT_MAX */
+            vmx = _mm256_set1_ps(hmax(_mm256_max_ps(raw[0], raw[1])) * t->scale);
             /* finite unless a score is NaN or infinite, or scaling overflowed */
             nf = _mm256_add_ps(_mm256_add_ps(sums[0], sums[1]), vmx);
             nf = _mm256_sub_ps(nf, nf);

@@ -149,7 +149,8 @@ AVX512 static int softmax_rows_avx512(float *st, const struct npattn_score_tile 
                 sums[0] = _mm512_add_ps(sums[0], x);
                 raw[0] = _mm512_mask_max_ps(raw[0], live, raw[0], x);
             }
-            vmx = _mm512_mul_ps(_mm512_max_ps(raw[0], raw[1]), scale);
+            /* the lanes' max before scaling: a lane no score reached holds -FLT_MAX */
+            vmx = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(raw[0], raw[1])) * t->scale);
             /* finite unless a score is NaN or infinite, or scaling overflowed */
             nf = _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), vmx);
             nf = _mm512_sub_ps(nf, nf);

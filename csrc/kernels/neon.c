@@ -175,7 +175,8 @@ static int softmax_rows_neon(float *st, const struct npattn_score_tile *t, float
                 sums[0] = vaddq_f32(sums[0], x);
                 raw[0] = vmaxq_f32(raw[0], x);
             }
-            vmx = vmulq_f32(vmaxq_f32(raw[0], raw[1]), scale);
+            /* the lanes' max before scaling: a lane no score reached holds -FLT_MAX */
+            vmx = vdupq_n_f32(vmaxvq_f32(vmaxq_f32(raw[0], raw[1])) * t->scale);
             /* finite unless a score is NaN or infinite, or scaling overflowed */
             nf = vaddq_f32(vaddq_f32(sums[0], sums[1]), vmx);
             nf = vsubq_f32(nf, nf);
