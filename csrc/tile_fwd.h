@@ -205,12 +205,9 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     s.pv16 = pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
 #endif
     if (!s.stream && !s.qk16) {
-#if IS_F64
-        CAT(transposed_, SFX)(qrows, M, D, s.qt);
-#else
-        if (npattn_kernels()->transpose_f32) npattn_kernels()->transpose_f32(qrows, M, D, s.qt);
+        if (!IS_F64 && npattn_kernels()->transpose_f32)
+            npattn_kernels()->transpose_f32((const float *)qrows, M, D, (float *)s.qt);
         else CAT(transposed_, SFX)(qrows, M, D, s.qt);
-#endif
     }
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */

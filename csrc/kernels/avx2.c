@@ -277,9 +277,10 @@ AVX2 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int
     float out[16];
     _mm256_storeu_ps(out, sum8(acc));
     if (nr * 3 > 8) _mm256_storeu_ps(out + 8, sum8(acc + 8));
-    for (int b = 0; b < nr && D % 8; b++) /* the columns past the last 8 */
-        for (int a = 0; a < nkb; a++)
-            for (int64_t e = D & ~(int64_t)7; e < D; e++) out[3 * b + a] += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
+    if (D % 8) /* the columns past the last 8 */
+        for (int b = 0; b < nr; b++)
+            for (int a = 0; a < nkb; a++)
+                for (int64_t e = d; e < D; e++) out[3 * b + a] += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
     for (int b = 0; b < nr; b++)
         for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[3 * b + a];
 }
