@@ -95,24 +95,34 @@ struct job {
     _Atomic int64_t next_task; /* next task to claim */
     struct npattn_run *run;
     int32_t max_helpers;       /* helpers allowed to join */
-    int32_t n_joined;          /* helpers so far (slot numbers given) */
-    atomic_int n_active;       /* helpers still running tasks (changed under the pool's lock) */
+    atomic_int n_joined;       /* helpers so far (slot numbers given) */
+    atomic_int n_active;       /* helpers that joined and have not left */
+    int is_open;               /* posted as the pool's open job (else on its list) */
     int orphaned;              /* in a forked child: the helpers that had joined are gone */
     pthread_t caller;          /* the thread that runs the call */
-    struct job *next;          /* the pool's list of jobs that take helpers */
+    struct job *next;          /* the pool's list of other jobs that take helpers */
     struct job *next_call;     /* the list of every call in flight */
 };
 
+/* A call's helpers join it without the lock: the call posts its job as the
+ * pool's open job, which a helper takes a seat in with one atomic step, and
+ * before the call returns it closes the job and waits until no helper is
+ * still looking at it. Jobs posted while another is open (calls from other
+ * threads) wait on a list, which helpers read under the lock. */
 static struct {
     pthread_mutex_t lock;
-    pthread_cond_t work;    /* a job was posted */
-    pthread_cond_t done;    /* a job's last helper left */
-    struct job *jobs;       /* jobs that may take more helpers */
-    struct job *calls;      /* every call in flight, helpers or not */
-    int32_t n_workers;      /* helper threads started */
-    int32_t n_sleeping;     /* helpers waiting on `work` */
-    atomic_int posted;      /* counts posted jobs: what a spinning helper watches */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0};
+    pthread_cond_t work;          /* a job was posted */
+    pthread_cond_t done;          /* a job's last helper left */
+    _Atomic(struct job *) open;   /* the job helpers join without the lock, or NULL */
+    atomic_int peeking;           /* helpers looking at `open` right now */
+    struct job *jobs;             /* the list: other jobs that may take more helpers */
+    atomic_int n_listed;          /* jobs on it */
+    struct job *calls;            /* every call in flight, helpers or not */
+    int32_t n_workers;            /* helper threads started */
+    int32_t n_sleeping;           /* helpers waiting on `work` */
+    atomic_int callers_asleep;    /* callers waiting on `done` */
+    atomic_int posted;            /* counts posted jobs: what a spinning helper watches */
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static atomic_int pool_mode;                  /* the test hook */
@@ -254,14 +264,26 @@ static void run_tasks(struct job *j, int32_t slot) {
     }
 }
 
-static int job_has_room(const struct job *j) {
-    return j->n_joined < j->max_helpers && !atomic_load(&j->run->stop) && atomic_load(&j->next_task) < j->n_task;
+/* A seat in j for a helper: its slot, or 0 when j is full, stopped or has no
+ * task left to claim. A helper that passes the checks just as the last task
+ * is claimed joins to find nothing, which costs a moment and nothing else. */
+static int32_t take_seat(struct job *j) {
+    if (atomic_load(&j->run->stop) || atomic_load(&j->next_task) >= j->n_task) return 0;
+    int32_t n = atomic_load(&j->n_joined);
+    while (n < j->max_helpers)
+        if (atomic_compare_exchange_weak(&j->n_joined, &n, n + 1)) {
+            atomic_fetch_add(&j->n_active, 1); /* before the helper stops peeking or unlocks */
+            return 1 + n;
+        }
+    return 0;
 }
 
+/* Takes j off the list, the lock held. */
 static void unlink_job(struct job *j) {
     for (struct job **pp = &pool.jobs; *pp; pp = &(*pp)->next)
         if (*pp == j) {
             *pp = j->next;
+            atomic_fetch_sub(&pool.n_listed, 1);
             return;
         }
 }
@@ -274,45 +296,73 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Waits, the lock held, for a job to be posted: first watching for a short
- * while, so that back-to-back calls (a decode loop) find their helpers
- * awake, then asleep on the condition variable. */
-static void wait_for_work(void) {
-    int seen = atomic_load(&pool.posted);
+/* Takes the pool's lock. Threads hold it for a few instructions, and
+ * several may reach for it within moments (helpers of listed jobs, helpers
+ * going to sleep, callers): one that found it taken and slept in the kernel
+ * would wake microseconds later, so it first retries a while. */
+#define LOCK_SPINS 2000
+static void lock_pool(void) {
+    for (int i = 0; i < LOCK_SPINS; i++) {
+        if (pthread_mutex_trylock(&pool.lock) == 0) return;
+        cpu_relax();
+    }
+    pthread_mutex_lock(&pool.lock);
+}
+
+/* A job with room for this helper, and its slot there: the open job, else
+ * one on the list; NULL if none. */
+static struct job *find_job(int32_t *slot) {
+    atomic_fetch_add(&pool.peeking, 1);
+    struct job *j = atomic_load(&pool.open);
+    *slot = j ? take_seat(j) : 0;
+    atomic_fetch_sub(&pool.peeking, 1);
+    if (*slot || atomic_load(&pool.n_listed) == 0) return *slot ? j : NULL;
+    lock_pool();
+    for (j = pool.jobs; j && !(*slot = take_seat(j)); j = j->next) {}
     pthread_mutex_unlock(&pool.lock);
+    return j;
+}
+
+/* Waits for a job posted after `seen`: first watching for a short while, so
+ * that back-to-back calls (a decode loop) find their helpers awake, then
+ * asleep on the condition variable. */
+static void wait_for_work(int seen) {
     int64_t until = now_ns() + NPATTN_SPIN_NS;
     int spins = 0;
     while (atomic_load_explicit(&pool.posted, memory_order_relaxed) == seen) {
         cpu_relax();
         if (++spins % 256 == 0 && now_ns() > until) break;
     }
-    pthread_mutex_lock(&pool.lock);
-    if (atomic_load(&pool.posted) != seen) return;
-    pool.n_sleeping++;
-    pthread_cond_wait(&pool.work, &pool.lock);
-    pool.n_sleeping--;
+    lock_pool();
+    if (atomic_load(&pool.posted) == seen) {
+        pool.n_sleeping++;
+        pthread_cond_wait(&pool.work, &pool.lock);
+        pool.n_sleeping--;
+    }
+    pthread_mutex_unlock(&pool.lock);
 }
 
 static void *worker_main(void *unused) {
     (void)unused;
-    pthread_mutex_lock(&pool.lock);
     for (;;) {
-        struct job *j = pool.jobs;
-        while (j && !job_has_room(j)) j = j->next;
+        int seen = atomic_load(&pool.posted);
+        int32_t slot;
+        struct job *j = find_job(&slot);
         if (!j) {
-            wait_for_work();
+            wait_for_work(seen);
             continue;
         }
-        int32_t slot = 1 + j->n_joined++;
-        j->n_active++;
-        if (!job_has_room(j)) unlink_job(j);
-        pthread_mutex_unlock(&pool.lock);
         if (enter()) {
             run_tasks(j, slot);
             leave();
         }
-        pthread_mutex_lock(&pool.lock);
-        if (--j->n_active == 0) pthread_cond_broadcast(&pool.done);
+        /* j may be gone once n_active is 0; a caller that sleeps counts
+         * itself in callers_asleep before it looks at n_active */
+        if (atomic_fetch_sub(&j->n_active, 1) == 1 && atomic_load(&pool.callers_asleep) > 0) {
+            lock_pool();
+            pthread_cond_broadcast(&pool.done);
+            pthread_mutex_unlock(&pool.lock);
+        }
     }
     return NULL;
 }
@@ -321,7 +371,7 @@ static void *worker_main(void *unused) {
  * called from inside a call, this thread's own. Also the exit hook. */
 void npattn_shutdown(void) {
     atomic_store(&exiting, 1);
-    pthread_mutex_lock(&pool.lock);
+    lock_pool();
     int mine = own_call() != NULL;
     pthread_mutex_unlock(&pool.lock);
     int64_t until = now_ns() + EXIT_WAIT_NS;
@@ -341,7 +391,7 @@ static void atfork_prepare(void) {
         struct timespec us = {0, 20000};
         nanosleep(&us, NULL);
     }
-    pthread_mutex_lock(&pool.lock);
+    lock_pool();
 }
 
 static void open_gate(void) {
@@ -365,7 +415,11 @@ static void atfork_child(void) {
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.work, NULL);
     pthread_cond_init(&pool.done, NULL);
+    atomic_store(&pool.open, NULL);
+    atomic_store(&pool.peeking, 0);
     pool.jobs = NULL;
+    atomic_store(&pool.n_listed, 0);
+    atomic_store(&pool.callers_asleep, 0);
     pool.calls = mine;
     pool.n_workers = 0;
     pool.n_sleeping = 0;
@@ -424,30 +478,39 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
     if (helpers > n_task - 1) helpers = (int32_t)(n_task - 1);
 
     /* every call is listed, so that a fork from inside it finds it (a few ns) */
-    pthread_mutex_lock(&pool.lock);
+    lock_pool();
     j.next_call = pool.calls;
     pool.calls = &j;
-    pthread_mutex_unlock(&pool.lock);
     if (helpers > 0) {
-        pthread_mutex_lock(&pool.lock);
         grow(helpers);
         j.max_helpers = helpers < pool.n_workers ? helpers : pool.n_workers;
-        if (j.max_helpers > 0) {
+    }
+    if (j.max_helpers > 0) {
+        struct job *none = NULL;
+        j.is_open = atomic_compare_exchange_strong(&pool.open, &none, &j);
+        if (!j.is_open) {
             j.next = pool.jobs;
             pool.jobs = &j;
-            atomic_fetch_add(&pool.posted, 1);
-            for (int32_t i = 0; i < j.max_helpers && i < pool.n_sleeping; i++) pthread_cond_signal(&pool.work);
+            atomic_fetch_add(&pool.n_listed, 1);
         }
-        pthread_mutex_unlock(&pool.lock);
+        atomic_fetch_add(&pool.posted, 1);
+        for (int32_t i = 0; i < j.max_helpers && i < pool.n_sleeping; i++) pthread_cond_signal(&pool.work);
     }
+    pthread_mutex_unlock(&pool.lock);
 
     run_tasks(&j, 0);
 
     if (j.max_helpers > 0) {
-        pthread_mutex_lock(&pool.lock);
-        unlink_job(&j);
-        j.max_helpers = j.n_joined; /* no more helpers join */
-        pthread_mutex_unlock(&pool.lock);
+        /* closed: no helper finds j any more, nor still holds it without a seat */
+        if (j.is_open) {
+            struct job *me = &j;
+            atomic_compare_exchange_strong(&pool.open, &me, NULL); /* fails only in a forked child */
+            while (atomic_load(&pool.peeking) > 0) cpu_relax();
+        } else {
+            lock_pool();
+            unlink_job(&j);
+            pthread_mutex_unlock(&pool.lock);
+        }
         /* the helpers mostly finish moments after the caller: watch for that
          * a short while before sleeping (a wake-up costs more than a small call) */
         int64_t until = now_ns() + NPATTN_SPIN_NS;
@@ -455,8 +518,11 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
             cpu_relax();
             if (spins % 256 == 0 && now_ns() > until) break;
         }
-        pthread_mutex_lock(&pool.lock);
-        while (j.n_active > 0 && !j.orphaned) {
+    }
+    lock_pool();
+    if (j.max_helpers > 0) {
+        atomic_fetch_add(&pool.callers_asleep, 1); /* before n_active is read: see worker_main */
+        while (atomic_load(&j.n_active) > 0 && !j.orphaned) {
             struct timespec until = poll_deadline();
             int rc = pthread_cond_timedwait(&pool.done, &pool.lock, &until);
             if (rc == ETIMEDOUT && !atomic_load(&run->stop)) {
@@ -464,15 +530,16 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
                 pthread_mutex_unlock(&pool.lock);
                 if (atomic_load(&exiting)) npattn_run_fail(run, NPATTN_STATUS_CANCELLED);
                 else if (run->cancel && run->cancel(run->cancel_arg)) npattn_run_fail(run, NPATTN_STATUS_CANCELLED);
-                pthread_mutex_lock(&pool.lock);
+                lock_pool();
             }
         }
-        pthread_mutex_unlock(&pool.lock);
+        atomic_fetch_sub(&pool.callers_asleep, 1);
     }
-    if (j.orphaned) /* a forked child: the tasks the parent's helpers had are ours now */
+    if (j.orphaned) { /* a forked child: the tasks the parent's helpers had are ours now */
+        pthread_mutex_unlock(&pool.lock);
         for (int64_t t = 0; t < n_task && !atomic_load(&run->stop); t++) fn(arg, t, 0);
-
-    pthread_mutex_lock(&pool.lock);
+        lock_pool();
+    }
     unlink_call(&j);
     pthread_mutex_unlock(&pool.lock);
     leave();
