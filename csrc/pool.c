@@ -92,16 +92,17 @@ struct job {
     npattn_task_fn fn;
     void *arg;
     int64_t n_task;
-    _Atomic int64_t next_task; /* next task to claim */
     struct npattn_run *run;
     int32_t max_helpers;       /* helpers allowed to join */
-    atomic_int n_joined;       /* helpers so far (slot numbers given) */
-    atomic_int n_active;       /* helpers that joined and have not left */
     int is_open;               /* posted as the pool's open job (else on its list) */
     int orphaned;              /* in a forked child: the helpers that had joined are gone */
     pthread_t caller;          /* the thread that runs the call */
     struct job *next;          /* the pool's list of other jobs that take helpers */
     struct job *next_call;     /* the list of every call in flight */
+    /* what every helper changes, each on a cache line of its own */
+    _Alignas(64) _Atomic int64_t next_task; /* next task to claim */
+    _Alignas(64) atomic_int n_joined;       /* seats taken (slot numbers given), and tries past max_helpers */
+    _Alignas(64) atomic_int n_active;       /* helpers that joined and have not left */
 };
 
 /* A call's helpers join it without the lock: the call posts its job as the
@@ -113,15 +114,17 @@ static struct {
     pthread_mutex_t lock;
     pthread_cond_t work;          /* a job was posted */
     pthread_cond_t done;          /* a job's last helper left */
-    _Atomic(struct job *) open;   /* the job helpers join without the lock, or NULL */
-    atomic_int peeking;           /* helpers looking at `open` right now */
     struct job *jobs;             /* the list: other jobs that may take more helpers */
-    atomic_int n_listed;          /* jobs on it */
     struct job *calls;            /* every call in flight, helpers or not */
     int32_t n_workers;            /* helper threads started */
     int32_t n_sleeping;           /* helpers waiting on `work` */
+    /* read by every helper, changed once or twice a call */
+    _Alignas(64) atomic_int posted; /* counts posted jobs: what a spinning helper watches */
+    _Atomic(struct job *) open;   /* the job helpers join without the lock, or NULL */
+    atomic_int n_listed;          /* jobs on the list */
     atomic_int callers_asleep;    /* callers waiting on `done` */
-    atomic_int posted;            /* counts posted jobs: what a spinning helper watches */
+    /* changed by every helper */
+    _Alignas(64) atomic_int peeking; /* helpers looking at `open` right now */
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
@@ -269,13 +272,11 @@ static void run_tasks(struct job *j, int32_t slot) {
  * is claimed joins to find nothing, which costs a moment and nothing else. */
 static int32_t take_seat(struct job *j) {
     if (atomic_load(&j->run->stop) || atomic_load(&j->next_task) >= j->n_task) return 0;
-    int32_t n = atomic_load(&j->n_joined);
-    while (n < j->max_helpers)
-        if (atomic_compare_exchange_weak(&j->n_joined, &n, n + 1)) {
-            atomic_fetch_add(&j->n_active, 1); /* before the helper stops peeking or unlocks */
-            return 1 + n;
-        }
-    return 0;
+    if (atomic_load(&j->n_joined) >= j->max_helpers) return 0;
+    int32_t n = atomic_fetch_add(&j->n_joined, 1); /* past max_helpers by at most the helpers there are */
+    if (n >= j->max_helpers) return 0;
+    atomic_fetch_add(&j->n_active, 1); /* before the helper stops peeking or unlocks */
+    return 1 + n;
 }
 
 /* Takes j off the list, the lock held. */
