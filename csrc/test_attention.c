@@ -2,14 +2,19 @@
  * naive loop in long double: every mask, the band of positions and windows,
  * softcap, sinks, lse and weights, in float64, float32, float16 and
  * bfloat16, under every kernel table this CPU runs; allocation failure at
- * each allocation, cancellation, the pool's three ways of running, extremes
- * recomputed in double, the conversions, and problems that break a rule.
+ * each allocation, cancellation, the pool's three ways of running and calls
+ * into it from several threads at once, extremes recomputed in double, the
+ * conversions, and problems that break a rule.
  *
  *   make -C csrc test            (see csrc/Makefile; SAN=1 for the sanitizers)
  *
  * Prints one line per failure and a final "N passed, N failed" line; exits
  * nonzero on any failure.
  */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
 #include "test_common.h"
 
 static void run_case(const struct case_ *c, const char *table) {
@@ -174,6 +179,64 @@ static void test_pool_modes(void) {
     expect(!memcmp(outs[0], outs[1], 4 * nq) && !memcmp(outs[0], outs[2], 4 * nq), "pool modes: bitwise equal");
     for (int mode = 0; mode < 3; mode++) free(outs[mode]);
     free(x.q), free(x.k), free(x.v);
+}
+
+/* The pool under calls from several threads at once, of every size: each
+ * task runs exactly once, and no two threads hold one slot at a time. */
+#define TALLY_TASKS 64
+#define TALLY_THREADS 16
+struct pool_tally {
+    atomic_int runs[TALLY_TASKS], in_slot[TALLY_THREADS], clash;
+    int32_t n_threads;
+};
+
+static void tally_task(void *arg, int64_t task, int32_t slot) {
+    struct pool_tally *a = arg;
+    if (slot < 0 || slot >= a->n_threads || atomic_fetch_add(&a->in_slot[slot], 1) != 0) {
+        atomic_store(&a->clash, 1);
+        return;
+    }
+    for (volatile int i = 0; i < (int)(task % 7) * 3000; i++) {} /* tasks of unequal lengths, up to some 10 us */
+    atomic_fetch_add(&a->runs[task], 1);
+    atomic_fetch_sub(&a->in_slot[slot], 1);
+}
+
+struct pool_caller {
+    uint32_t seed;
+    int wrong; /* calls that went wrong */
+};
+
+static void *pool_caller(void *arg) {
+    struct pool_caller *c = arg;
+    for (int call = 0; call < 200; call++) {
+        c->seed = c->seed * 1103515245u + 12345u;
+        const int64_t n_task = 1 + (c->seed >> 8) % TALLY_TASKS;
+        const int32_t n_threads = 1 + (int32_t)((c->seed >> 20) % TALLY_THREADS);
+        struct pool_tally a = {{0}, {0}, 0, n_threads};
+        struct npattn_run run;
+        npattn_run_init(&run, NULL, NULL);
+        int wrong = npattn_pool_run(tally_task, &a, n_task, n_threads, &run) != NPATTN_STATUS_OK || atomic_load(&a.clash);
+        for (int64_t t = 0; t < n_task; t++) wrong |= atomic_load(&a.runs[t]) != 1;
+        c->wrong += wrong;
+    }
+    return NULL;
+}
+
+static void test_pool_concurrent(void) {
+    enum { N = 3 };
+    pthread_t t[N];
+    struct pool_caller c[N];
+    int started[N], ok = 1;
+    for (int i = 0; i < N; i++) {
+        c[i] = (struct pool_caller){(uint32_t)i + 1, 0};
+        started[i] = pthread_create(&t[i], NULL, pool_caller, &c[i]) == 0;
+    }
+    for (int i = 0; i < N; i++) {
+        if (started[i]) pthread_join(t[i], NULL);
+        ok &= started[i] && !c[i].wrong;
+    }
+    expect(ok,
+           "pool: calls from 3 threads at once, every task run once and each slot held by one thread at a time");
 }
 
 static void test_extremes(void) {
@@ -829,6 +892,7 @@ int main(void) {
     test_cancel();
     test_cancel_zeroing_weights();
     test_pool_modes();
+    test_pool_concurrent();
     test_extremes();
     test_transpose();
     test_stream_kernels();
