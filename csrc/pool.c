@@ -506,7 +506,11 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
         if (j.is_open) {
             struct job *me = &j;
             atomic_compare_exchange_strong(&pool.open, &me, NULL); /* fails only in a forked child */
-            while (atomic_load(&pool.peeking) > 0) cpu_relax();
+            /* a peek is a few instructions, unless the helper lost its CPU in it */
+            for (int spins = 1; atomic_load(&pool.peeking) > 0; spins++) {
+                if (spins % 256) cpu_relax();
+                else sched_yield();
+            }
         } else {
             lock_pool();
             unlink_job(&j);
