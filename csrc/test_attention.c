@@ -182,7 +182,8 @@ static void test_pool_modes(void) {
 }
 
 /* The pool under calls from several threads at once, of every size: each
- * task runs exactly once, and no two threads hold one slot at a time. */
+ * task runs exactly once, no two threads hold one slot at a time, and no
+ * slot reaches the call's thread count. */
 #define TALLY_TASKS 64
 #define TALLY_THREADS 16
 struct pool_tally {
@@ -196,7 +197,7 @@ static void tally_task(void *arg, int64_t task, int32_t slot) {
         atomic_store(&a->clash, 1);
         return;
     }
-    for (volatile int i = 0; i < (int)(task % 7) * 3000; i++) {} /* tasks of unequal lengths, up to some 10 us */
+    for (volatile int i = 0; i < (int)(task % 7) * 3000; i++) {} /* tasks of unequal lengths */
     atomic_fetch_add(&a->runs[task], 1);
     atomic_fetch_sub(&a->in_slot[slot], 1);
 }
