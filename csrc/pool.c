@@ -317,7 +317,8 @@ static struct job *find_job(int32_t *slot) {
     struct job *j = atomic_load(&pool.open);
     *slot = j ? take_seat(j) : 0;
     atomic_fetch_sub(&pool.peeking, 1);
-    if (*slot || atomic_load(&pool.n_listed) == 0) return *slot ? j : NULL;
+    if (*slot) return j;
+    if (atomic_load(&pool.n_listed) == 0) return NULL;
     lock_pool();
     for (j = pool.jobs; j && !(*slot = take_seat(j)); j = j->next) {}
     pthread_mutex_unlock(&pool.lock);

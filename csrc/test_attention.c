@@ -236,8 +236,8 @@ static void test_pool_concurrent(void) {
         if (started[i]) pthread_join(t[i], NULL);
         ok &= started[i] && !c[i].wrong;
     }
-    expect(ok,
-           "pool: calls from 3 threads at once, every task run once and each slot held by one thread at a time");
+    expect(ok, "pool: calls from 3 threads at once, every task run once, each slot held by one thread at a time "
+               "and below the call's threads");
 }
 
 static void test_extremes(void) {
