@@ -26,7 +26,7 @@
 #define TILE_KEYS_MAX 512
 #define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
 #define STREAM_ROWS 16            /* at most this many stacked rows stream (decode) */
-#define STREAM_KEYS 64            /* keys per streamed tile: its scores stay in L1 */
+#define STREAM_KEYS 256           /* keys per streamed tile: its scores stay in L1; a softmax row per 256 keys, not 64 */
 #define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
 #define MERGE_PARTS 8             /* split-K over several kv heads per unit: at most this many parts */
 #define HEAD_RUN_BYTES 32768      /* a kv head's rows read at about the memory's streaming rate when this many lie together */
