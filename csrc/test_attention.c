@@ -366,68 +366,75 @@ static void test_stream_kernels(void) {
     for (int t = 0; t < N_KERNEL_TABLES; t++) {
         if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
         const struct npattn_kernels *kt = npattn_kernels();
+        /* kind 0: any q, K with subnormal values; 1: q of bfloat16 values; 2: that and K without subnormals */
         for (int ty = 1; ty < 3; ty++)
-            for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++)
-                for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri += 1 + (wi % 2))
-                    for (size_t ni = 0; ni < sizeof keys / sizeof *keys; ni++) {
-                        const int64_t D = widths[wi], M = rows[ri], nk = keys[ni], ld = D + 3; /* padded rows */
-                        for (int64_t i = 0; i < M * D; i++) q[i] = (float)(uniform() * 2);
-                        for (int64_t i = 0; i < nk * ld; i++) {
-                            /* one element in eight subnormal in the half type */
-                            double x = uniform() * (i % 8 == 3 ? (ty == 1 ? 6e-5 : 1e-38) : 2.0);
-                            float f = (float)x;
-                            npattn_store_f32(types[ty], &f, 1, kh + i, 1);
-                            npattn_load_f32(types[ty], kh + i, 1, 1, kf + i);
-                        }
-                        /* scores: as stored against the float32 copy, and against double */
-                        kt->scores(q, M, D, types[ty], kh, ld, nk, NULL, st, MAX_N);
-                        kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, &no_next, sf, MAX_N);
-                        /* the AVX-512 tables' bfloat16 keys in lanes: each score an FMA per element, in order */
-                        const int in_lanes = types[ty] == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D) &&
-                                             (!strncmp(kt->name, "avx512", 6) || !strcmp(kt->name, "amx"));
-                        int same = 1, close = 1;
-                        for (int64_t r = 0; r < M; r++)
-                            for (int64_t j = 0; j < nk; j++) {
-                                double want = 0, size = 0;
-                                float chain = 0;
-                                for (int64_t d = 0; d < D; d++) {
-                                    want += (double)q[r * D + d] * kf[j * ld + d];
-                                    size += fabs((double)q[r * D + d] * kf[j * ld + d]);
-                                    chain = fmaf(kf[j * ld + d], q[r * D + d], chain);
-                                }
-                                const float *bits = in_lanes ? &chain : &sf[r * MAX_N + j];
-                                same &= memcmp(&st[r * MAX_N + j], bits, sizeof(float)) == 0;
-                                close &= fabs(st[r * MAX_N + j] - want) <= size * (double)(D + 8) * 0x1p-24;
+            for (int kind = 0; kind < (ty == 2 ? 3 : 1); kind++)
+                for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++)
+                    for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri += 1 + (wi % 2))
+                        for (size_t ni = 0; ni < sizeof keys / sizeof *keys; ni++) {
+                            const int64_t D = widths[wi], M = rows[ri], nk = keys[ni], ld = D + 3; /* padded rows */
+                            for (int64_t i = 0; i < M * D; i++) {
+                                q[i] = (float)(uniform() * 2);
+                                if (kind > 0) q[i] = npattn_bf16_to_f32(npattn_f32_to_bf16(q[i]));
                             }
-                        snprintf(msg, sizeof msg, "%s stream scores %s M=%lld D=%lld nk=%lld: bits of float32 rows (in lanes: of the FMAs in order)",
-                                 kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
-                        expect(same, msg);
-                        snprintf(msg, sizeof msg, "%s stream scores %s M=%lld D=%lld nk=%lld: the sums",
-                                 kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
-                        expect(close, msg);
-                        /* accumulate: P (M, nk) in st against the rows as values, width D */
-                        for (int64_t i = 0; i < M * MAX_N; i++) st[i] = (float)fabs(uniform());
-                        for (int64_t i = 0; i < M * D; i++) o[i] = of[i] = o0[i] = (float)uniform();
-                        kt->accumulate(st, MAX_N, M, nk, NULL, types[ty], kh, ld, D, o);
-                        kt->accumulate(st, MAX_N, M, nk, &no_next, NPATTN_DTYPE_F32, kf, ld, D, of);
-                        same = memcmp(o, of, sizeof(float) * (size_t)(M * D)) == 0;
-                        close = 1;
-                        for (int64_t r = 0; r < M; r++)
-                            for (int64_t e = 0; e < D; e++) {
-                                double want = o0[r * D + e], size = fabs(want);
+                            for (int64_t i = 0; i < nk * ld; i++) {
+                                /* one element in eight subnormal in the half type (kind 2: none) */
+                                double x = uniform() * (i % 8 == 3 && kind < 2 ? (ty == 1 ? 6e-5 : 1e-38) : 2.0);
+                                float f = (float)x;
+                                npattn_store_f32(types[ty], &f, 1, kh + i, 1);
+                                npattn_load_f32(types[ty], kh + i, 1, 1, kf + i);
+                            }
+                            /* scores: as stored against the float32 copy, and against double */
+                            kt->scores(q, M, D, types[ty], kh, ld, nk, NULL, st, MAX_N);
+                            kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, &no_next, sf, MAX_N);
+                            /* the AVX-512 tables' bfloat16 keys in lanes: each score an FMA per element, in order */
+                            const int in_lanes = types[ty] == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D) &&
+                                                 (!strncmp(kt->name, "avx512", 6) || !strcmp(kt->name, "amx"));
+                            /* the amx table's tiles: the sums in another order, so only their bound */
+                            const int tiles = kind == 2 && !strcmp(kt->name, "amx") && npattn_amx_stream_rows(M, D);
+                            int same = 1, close = 1;
+                            for (int64_t r = 0; r < M; r++)
                                 for (int64_t j = 0; j < nk; j++) {
-                                    want += (double)st[r * MAX_N + j] * kf[j * ld + e];
-                                    size += fabs((double)st[r * MAX_N + j] * kf[j * ld + e]);
+                                    double want = 0, size = 0;
+                                    float chain = 0;
+                                    for (int64_t d = 0; d < D; d++) {
+                                        want += (double)q[r * D + d] * kf[j * ld + d];
+                                        size += fabs((double)q[r * D + d] * kf[j * ld + d]);
+                                        chain = fmaf(kf[j * ld + d], q[r * D + d], chain);
+                                    }
+                                    const float *bits = in_lanes ? &chain : &sf[r * MAX_N + j];
+                                    same &= tiles || memcmp(&st[r * MAX_N + j], bits, sizeof(float)) == 0;
+                                    close &= fabs(st[r * MAX_N + j] - want) <= size * (double)(D + 8) * 0x1p-24;
                                 }
-                                close &= fabs(o[r * D + e] - want) <= size * (double)(nk + 1) * 0x1p-24;
-                            }
-                        snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: float32 bits",
-                                 kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
-                        expect(same, msg);
-                        snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: the sums",
-                                 kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
-                        expect(close, msg);
-                    }
+                            snprintf(msg, sizeof msg, "%s stream scores %s M=%lld D=%lld nk=%lld: bits of float32 rows (in lanes: of the FMAs in order)",
+                                     kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
+                            expect(same, msg);
+                            snprintf(msg, sizeof msg, "%s stream scores %s M=%lld D=%lld nk=%lld: the sums",
+                                     kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
+                            expect(close, msg);
+                            /* accumulate: P (M, nk) in st against the rows as values, width D */
+                            for (int64_t i = 0; i < M * MAX_N; i++) st[i] = (float)fabs(uniform());
+                            for (int64_t i = 0; i < M * D; i++) o[i] = of[i] = o0[i] = (float)uniform();
+                            kt->accumulate(st, MAX_N, M, nk, NULL, types[ty], kh, ld, D, o);
+                            kt->accumulate(st, MAX_N, M, nk, &no_next, NPATTN_DTYPE_F32, kf, ld, D, of);
+                            same = memcmp(o, of, sizeof(float) * (size_t)(M * D)) == 0;
+                            close = 1;
+                            for (int64_t r = 0; r < M; r++)
+                                for (int64_t e = 0; e < D; e++) {
+                                    double want = o0[r * D + e], size = fabs(want);
+                                    for (int64_t j = 0; j < nk; j++) {
+                                        want += (double)st[r * MAX_N + j] * kf[j * ld + e];
+                                        size += fabs((double)st[r * MAX_N + j] * kf[j * ld + e]);
+                                    }
+                                    close &= fabs(o[r * D + e] - want) <= size * (double)(nk + 1) * 0x1p-24;
+                                }
+                            snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: float32 bits",
+                                     kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
+                            expect(same, msg);
+                            snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: the sums",
+                                     kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
+                            expect(close, msg);
+                        }
     }
     npattn_kernels_force("");
 }

@@ -111,6 +111,131 @@ AMX void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int6
     _tile_release();
 }
 
+/* ---- streamed scores: st (M, ldst) of rows of q that are bfloat16 values
+ * against a bfloat16 K, as C tiles of 16 keys x 16 rows, then transposed
+ * (kernels.h's scores, for the rows npattn_amx_stream_rows admits). The
+ * arithmetic of scores_bf16: each product exact, the sums in float; a
+ * subnormal value (read as 0 by the tiles) leaves its block of 64 keys to
+ * the AVX-512 kernel, and rows of q that are not bfloat16 values leave it
+ * all the keys. */
+
+/* qb (D / 2 rows of 16 lanes, zeros past M) = the pairs of q's M <= 16 rows
+ * (D a multiple of 32), B tiles of Q^T; returns 0, qb unspecified, unless
+ * every value is a bfloat16 value (its low 16 bits zero) and none is
+ * subnormal. */
+AMX static int q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb) {
+    const __m512i low = _mm512_set1_epi32(0xFFFF), exp = _mm512_set1_epi32(0x7f800000), mag = _mm512_set1_epi32(0x7fffffff);
+    for (int64_t c = 0; c < D; c += 32) {
+        __m512i x[16];
+        for (int m = 0; m < 16; m++) {
+            if (m >= M) {
+                x[m] = _mm512_setzero_si512();
+                continue;
+            }
+            const __m512i a = _mm512_loadu_si512(q + m * D + c), b = _mm512_loadu_si512(q + m * D + c + 16);
+            if (_mm512_test_epi32_mask(a, low) | _mm512_test_epi32_mask(b, low)) return 0;
+            if ((_mm512_testn_epi32_mask(a, exp) & _mm512_test_epi32_mask(a, mag)) |
+                (_mm512_testn_epi32_mask(b, exp) & _mm512_test_epi32_mask(b, mag)))
+                return 0;
+            /* the 32 high halves in order: 16 pairs */
+            x[m] = (__m512i)_mm512_cvtne2ps_pbh((__m512)b, (__m512)a);
+        }
+        transpose16(x); /* x[p]: pair p of every row */
+        for (int p = 0; p < 16; p++) _mm512_store_si512(qb + (c / 2 + p) * 16, x[p]);
+    }
+    return 1;
+}
+
+/* Whether any of the nj rows of D bfloat16 values at k (ldk apart) holds a
+ * subnormal value. */
+AMX static int any_subnormal(const uint16_t *k, int64_t ldk, int64_t nj, int64_t D) {
+    const __m512i mag = _mm512_set1_epi16(0x7fff), one = _mm512_set1_epi16(1);
+    __m512i least = _mm512_set1_epi16(-1); /* the least of |x| - 1 as unsigned: below 0x7f for a subnormal x */
+    for (int64_t i = 0; i < nj; i++) {
+        for (int64_t c = 0; c < D; c += 32) {
+            const __m512i t = _mm512_and_si512(_mm512_loadu_si512(k + i * ldk + c), mag);
+            least = _mm512_min_epu16(least, _mm512_sub_epi16(t, one));
+        }
+    }
+    return _mm512_cmplt_epu16_mask(least, _mm512_set1_epi16(0x7f)) != 0;
+}
+
+/* C tiles 0-3 = keys 0-15, .., 48-63 of the 64 rows at k (ldk_b bytes
+ * apart) against Q's B tiles qb (np pairs), into c (64 keys x 16 rows): the
+ * four accumulators independent, so that their products overlap. */
+AMX static void rows_block(const uint16_t *k, int64_t ldk_b, const uint32_t *qb, int64_t np, float *c) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t p = 0; p < np; p += 16) {
+        const char *a = (const char *)k + 4 * p;
+        _tile_loadd(6, qb + p * 16, 64);
+        _tile_loadd(4, a, ldk_b);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, a + 16 * ldk_b, ldk_b);
+        _tile_dpbf16ps(1, 5, 6);
+        _tile_loadd(7, a + 32 * ldk_b, ldk_b);
+        _tile_dpbf16ps(2, 7, 6);
+        _tile_loadd(4, a + 48 * ldk_b, ldk_b);
+        _tile_dpbf16ps(3, 4, 6);
+    }
+    _tile_stored(0, c, 64);
+    _tile_stored(1, c + 256, 64);
+    _tile_stored(2, c + 512, 64);
+    _tile_stored(3, c + 768, 64);
+}
+
+AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
+                           int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+    const struct npattn_kernels *up = &npattn_kernels_avx512bf16;
+    uint32_t qb[NPATTN_AMX_STREAM_MAX_D / 2 * 16] __attribute__((aligned(64)));
+    if (kt != NPATTN_DTYPE_BF16 || !npattn_amx_stream_rows(M, D) || !q_tiles(q, M, D, qb)) {
+        up->scores(q, M, D, kt, k, ldk, nk, next, st, ldst);
+        return;
+    }
+    const uint16_t *kh = k;
+    /* a block's rows ahead: a block further than the streaming kernels' */
+    const int64_t pf_rows = 64 + npattn_prefetch_rows(2 * ldk);
+    uint16_t kpad[64 * NPATTN_AMX_STREAM_MAX_D] __attribute__((aligned(64))); /* the last keys, padded with zeros */
+    float c[64 * 16] __attribute__((aligned(64)));                             /* C tiles: 64 keys x 16 rows */
+    _tile_loadconfig(&config);
+    for (int64_t j = 0; j < nk; j += 64) {
+        const int64_t nj = nk - j < 64 ? nk - j : 64;
+        const uint16_t *kj = kh + j * ldk;
+        const void *ahead[64];
+        for (int64_t i = 0; i < nj; i++) ahead[i] = npattn_row_ahead(NPATTN_DTYPE_BF16, k, ldk, nk, next, j + i, pf_rows);
+        if (any_subnormal(kj, ldk, nj, D)) {
+            const struct npattn_next after = {kh + (j + nj) * ldk, nk - j - nj};
+            up->scores(q, M, D, kt, kj, ldk, nj, j + nj < nk ? &after : next, st + j, ldst);
+            continue;
+        }
+        int64_t ldk_b = 2 * ldk;
+        if (nj < 64) {
+            for (int64_t i = 0; i < 64; i++)
+                if (i < nj) memcpy(kpad + i * D, kj + i * ldk, (size_t)(2 * D));
+                else memset(kpad + i * D, 0, (size_t)(2 * D));
+            kj = kpad, ldk_b = 2 * D;
+            BEFORE_TILE_LOAD();
+        }
+        rows_block(kj, ldk_b, qb, D / 2, c);
+        /* C's tiles (keys, rows) as st's rows (rows, keys); the rows ahead
+         * prefetched 16 at a time between, not all at once, which stalled
+         * on the memory's queue */
+        for (int64_t h = 0; h < nj; h += 16) {
+            __m512i x[16];
+            for (int i = 0; i < 16; i++) x[i] = _mm512_load_si512(c + (h + i) * 16);
+            transpose16(x);
+            const __mmask16 live = nj - h >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nj - h)) - 1);
+            for (int64_t r = 0; r < M; r++) _mm512_mask_storeu_ps(st + r * ldst + j + h, live, (__m512)x[r]);
+            for (int64_t i = h; i < h + 16 && i < nj; i++)
+                if (ahead[i])
+                    for (int64_t b = 0; b < 2 * D; b += 64) _mm_prefetch((const char *)ahead[i] + b, _MM_HINT_T1);
+        }
+    }
+    _tile_release();
+}
+
 /* ---- P @ V: o (M, Dv) += P V, P's pairs transposed into A tiles ---- */
 
 /* pa (16 rows, n16 apart) = P's pairs for 16 rows r0 .. r0 + 15 as A tiles,

@@ -677,15 +677,16 @@ AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, i
     }
 }
 
-/* The float32 kernels, shared by the three AVX-512 tables. */
+/* The float32 kernels but scores, shared by the three AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
-    .softmax_f32 = softmax_avx512, .softmax_rows_f32 = softmax_rows_avx512, .scores = scores_avx512,                  \
+    .softmax_f32 = softmax_avx512, .softmax_rows_f32 = softmax_rows_avx512,                                          \
     .accumulate = accumulate_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
     .fma_loop = fma_loop_avx512
 
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",
     AVX512_F32_KERNELS,
+    .scores = scores_avx512,
     .bf16_d_step = 2,
     .pair_f32 = pair_f32_avx512,
     .bf16_f32 = bf16_f32_avx512,
@@ -698,6 +699,7 @@ const struct npattn_kernels npattn_kernels_avx512bf16 = {
 const struct npattn_kernels npattn_kernels_amx = {
     .name = "amx",
     AVX512_F32_KERNELS,
+    .scores = npattn_amx_scores,
     .bf16_d_step = 32,
     .bf16_tile = 256,
     .pair_f32 = pair_f32_avx512,
@@ -712,5 +714,6 @@ const struct npattn_kernels npattn_kernels_amx = {
 const struct npattn_kernels npattn_kernels_avx512 = {
     .name = "avx512",
     AVX512_F32_KERNELS,
+    .scores = scores_avx512,
 };
 #endif
