@@ -230,6 +230,17 @@ AVX512 INLINE __m512 sum16(const __m512 v[16]) {
 /* Chunk c (16 elements) of a row of n elements of type t at p, as floats,
  * lanes beyond n zero: float16 through vcvtph2ps, bfloat16 widened into a
  * float's top half; both exact. */
+AVX512 INLINE __m512 load16(enum npattn_dtype t, const void *p, int64_t n, int64_t c);
+
+/* The same with the chunk's lanes given (live), no branch: for loops that
+ * keep many accumulators in registers, which a branch in the loop spills. */
+AVX512 INLINE __m512 load16_live(enum npattn_dtype t, const void *p, __mmask16 live, int64_t c) {
+    if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(live, (const float *)p + 16 * c);
+    const __m256i x = _mm256_maskz_loadu_epi16(live, (const uint16_t *)p + 16 * c);
+    if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
 AVX512 INLINE __m512 load16(enum npattn_dtype t, const void *p, int64_t n, int64_t c) {
     if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(lanes(n, c), (const float *)p + 16 * c);
     const uint16_t *h = (const uint16_t *)p + 16 * c;
@@ -402,54 +413,99 @@ AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npat
     else scores_sized(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
 }
 
-/* o (nr <= 4 rows, 64 columns from e0) += P @ v: o in registers while the
- * value rows (type vt) stream past. pf_rows: the prefetch distance, whole
- * rows (0: none); next as for scores. */
-AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int64_t nk,
-                                    const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
-                                    const struct npattn_next *next) {
-    __mmask16 m[4];
-    for (int c = 0; c < 4; c++) m[c] = lanes(Dv - e0, c);
-    __m512 acc[16]; /* acc[4 * row + chunk], from zero */
-    for (int i = 0; i < 4 * nr; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < nk; j++) {
-        const void *vr = npattn_stream_at(vt, v, j * ldv + e0);
-        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
-        if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt));
-        __m512 vv[4];
-        for (int c = 0; c < 4; c++) vv[c] = load16(vt, vr, Dv - e0, c);
-        for (int a = 0; a < nr; a++) {
-            __m512 pa = _mm512_set1_ps(st[a * ldst + j]);
-            for (int c = 0; c < 4; c++) acc[4 * a + c] = _mm512_fmadd_ps(pa, vv[c], acc[4 * a + c]);
-        }
+/* The most rows of one block of accumulate_of, whose accumulators (rows x
+ * chunks of 16 columns) are at most 16 registers. */
+#define ACC_ROWS 8
+
+/* Key j's terms of accumulate_block: value row vr's nc chunks (lanes m)
+ * against column j of P's nr rows. */
+AVX512 INLINE void accumulate_key(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t j,
+                                  const void *vr, const __mmask16 *m, __m512 *acc) {
+    __m512 vv[4];
+    for (int c = 0; c < nc; c++) vv[c] = load16_live(vt, vr, m[c], c);
+    for (int a = 0; a < nr; a++) {
+        const __m512 pa = _mm512_set1_ps(st[a * ldst + j]);
+        for (int c = 0; c < nc; c++) acc[nc * a + c] = _mm512_fmadd_ps(pa, vv[c], acc[nc * a + c]);
     }
+}
+
+/* o (nr rows, 16 nc columns from e0) += P @ v: o in registers while the
+ * value rows (type vt) stream past, each row's chunks loaded and converted
+ * once for all nr. Keys j < n_pf prefetch the same columns of the row
+ * pf_bytes past their own. No branch within a loop, which would spill o. */
+AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
+                                    const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t n_pf,
+                                    int64_t pf_bytes) {
+    const int64_t es = npattn_stream_size(vt);
+    __mmask16 m[4];
+    for (int c = 0; c < nc; c++) m[c] = lanes(Dv - e0, c);
+    __m512 acc[16]; /* acc[nc * row + chunk], from zero */
+    for (int i = 0; i < nc * nr; i++) acc[i] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j < n_pf; j++) {
+        const void *vr = npattn_stream_at(vt, v, j * ldv + e0);
+        for (int64_t b = 0; b < 16 * nc * es; b += 64) _mm_prefetch((const char *)vr + pf_bytes + b, _MM_HINT_T1);
+        accumulate_key(vt, st, ldst, nr, nc, j, vr, m, acc);
+    }
+    for (; j < nk; j++) accumulate_key(vt, st, ldst, nr, nc, j, npattn_stream_at(vt, v, j * ldv + e0), m, acc);
     for (int a = 0; a < nr; a++)
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < nc; c++) {
             float *oc = o + a * Dv + e0 + 16 * c;
-            _mm512_mask_storeu_ps(oc, m[c], _mm512_add_ps(_mm512_maskz_loadu_ps(m[c], oc), acc[4 * a + c]));
+            _mm512_mask_storeu_ps(oc, m[c], _mm512_add_ps(_mm512_maskz_loadu_ps(m[c], oc), acc[nc * a + c]));
         }
 }
 
+/* accumulate_block for nr rows, specialised: the case nr of a switch. */
+#define ACCUMULATE_BLOCK(nr, nc)                                                                                     \
+    case nr: accumulate_block(vt, s, ldst, nr, nc, nk, v, ldv, Dv, e0, o + r * Dv, n_pf, pf_bytes); break;
+
+/* Up to 4 rows in one block of 64 columns at a time; more in blocks of at
+ * most ACC_ROWS, as even as they go, of 32 columns at a time (7 rows: 1.47x
+ * blocks of 4 and 3 of 64 columns, one Xeon core), so that each value row
+ * is loaded the fewest times. The first block of each pass prefetches its
+ * columns of the rows ahead that lie in place; those of next (the next
+ * page) are prefetched first. */
 AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
                                  const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
-    /* the first block of each pass prefetches */
-    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt));
-    for (int64_t e0 = 0; e0 < Dv; e0 += 64) {
-        int64_t r = 0;
-        if (M >= 4) {
-            accumulate_block(vt, st, ldst, 4, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
-            for (r = 4; r + 4 <= M; r += 4)
-                accumulate_block(vt, st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, 0, next);
-        }
-        int64_t pr = r == 0 && e0 == 0 ? pf : 0;
-        switch (M - r) {
-        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
-        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
-        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
-        default: break;
+    const int64_t es = npattn_stream_size(vt), pf = npattn_prefetch_rows(ldv * es);
+    int64_t inside = nk; /* the rows whose row ahead lies in place, ldv further on */
+    if (next) {
+        inside = nk > pf ? nk - pf : 0;
+        for (int64_t j = inside; j < nk; j++) {
+            const void *ahead = npattn_row_ahead(vt, v, ldv, nk, next, j, pf);
+            if (ahead) prefetch_row(ahead, Dv * es);
         }
     }
+    const int64_t pf_bytes = pf * ldv * es;
+    if (M <= 4) {
+        for (int64_t e0 = 0, r = 0, n_pf = inside; e0 < Dv; e0 += 64) {
+            const float *s = st;
+            switch (M) {
+                ACCUMULATE_BLOCK(4, 4)
+                ACCUMULATE_BLOCK(3, 4)
+                ACCUMULATE_BLOCK(2, 4)
+                ACCUMULATE_BLOCK(1, 4)
+            }
+        }
+        return;
+    }
+    const int64_t n_block = (M + ACC_ROWS - 1) / ACC_ROWS;
+    for (int64_t e0 = 0; e0 < Dv; e0 += 32)
+        for (int64_t b = 0, r = 0; b < n_block; b++) {
+            const int64_t r1 = M * (b + 1) / n_block, n_pf = b == 0 ? inside : 0;
+            const float *s = st + r * ldst;
+            switch (r1 - r) {
+                ACCUMULATE_BLOCK(8, 2)
+                ACCUMULATE_BLOCK(7, 2)
+                ACCUMULATE_BLOCK(6, 2)
+                ACCUMULATE_BLOCK(5, 2)
+                ACCUMULATE_BLOCK(4, 2)
+                ACCUMULATE_BLOCK(3, 2)
+            }
+            r = r1;
+        }
 }
+#undef ACCUMULATE_BLOCK
 
 /* One copy of the loops per value type, its conversion inlined. */
 AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next, enum npattn_dtype vt,
