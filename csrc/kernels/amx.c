@@ -190,7 +190,8 @@ AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dty
                            int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     const struct npattn_kernels *up = &npattn_kernels_avx512bf16;
     uint32_t qb[NPATTN_AMX_STREAM_MAX_D / 2 * 16] __attribute__((aligned(64)));
-    if (kt != NPATTN_DTYPE_BF16 || !npattn_amx_stream_rows(M, D) || !q_tiles(q, M, D, qb)) {
+    /* fewer keys (a short page) do not repay the tiles' configuration */
+    if (kt != NPATTN_DTYPE_BF16 || nk < 64 || !npattn_amx_stream_rows(M, D) || !q_tiles(q, M, D, qb)) {
         up->scores(q, M, D, kt, k, ldk, nk, next, st, ldst);
         return;
     }

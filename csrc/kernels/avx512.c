@@ -431,23 +431,21 @@ AVX512 INLINE void accumulate_key(enum npattn_dtype vt, const float *st, int64_t
 
 /* o (nr rows, 16 nc columns from e0) += P @ v: o in registers while the
  * value rows (type vt) stream past, each row's chunks loaded and converted
- * once for all nr. Keys j < n_pf prefetch the same columns of the row
- * pf_bytes past their own. No branch within a loop, which would spill o. */
+ * once for all nr. With ahead, key j prefetches the same columns of the
+ * row at ahead[j]. No branch within the loop, which would spill o. */
 AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
-                                    const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t n_pf,
-                                    int64_t pf_bytes) {
+                                    const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o,
+                                    const char *const *ahead) {
     const int64_t es = npattn_stream_size(vt);
     __mmask16 m[4];
     for (int c = 0; c < nc; c++) m[c] = lanes(Dv - e0, c);
     __m512 acc[16]; /* acc[nc * row + chunk], from zero */
     for (int i = 0; i < nc * nr; i++) acc[i] = _mm512_setzero_ps();
-    int64_t j = 0;
-    for (; j < n_pf; j++) {
-        const void *vr = npattn_stream_at(vt, v, j * ldv + e0);
-        for (int64_t b = 0; b < 16 * nc * es; b += 64) _mm_prefetch((const char *)vr + pf_bytes + b, _MM_HINT_T1);
-        accumulate_key(vt, st, ldst, nr, nc, j, vr, m, acc);
+    for (int64_t j = 0; j < nk; j++) {
+        if (ahead) /* a constant: the loop specialised */
+            for (int64_t b = 0; b < 16 * nc * es; b += 64) _mm_prefetch(ahead[j] + e0 * es + b, _MM_HINT_T1);
+        accumulate_key(vt, st, ldst, nr, nc, j, npattn_stream_at(vt, v, j * ldv + e0), m, acc);
     }
-    for (; j < nk; j++) accumulate_key(vt, st, ldst, nr, nc, j, npattn_stream_at(vt, v, j * ldv + e0), m, acc);
     for (int a = 0; a < nr; a++)
         for (int c = 0; c < nc; c++) {
             float *oc = o + a * Dv + e0 + 16 * c;
@@ -457,53 +455,61 @@ AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64
 
 /* accumulate_block for nr rows, specialised: the case nr of a switch. */
 #define ACCUMULATE_BLOCK(nr, nc)                                                                                     \
-    case nr: accumulate_block(vt, s, ldst, nr, nc, nk, v, ldv, Dv, e0, o + r * Dv, n_pf, pf_bytes); break;
+    case nr:                                                                                                         \
+        if (b == 0) accumulate_block(vt, s, ldst, nr, nc, n, vj, ldv, Dv, e0, o + r * Dv, ahead);                    \
+        else accumulate_block(vt, s, ldst, nr, nc, n, vj, ldv, Dv, e0, o + r * Dv, NULL);                            \
+        break;
+
+/* The most keys of one pass of accumulate_of's blocks: their rows ahead
+ * listed first. */
+#define ACC_KEYS 256
 
 /* Up to 4 rows in one block of 64 columns at a time; more in blocks of at
  * most ACC_ROWS, as even as they go, of 32 columns at a time (7 rows: 1.47x
  * blocks of 4 and 3 of 64 columns, one Xeon core), so that each value row
- * is loaded the fewest times. The first block of each pass prefetches its
- * columns of the rows ahead that lie in place; those of next (the next
- * page) are prefetched first. */
+ * is loaded the fewest times; ACC_KEYS keys at a time. The first block of
+ * each pass prefetches its columns of the rows ahead (the row itself where
+ * none is, past the end). */
 AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
                                  const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
     const int64_t es = npattn_stream_size(vt), pf = npattn_prefetch_rows(ldv * es);
-    int64_t inside = nk; /* the rows whose row ahead lies in place, ldv further on */
-    if (next) {
-        inside = nk > pf ? nk - pf : 0;
-        for (int64_t j = inside; j < nk; j++) {
-            const void *ahead = npattn_row_ahead(vt, v, ldv, nk, next, j, pf);
-            if (ahead) prefetch_row(ahead, Dv * es);
+    const char *ahead[ACC_KEYS];
+    for (int64_t j0 = 0; j0 < nk; j0 += ACC_KEYS) {
+        const int64_t n = nk - j0 < ACC_KEYS ? nk - j0 : ACC_KEYS;
+        const void *vj = npattn_stream_at(vt, v, j0 * ldv);
+        for (int64_t j = 0; j < n; j++) {
+            const void *a = npattn_row_ahead(vt, v, ldv, nk, next, j0 + j, pf);
+            ahead[j] = a ? (const char *)a : (const char *)npattn_stream_at(vt, vj, j * ldv);
         }
-    }
-    const int64_t pf_bytes = pf * ldv * es;
-    if (M <= 4) {
-        for (int64_t e0 = 0, r = 0, n_pf = inside; e0 < Dv; e0 += 64) {
-            const float *s = st;
-            switch (M) {
-                ACCUMULATE_BLOCK(4, 4)
-                ACCUMULATE_BLOCK(3, 4)
-                ACCUMULATE_BLOCK(2, 4)
-                ACCUMULATE_BLOCK(1, 4)
+        const float *sj = st + j0;
+        if (M <= 4) {
+            for (int64_t e0 = 0, r = 0, b = 0; e0 < Dv; e0 += 64) {
+                const float *s = sj;
+                switch (M) {
+                    ACCUMULATE_BLOCK(4, 4)
+                    ACCUMULATE_BLOCK(3, 4)
+                    ACCUMULATE_BLOCK(2, 4)
+                    ACCUMULATE_BLOCK(1, 4)
+                }
             }
+            continue;
         }
-        return;
-    }
-    const int64_t n_block = (M + ACC_ROWS - 1) / ACC_ROWS;
-    for (int64_t e0 = 0; e0 < Dv; e0 += 32)
-        for (int64_t b = 0, r = 0; b < n_block; b++) {
-            const int64_t r1 = M * (b + 1) / n_block, n_pf = b == 0 ? inside : 0;
-            const float *s = st + r * ldst;
-            switch (r1 - r) {
-                ACCUMULATE_BLOCK(8, 2)
-                ACCUMULATE_BLOCK(7, 2)
-                ACCUMULATE_BLOCK(6, 2)
-                ACCUMULATE_BLOCK(5, 2)
-                ACCUMULATE_BLOCK(4, 2)
-                ACCUMULATE_BLOCK(3, 2)
+        const int64_t n_block = (M + ACC_ROWS - 1) / ACC_ROWS;
+        for (int64_t e0 = 0; e0 < Dv; e0 += 32)
+            for (int64_t b = 0, r = 0; b < n_block; b++) {
+                const int64_t r1 = M * (b + 1) / n_block;
+                const float *s = sj + r * ldst;
+                switch (r1 - r) {
+                    ACCUMULATE_BLOCK(8, 2)
+                    ACCUMULATE_BLOCK(7, 2)
+                    ACCUMULATE_BLOCK(6, 2)
+                    ACCUMULATE_BLOCK(5, 2)
+                    ACCUMULATE_BLOCK(4, 2)
+                    ACCUMULATE_BLOCK(3, 2)
+                }
+                r = r1;
             }
-            r = r1;
-        }
+    }
 }
 #undef ACCUMULATE_BLOCK
 

@@ -243,8 +243,8 @@ static inline int npattn_bf16_keys_in_lanes(int64_t M, int64_t D) {
 }
 
 /* Whether the amx table's streamed scores of a bfloat16 K run on its tiles
- * for M rows of D values, where the rows of q are bfloat16 values and a
- * block of keys holds no subnormal value. With 16 rows that was 1.36-1.38x
+ * for M rows of D values, where the rows of q are bfloat16 values, a call
+ * reads 64 keys or more and a block of them holds no subnormal value. With 16 rows that was 1.36-1.38x
  * the decode (D = 64 and 128, S = 4096-32768, one Xeon core), with 8 1.27x
  * at D = 128; with 4 and 7 it lost (0.7-0.9x where K came from memory: the
  * tiles do the rows' work no faster than the FMAs, and wait longer). */
