@@ -227,13 +227,10 @@ AVX512 INLINE __m512 sum16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD));
 }
 
-/* Chunk c (16 elements) of a row of n elements of type t at p, as floats,
- * lanes beyond n zero: float16 through vcvtph2ps, bfloat16 widened into a
- * float's top half; both exact. */
-AVX512 INLINE __m512 load16(enum npattn_dtype t, const void *p, int64_t n, int64_t c);
-
-/* The same with the chunk's lanes given (live), no branch: for loops that
- * keep many accumulators in registers, which a branch in the loop spills. */
+/* Chunk c (16 elements) of a row of type t at p, as floats, the lanes not
+ * live zero: float16 through vcvtph2ps, bfloat16 widened into a float's
+ * top half; both exact. No branch, so that loops keeping many accumulators
+ * in registers do not spill them. */
 AVX512 INLINE __m512 load16_live(enum npattn_dtype t, const void *p, __mmask16 live, int64_t c) {
     if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(live, (const float *)p + 16 * c);
     const __m256i x = _mm256_maskz_loadu_epi16(live, (const uint16_t *)p + 16 * c);
@@ -241,10 +238,12 @@ AVX512 INLINE __m512 load16_live(enum npattn_dtype t, const void *p, __mmask16 l
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }
 
+/* The same for a row of n elements, lanes beyond n zero; a whole chunk of
+ * halves by a plain load (masked, the scores' loops over a D that is not
+ * a constant ran 5-10% slower). */
 AVX512 INLINE __m512 load16(enum npattn_dtype t, const void *p, int64_t n, int64_t c) {
-    if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(lanes(n, c), (const float *)p + 16 * c);
-    const uint16_t *h = (const uint16_t *)p + 16 * c;
-    const __m256i x = n - 16 * c >= 16 ? _mm256_loadu_si256((const __m256i *)h) : _mm256_maskz_loadu_epi16(lanes(n, c), h);
+    if (t == NPATTN_DTYPE_F32 || n - 16 * c < 16) return load16_live(t, p, lanes(n, c), c);
+    const __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + 16 * c));
     if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }
@@ -482,7 +481,7 @@ AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t 
             ahead[j] = a ? (const char *)a : (const char *)npattn_stream_at(vt, vj, j * ldv);
         }
         const float *sj = st + j0;
-        if (M <= 4) {
+        if (M <= 4) { /* one block (b, r: its number and first row, for the macro) */
             for (int64_t e0 = 0, r = 0, b = 0; e0 < Dv; e0 += 64) {
                 const float *s = sj;
                 switch (M) {

@@ -59,8 +59,8 @@ struct npattn_kernels {
      * row-major, against nk rows of k (ldk elements apart). accumulate:
      * o (M, Dv) row-major += P @ v, P (M, nk) given as st (M, ldst), the
      * product summed from zero and then added to o: a call's nk terms are
-     * one block, so that o's rounding grows with the blocks, not the keys
-     * (many equal weights round alike). The arithmetic is the same, in
+     * one block (256 at most in the AVX-512 tables), so that o's rounding
+     * grows with the blocks, not the keys (many equal weights round alike). The arithmetic is the same, in
      * float, whatever the types, except in the AVX-512 tables' scores of a
      * bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: there
      * each score is one FMA per element, in element order (keys in lanes,
