@@ -349,6 +349,16 @@ static void test_transpose(void) {
     npattn_kernels_force("");
 }
 
+/* expect(ok) for the streaming kernel `kernel` of table `table` on half
+ * type types[ty], M rows of width D (named width) and nk keys: `what`. */
+static void expect_stream(int ok, const char *table, const char *kernel, int ty, int64_t M, const char *width,
+                          int64_t D, int64_t nk, const char *what) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s stream %s %s M=%lld %s=%lld nk=%lld: %s", table, kernel, dtype_names[ty + 1],
+             (long long)M, width, (long long)D, (long long)nk, what);
+    expect(ok, msg);
+}
+
 /* The streaming kernels read float16 and bfloat16 rows as stored: the same
  * bits as the float32 copies of those rows, and the double-precision sums
  * within float32's rounding (n + 8 roundings of 2^-24 of the sum of |terms|
@@ -362,7 +372,6 @@ static void test_stream_kernels(void) {
     static float q[MAX_M * MAX_D], kf[MAX_N * (MAX_D + 3)], st[MAX_M * MAX_N], o[MAX_M * MAX_D], of[MAX_M * MAX_D];
     static float sf[MAX_M * MAX_N], o0[MAX_M * MAX_D];
     static uint16_t kh[MAX_N * (MAX_D + 3)];
-    char msg[200];
     for (int t = 0; t < N_KERNEL_TABLES; t++) {
         if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
         const struct npattn_kernels *kt = npattn_kernels();
@@ -391,7 +400,7 @@ static void test_stream_kernels(void) {
                             const int in_lanes = types[ty] == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D) &&
                                                  (!strncmp(kt->name, "avx512", 6) || !strcmp(kt->name, "amx"));
                             /* the amx table's tiles: the sums in another order, so only their bound */
-                            const int tiles = kind == 2 && !strcmp(kt->name, "amx") && nk >= 64 && npattn_amx_stream_rows(M, D);
+                            const int tiles = kind == 2 && !strcmp(kt->name, "amx") && npattn_amx_stream_rows(M, D, nk);
                             int same = 1, close = 1;
                             for (int64_t r = 0; r < M; r++)
                                 for (int64_t j = 0; j < nk; j++) {
@@ -406,12 +415,9 @@ static void test_stream_kernels(void) {
                                     same &= tiles || memcmp(&st[r * MAX_N + j], bits, sizeof(float)) == 0;
                                     close &= fabs(st[r * MAX_N + j] - want) <= size * (double)(D + 8) * 0x1p-24;
                                 }
-                            snprintf(msg, sizeof msg, "%s stream scores %s M=%lld D=%lld nk=%lld: bits of float32 rows (in lanes: of the FMAs in order)",
-                                     kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
-                            expect(same, msg);
-                            snprintf(msg, sizeof msg, "%s stream scores %s M=%lld D=%lld nk=%lld: the sums",
-                                     kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
-                            expect(close, msg);
+                            expect_stream(same, kernel_tables[t], "scores", ty, M, "D", D, nk,
+                                          "bits of float32 rows (in lanes: of the FMAs in order)");
+                            expect_stream(close, kernel_tables[t], "scores", ty, M, "D", D, nk, "the sums");
                             /* accumulate: P (M, nk) in st against the rows as values, width D */
                             for (int64_t i = 0; i < M * MAX_N; i++) st[i] = (float)fabs(uniform());
                             for (int64_t i = 0; i < M * D; i++) o[i] = of[i] = o0[i] = (float)uniform();
@@ -428,12 +434,8 @@ static void test_stream_kernels(void) {
                                     }
                                     close &= fabs(o[r * D + e] - want) <= size * (double)(nk + 1) * 0x1p-24;
                                 }
-                            snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: float32 bits",
-                                     kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
-                            expect(same, msg);
-                            snprintf(msg, sizeof msg, "%s stream accumulate %s M=%lld Dv=%lld nk=%lld: the sums",
-                                     kernel_tables[t], dtype_names[ty + 1], (long long)M, (long long)D, (long long)nk);
-                            expect(close, msg);
+                            expect_stream(same, kernel_tables[t], "accumulate", ty, M, "Dv", D, nk, "float32 bits");
+                            expect_stream(close, kernel_tables[t], "accumulate", ty, M, "Dv", D, nk, "the sums");
                         }
     }
     npattn_kernels_force("");

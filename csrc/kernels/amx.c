@@ -45,6 +45,15 @@ int npattn_amx_request_permission(void) {
     return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 
+/* out (rows rows of w bfloat16 values, w apart) = the n <= rows rows at k
+ * (ldk apart), zeros after them: the last keys of a call, as whole tiles. */
+static const uint16_t *padded_rows(const uint16_t *k, int64_t ldk, int64_t n, int64_t rows, int64_t w, uint16_t *out) {
+    for (int64_t i = 0; i < rows; i++)
+        if (i < n) memcpy(out + i * w, k + i * ldk, (size_t)(2 * w));
+        else memset(out + i * w, 0, (size_t)(2 * w));
+    return out;
+}
+
 /* ---- scores: st (nk, M) = K Q^T, K's rows as A tiles in place ---- */
 
 /* One block of 32 keys x 16 or 32 query columns (two: 32): C tiles 0 1 / 2 3
@@ -90,10 +99,7 @@ AMX void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int6
         const uint16_t *kj = k + j * ldk;
         int64_t ldk_b = ldk * 2;
         if (nj < 32) {
-            for (int64_t i = 0; i < 32; i++)
-                if (i < nj) memcpy(kpad + i * 2 * np, kj + i * ldk, (size_t)(4 * np));
-                else memset(kpad + i * 2 * np, 0, (size_t)(4 * np));
-            kj = kpad, ldk_b = 4 * np;
+            kj = padded_rows(kj, ldk, nj, 32, 2 * np, kpad), ldk_b = 4 * np;
             BEFORE_TILE_LOAD();
         }
         /* columns 32 at a time, 16 for a last block of 16 or fewer: the
@@ -190,8 +196,7 @@ AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dty
                            int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
     const struct npattn_kernels *up = &npattn_kernels_avx512bf16;
     uint32_t qb[NPATTN_AMX_STREAM_MAX_D / 2 * 16] __attribute__((aligned(64)));
-    /* fewer keys (a short page) do not repay the tiles' configuration */
-    if (kt != NPATTN_DTYPE_BF16 || nk < 64 || !npattn_amx_stream_rows(M, D) || !q_tiles(q, M, D, qb)) {
+    if (kt != NPATTN_DTYPE_BF16 || !npattn_amx_stream_rows(M, D, nk) || !q_tiles(q, M, D, qb)) {
         up->scores(q, M, D, kt, k, ldk, nk, next, st, ldst);
         return;
     }
@@ -205,18 +210,15 @@ AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dty
         const int64_t nj = nk - j < 64 ? nk - j : 64;
         const uint16_t *kj = kh + j * ldk;
         const void *ahead[64];
-        for (int64_t i = 0; i < nj; i++) ahead[i] = npattn_row_ahead(NPATTN_DTYPE_BF16, k, ldk, nk, next, j + i, pf_rows);
         if (any_subnormal(kj, ldk, nj, D)) {
             const struct npattn_next after = {kh + (j + nj) * ldk, nk - j - nj};
             up->scores(q, M, D, kt, kj, ldk, nj, j + nj < nk ? &after : next, st + j, ldst);
             continue;
         }
+        for (int64_t i = 0; i < nj; i++) ahead[i] = npattn_row_ahead(NPATTN_DTYPE_BF16, k, ldk, nk, next, j + i, pf_rows);
         int64_t ldk_b = 2 * ldk;
         if (nj < 64) {
-            for (int64_t i = 0; i < 64; i++)
-                if (i < nj) memcpy(kpad + i * D, kj + i * ldk, (size_t)(2 * D));
-                else memset(kpad + i * D, 0, (size_t)(2 * D));
-            kj = kpad, ldk_b = 2 * D;
+            kj = padded_rows(kj, ldk, nj, 64, D, kpad), ldk_b = 2 * D;
             BEFORE_TILE_LOAD();
         }
         rows_block(kj, ldk_b, qb, D / 2, c);

@@ -227,15 +227,19 @@ AVX512 INLINE __m512 sum16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD));
 }
 
-/* Chunk c (16 elements) of a row of type t at p, as floats, the lanes not
- * live zero: float16 through vcvtph2ps, bfloat16 widened into a float's
- * top half; both exact. No branch, so that loops keeping many accumulators
- * in registers do not spill them. */
-AVX512 INLINE __m512 load16_live(enum npattn_dtype t, const void *p, __mmask16 live, int64_t c) {
-    if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(live, (const float *)p + 16 * c);
-    const __m256i x = _mm256_maskz_loadu_epi16(live, (const uint16_t *)p + 16 * c);
+/* 16 float16 or bfloat16 values as floats, exactly: float16 through
+ * vcvtph2ps, bfloat16 widened into a float's top half. */
+AVX512 INLINE __m512 widen16(enum npattn_dtype t, __m256i x) {
     if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+/* Chunk c (16 elements) of a row of type t at p, as floats, the lanes not
+ * live zero. No branch, so that loops keeping many accumulators in
+ * registers do not spill them. */
+AVX512 INLINE __m512 load16_live(enum npattn_dtype t, const void *p, __mmask16 live, int64_t c) {
+    if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(live, (const float *)p + 16 * c);
+    return widen16(t, _mm256_maskz_loadu_epi16(live, (const uint16_t *)p + 16 * c));
 }
 
 /* The same for a row of n elements, lanes beyond n zero; a whole chunk of
@@ -243,9 +247,7 @@ AVX512 INLINE __m512 load16_live(enum npattn_dtype t, const void *p, __mmask16 l
  * a constant ran 5-10% slower). */
 AVX512 INLINE __m512 load16(enum npattn_dtype t, const void *p, int64_t n, int64_t c) {
     if (t == NPATTN_DTYPE_F32 || n - 16 * c < 16) return load16_live(t, p, lanes(n, c), c);
-    const __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + 16 * c));
-    if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+    return widen16(t, _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + 16 * c)));
 }
 
 /* The n bytes from p, into L2. */

@@ -60,15 +60,16 @@ struct npattn_kernels {
      * o (M, Dv) row-major += P @ v, P (M, nk) given as st (M, ldst), the
      * product summed from zero and then added to o: a call's nk terms are
      * one block (256 at most in the AVX-512 tables), so that o's rounding
-     * grows with the blocks, not the keys (many equal weights round alike). The arithmetic is the same, in
-     * float, whatever the types, except in the AVX-512 tables' scores of a
-     * bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: there
-     * each score is one FMA per element, in element order (keys in lanes,
-     * no reduction tree); and in the amx table's against rows of q that
-     * are bfloat16 values, as npattn_amx_stream_rows admits: there the sums
-     * are the tiles' (amx.c). Both prefetch rows a fixed distance ahead of those
-     * they read: past the nk rows, those of `next` (NULL: the rows that
-     * follow, ldk apart). */
+     * grows with the blocks, not the keys (many equal weights round
+     * alike). The arithmetic is the same, in float, whatever the types,
+     * except in the AVX-512 tables' scores of a bfloat16 K against the rows
+     * npattn_bf16_keys_in_lanes admits: there each score is one FMA per
+     * element, in element order (keys in lanes, no reduction tree); and in
+     * the amx table's against rows of q that are bfloat16 values, as
+     * npattn_amx_stream_rows admits: there the sums are the tiles' (amx.c).
+     * Both prefetch rows a fixed distance ahead of those they read: past
+     * the nk rows, those of `next` (NULL: the rows that follow, ldk
+     * apart). */
     void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk, int64_t nk,
                    const struct npattn_next *next, float *st, int64_t ldst);
     void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next,
@@ -243,14 +244,16 @@ static inline int npattn_bf16_keys_in_lanes(int64_t M, int64_t D) {
 }
 
 /* Whether the amx table's streamed scores of a bfloat16 K run on its tiles
- * for M rows of D values, where the rows of q are bfloat16 values, a call
- * reads 64 keys or more and a block of them holds no subnormal value. With 16 rows that was 1.36-1.38x
- * the decode (D = 64 and 128, S = 4096-32768, one Xeon core), with 8 1.27x
- * at D = 128; with 4 and 7 it lost (0.7-0.9x where K came from memory: the
- * tiles do the rows' work no faster than the FMAs, and wait longer). */
+ * for M rows of D values in a call of nk keys (where the rows of q are
+ * bfloat16 values and a block of keys holds no subnormal value). With 16
+ * rows that was 1.36-1.38x the decode (D = 64 and 128, S = 4096-32768, one
+ * Xeon core), with 8 1.27x at D = 128; with 4 and 7 it lost (0.7-0.9x where
+ * K came from memory: the tiles do the rows' work no faster than the FMAs,
+ * and wait longer). Fewer than 64 keys (a short page) do not repay the
+ * tiles' configuration: MQA pages of 16 keys ran at 0.37x. */
 #define NPATTN_AMX_STREAM_MAX_D 256
-static inline int npattn_amx_stream_rows(int64_t M, int64_t D) {
-    return M >= 8 && M <= 16 && D > 0 && D % 32 == 0 && D <= NPATTN_AMX_STREAM_MAX_D;
+static inline int npattn_amx_stream_rows(int64_t M, int64_t D, int64_t nk) {
+    return M >= 8 && M <= 16 && D > 0 && D % 32 == 0 && D <= NPATTN_AMX_STREAM_MAX_D && nk >= 64;
 }
 
 /* Bytes per element of a row the streaming kernels read (F32, F16, BF16). */
