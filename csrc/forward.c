@@ -51,6 +51,7 @@ struct fwd_plan {
     int stream;                   /* decode-sized float tiles: the streaming kernels */
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
     int bf16_qk, bf16_pv;         /* gemm tiles' products as bfloat16 dot products (the table's scores_bf16, accumulate_bf16) */
+    int q_tiles;                  /* streamed scores of a bfloat16 K: the table's q_tiles, once per task */
     int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
     _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
     int64_t ldk, ldv;             /* their leading dimensions then */
@@ -279,7 +280,9 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     s.hi = npattn_take(&at, M * sizeof(int32_t));
     /* the bfloat16 dot products' pairs: Q^T's, P's and V's */
     const int pairs = real == sizeof(float);
-    s.qp = npattn_take(&at, pairs && pl->bf16_qk ? D / 2 * (size_t)pl->ldq2 * 4 : 0);
+    s.qp = npattn_take(&at, pairs && pl->bf16_qk  ? D / 2 * (size_t)pl->ldq2 * 4
+                            : pairs && pl->q_tiles ? M / 8 * D / 2 * 16 * 4 /* kv heads of 8 rows or more */
+                                                   : 0);
     const int p_pairs = pairs && pl->bf16_pv && !npattn_kernels()->accumulate_weights_bf16; /* else paired in the kernel */
     s.pp = npattn_take(&at, p_pairs ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4 : 0);
     s.vp = npattn_take(&at, pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4 : 0);
@@ -404,6 +407,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.bk = max64(32, min64(kn->bf16_tile, budget) / 32 * 32);
     }
     pl.ldq2 = (pl.max_m + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
+    pl.q_tiles = pl.stream && kn->q_tiles && p->k.dtype == NPATTN_DTYPE_BF16 && pl.k_direct;
 
     /* The work, and the threads it repays: each beyond the caller must get
      * NPATTN_FLOPS_PER_THREAD. The same problem and n_threads always give the same

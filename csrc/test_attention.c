@@ -372,6 +372,7 @@ static void test_stream_kernels(void) {
     static float q[MAX_M * MAX_D], kf[MAX_N * (MAX_D + 3)], st[MAX_M * MAX_N], o[MAX_M * MAX_D], of[MAX_M * MAX_D];
     static float sf[MAX_M * MAX_N], o0[MAX_M * MAX_D];
     static uint16_t kh[MAX_N * (MAX_D + 3)];
+    static uint32_t qb[MAX_D / 2 * 16] __attribute__((aligned(64)));
     for (int t = 0; t < N_KERNEL_TABLES; t++) {
         if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
         const struct npattn_kernels *kt = npattn_kernels();
@@ -393,14 +394,18 @@ static void test_stream_kernels(void) {
                                 npattn_store_f32(types[ty], &f, 1, kh + i, 1);
                                 npattn_load_f32(types[ty], kh + i, 1, 1, kf + i);
                             }
-                            /* scores: as stored against the float32 copy, and against double */
-                            kt->scores(q, M, D, types[ty], kh, ld, nk, NULL, st, MAX_N);
-                            kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, &no_next, sf, MAX_N);
+                            /* scores: as stored against the float32 copy, and against double; the
+                             * amx table's q tiles where it takes them */
+                            const int qb_ok = kt->q_tiles && npattn_amx_stream_rows(M, D) && kt->q_tiles(q, M, D, qb);
+                            expect_stream(!kt->q_tiles || !npattn_amx_stream_rows(M, D) || qb_ok == (kind > 0),
+                                          kernel_tables[t], "q_tiles", ty, M, "D", D, nk, "taken for bfloat16 values only");
+                            kt->scores(q, M, D, types[ty], kh, ld, nk, NULL, qb_ok ? qb : NULL, st, MAX_N);
+                            kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, &no_next, qb_ok ? qb : NULL, sf, MAX_N);
                             /* the AVX-512 tables' bfloat16 keys in lanes: each score an FMA per element, in order */
                             const int in_lanes = types[ty] == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D) &&
                                                  (!strncmp(kt->name, "avx512", 6) || !strcmp(kt->name, "amx"));
                             /* the amx table's tiles: the sums in another order, so only their bound */
-                            const int tiles = kind == 2 && !strcmp(kt->name, "amx") && npattn_amx_stream_rows(M, D, nk);
+                            const int tiles = kind == 2 && qb_ok;
                             int same = 1, close = 1;
                             for (int64_t r = 0; r < M; r++)
                                 for (int64_t j = 0; j < nk; j++) {

@@ -23,7 +23,8 @@ struct CAT(fwd_task_, SFX) {
     int32_t slot;
     int stream, k_direct;          /* streaming kernels; BLAS reads K in place */
     int qk16, pv16;                /* QK^T, P @ V as bfloat16 dot products (Q's pairs in qp) */
-    uint32_t *qp, *pp, *vp;        /* the pairs of Q^T, P and V (float tasks) */
+    int q_tiles;                   /* streamed: each kv head's rows of Q as the table's tiles, in qp */
+    uint32_t *qp, *pp, *vp;        /* the pairs of Q^T (or Q's tiles), P and V (float tasks) */
     REAL *qt, *st, *mt, *lt, *at, *row, *kt, *bias;
     int32_t *lo, *hi;
     struct npattn_kv kk, vv;       /* K's and V's rows of the unit's (first) kv head */
@@ -80,8 +81,9 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
                 struct npattn_next next;
                 const struct npattn_next *after =
                     next_head_rows(&s->kk, s->k_head, gi, u->ng, at, &run, nk - j, j0 + j, u->j1, &next);
+                const uint32_t *qb = s->q_tiles ? s->qp + gi * D / 2 * 16 : NULL;
                 npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, p->k.dtype, at, pl->ldk, run,
-                                         after, (float *)s->st + gi * s->mg * s->sld + j, s->sld);
+                                         after, qb, (float *)s->st + gi * s->mg * s->sld + j, s->sld);
             }
         }
     } else {
@@ -92,7 +94,7 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
             const void *ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
             if (s->stream)
                 npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, ktile, ldk,
-                                         nk, &no_next, (float *)s->st + gi * s->mg * s->sld, s->sld);
+                                         nk, &no_next, NULL, (float *)s->st + gi * s->mg * s->sld, s->sld);
             else
                 GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)s->mg, (int)D, (REAL)1,
                      (const REAL *)ktile, (int)ldk, s->qt + gi * s->mg, (int)M, (REAL)0, s->st + gi * s->mg, (int)M);
@@ -198,11 +200,14 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     /* the dot products, unless a value is subnormal (they would read it as 0) */
 #if IS_F64
     (void)qrows;
-    s.qk16 = s.pv16 = 0;
+    s.qk16 = s.pv16 = s.q_tiles = 0;
 #else
     s.qk16 = pl->bf16_qk && n_ktile > 0 && rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D) &&
              !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
     s.pv16 = pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
+    s.q_tiles = pl->q_tiles && npattn_amx_stream_rows(s.mg, D);
+    for (int64_t gi = 0; gi < u->ng && s.q_tiles; gi++)
+        s.q_tiles = npattn_kernels()->q_tiles((const float *)qrows + gi * s.mg * D, s.mg, D, s.qp + gi * D / 2 * 16);
 #endif
     if (!s.stream && !s.qk16) {
         if (!IS_F64 && npattn_kernels()->transpose_f32)

@@ -128,8 +128,8 @@ AMX void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int6
 /* qb (D / 2 rows of 16 lanes, zeros past M) = the pairs of q's M <= 16 rows
  * (D a multiple of 32), B tiles of Q^T; returns 0, qb unspecified, unless
  * every value is a bfloat16 value (its low 16 bits zero) and none is
- * subnormal. */
-AMX static int q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb) {
+ * subnormal. The table's q_tiles. */
+AMX int npattn_amx_q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb) {
     const __m512i low = _mm512_set1_epi32(0xFFFF), exp = _mm512_set1_epi32(0x7f800000), mag = _mm512_set1_epi32(0x7fffffff);
     for (int64_t c = 0; c < D; c += 32) {
         __m512i x[16];
@@ -166,44 +166,49 @@ AMX static int any_subnormal(const uint16_t *k, int64_t ldk, int64_t nj, int64_t
     return _mm512_cmplt_epu16_mask(least, _mm512_set1_epi16(0x7f)) != 0;
 }
 
-/* C tiles 0-3 = keys 0-15, .., 48-63 of the 64 rows at k (ldk_b bytes
- * apart) against Q's B tiles qb (np pairs), into c (64 keys x 16 rows): the
- * four accumulators independent, so that their products overlap. */
-AMX static void rows_block(const uint16_t *k, int64_t ldk_b, const uint32_t *qb, int64_t np, float *c) {
+/* C tiles 0 .. nt - 1 = the nt <= 4 groups of 16 key rows at a[t] (lda[t]
+ * bytes apart) against Q's B tiles qb (np pairs), into c (16 nt keys x 16
+ * rows): the accumulators independent, so that their products overlap. */
+AMX static void rows_block(const char *const a[4], const int64_t lda[4], int nt, const uint32_t *qb, int64_t np,
+                           float *c) {
     _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if (nt > 1) _tile_zero(1);
+    if (nt > 2) _tile_zero(2);
+    if (nt > 3) _tile_zero(3);
     for (int64_t p = 0; p < np; p += 16) {
-        const char *a = (const char *)k + 4 * p;
         _tile_loadd(6, qb + p * 16, 64);
-        _tile_loadd(4, a, ldk_b);
+        _tile_loadd(4, a[0] + 4 * p, lda[0]);
         _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(5, a + 16 * ldk_b, ldk_b);
-        _tile_dpbf16ps(1, 5, 6);
-        _tile_loadd(7, a + 32 * ldk_b, ldk_b);
-        _tile_dpbf16ps(2, 7, 6);
-        _tile_loadd(4, a + 48 * ldk_b, ldk_b);
-        _tile_dpbf16ps(3, 4, 6);
+        if (nt > 1) {
+            _tile_loadd(5, a[1] + 4 * p, lda[1]);
+            _tile_dpbf16ps(1, 5, 6);
+        }
+        if (nt > 2) {
+            _tile_loadd(7, a[2] + 4 * p, lda[2]);
+            _tile_dpbf16ps(2, 7, 6);
+        }
+        if (nt > 3) {
+            _tile_loadd(4, a[3] + 4 * p, lda[3]);
+            _tile_dpbf16ps(3, 4, 6);
+        }
     }
     _tile_stored(0, c, 64);
-    _tile_stored(1, c + 256, 64);
-    _tile_stored(2, c + 512, 64);
-    _tile_stored(3, c + 768, 64);
+    if (nt > 1) _tile_stored(1, c + 256, 64);
+    if (nt > 2) _tile_stored(2, c + 512, 64);
+    if (nt > 3) _tile_stored(3, c + 768, 64);
 }
 
 AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                           int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+                           int64_t nk, const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst) {
     const struct npattn_kernels *up = &npattn_kernels_avx512bf16;
-    uint32_t qb[NPATTN_AMX_STREAM_MAX_D / 2 * 16] __attribute__((aligned(64)));
-    if (kt != NPATTN_DTYPE_BF16 || !npattn_amx_stream_rows(M, D, nk) || !q_tiles(q, M, D, qb)) {
-        up->scores(q, M, D, kt, k, ldk, nk, next, st, ldst);
+    if (kt != NPATTN_DTYPE_BF16 || !qb || !npattn_amx_stream_rows(M, D)) {
+        up->scores(q, M, D, kt, k, ldk, nk, next, NULL, st, ldst);
         return;
     }
     const uint16_t *kh = k;
     /* a block's rows ahead: a block further than the streaming kernels' */
     const int64_t pf_rows = 64 + npattn_prefetch_rows(2 * ldk);
-    uint16_t kpad[64 * NPATTN_AMX_STREAM_MAX_D] __attribute__((aligned(64))); /* the last keys, padded with zeros */
+    uint16_t kpad[16 * NPATTN_AMX_STREAM_MAX_D] __attribute__((aligned(64))); /* the last keys, padded with zeros */
     float c[64 * 16] __attribute__((aligned(64)));                             /* C tiles: 64 keys x 16 rows */
     _tile_loadconfig(&config);
     for (int64_t j = 0; j < nk; j += 64) {
@@ -212,16 +217,21 @@ AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dty
         const void *ahead[64];
         if (any_subnormal(kj, ldk, nj, D)) {
             const struct npattn_next after = {kh + (j + nj) * ldk, nk - j - nj};
-            up->scores(q, M, D, kt, kj, ldk, nj, j + nj < nk ? &after : next, st + j, ldst);
+            up->scores(q, M, D, kt, kj, ldk, nj, j + nj < nk ? &after : next, NULL, st + j, ldst);
             continue;
         }
         for (int64_t i = 0; i < nj; i++) ahead[i] = npattn_row_ahead(NPATTN_DTYPE_BF16, k, ldk, nk, next, j + i, pf_rows);
-        int64_t ldk_b = 2 * ldk;
-        if (nj < 64) {
-            kj = padded_rows(kj, ldk, nj, 64, D, kpad), ldk_b = 2 * D;
+        /* whole groups of 16 rows in place, a last short one padded */
+        const int nt = (int)((nj + 15) / 16);
+        const char *a[4];
+        int64_t lda[4];
+        for (int t = 0; t < nt; t++) a[t] = (const char *)(kj + 16 * t * ldk), lda[t] = 2 * ldk;
+        if (nj % 16) {
+            a[nt - 1] = (const char *)padded_rows(kj + 16 * (nt - 1) * ldk, ldk, nj % 16, 16, D, kpad);
+            lda[nt - 1] = 2 * D;
             BEFORE_TILE_LOAD();
         }
-        rows_block(kj, ldk_b, qb, D / 2, c);
+        rows_block(a, lda, nt, qb, D / 2, c);
         /* C's tiles (keys, rows) as st's rows (rows, keys); the rows ahead
          * prefetched 16 at a time between, not all at once, which stalled
          * on the memory's queue */

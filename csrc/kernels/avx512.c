@@ -406,7 +406,9 @@ AVX512 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M,
 
 /* One copy of the loops per key type, its conversion inlined. */
 AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k,
-                                 int64_t ldk, int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+                                 int64_t ldk, int64_t nk, const struct npattn_next *next,
+                                 const uint32_t *qb, float *st, int64_t ldst) {
+    (void)qb; /* no tiles */
     if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
     else if (kt == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D))
         bf16_scores_in_lanes(q, M, D, (const uint16_t *)k, ldk, nk, next, st, ldst);
@@ -763,6 +765,7 @@ const struct npattn_kernels npattn_kernels_amx = {
     .name = "amx",
     AVX512_F32_KERNELS,
     .scores = npattn_amx_scores,
+    .q_tiles = npattn_amx_q_tiles,
     .bf16_d_step = 32,
     .bf16_tile = 256,
     .pair_f32 = pair_f32_avx512,

@@ -65,13 +65,19 @@ struct npattn_kernels {
      * except in the AVX-512 tables' scores of a bfloat16 K against the rows
      * npattn_bf16_keys_in_lanes admits: there each score is one FMA per
      * element, in element order (keys in lanes, no reduction tree); and in
-     * the amx table's against rows of q that are bfloat16 values, as
-     * npattn_amx_stream_rows admits: there the sums are the tiles' (amx.c).
+     * the amx table's given qb (rows of q that are bfloat16 values, as
+     * npattn_amx_stream_rows admits): there the sums are the tiles' (amx.c).
      * Both prefetch rows a fixed distance ahead of those they read: past
      * the nk rows, those of `next` (NULL: the rows that follow, ldk
-     * apart). */
+     * apart). qb: q's rows as the table's q_tiles left them, where it has
+     * one and that returned 1; else NULL (the other tables ignore it). */
     void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk, int64_t nk,
-                   const struct npattn_next *next, float *st, int64_t ldst);
+                   const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst);
+    /* The amx table's (NULL elsewhere): qb = q's M rows of D values as the
+     * B tiles of its streamed scores, for rows npattn_amx_stream_rows
+     * admits, once per task rather than per call (a page); returns 0, qb
+     * unspecified, unless every value is a bfloat16 value, none subnormal. */
+    int (*q_tiles)(const float *q, int64_t M, int64_t D, uint32_t *qb);
     void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next,
                        enum npattn_dtype vt, const void *v, int64_t ldv, int64_t Dv, float *o);
 
@@ -132,7 +138,8 @@ extern const struct npattn_kernels npattn_kernels_amx;        /* avx512bf16 with
 void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k, int64_t ldk,
                             int64_t nk, float *st, int64_t ldst);
 void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                       int64_t nk, const struct npattn_next *next, float *st, int64_t ldst);
+                       int64_t nk, const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst);
+int npattn_amx_q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb);
 void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
                                 int64_t ldv, int64_t Dv, float *o);
 void npattn_amx_accumulate_weights_bf16(const float *st, int64_t ldst, int64_t M, int64_t nk, const uint32_t *vp,
@@ -244,16 +251,15 @@ static inline int npattn_bf16_keys_in_lanes(int64_t M, int64_t D) {
 }
 
 /* Whether the amx table's streamed scores of a bfloat16 K run on its tiles
- * for M rows of D values in a call of nk keys (where the rows of q are
- * bfloat16 values and a block of keys holds no subnormal value). With 16
- * rows that was 1.36-1.38x the decode (D = 64 and 128, S = 4096-32768, one
- * Xeon core), with 8 1.27x at D = 128; with 4 and 7 it lost (0.7-0.9x where
- * K came from memory: the tiles do the rows' work no faster than the FMAs,
- * and wait longer). Fewer than 64 keys (a short page) do not repay the
- * tiles' configuration: MQA pages of 16 keys ran at 0.37x. */
+ * for M rows of D values (where the rows of q are bfloat16 values and a
+ * block of keys holds no subnormal value). With 16 rows that was
+ * 1.36-1.38x the decode (D = 64 and 128, S = 4096-32768, one Xeon core),
+ * with 8 1.27x at D = 128; with 4 and 7 it lost (0.7-0.9x where K came from
+ * memory: the tiles do the rows' work no faster than the FMAs, and wait
+ * longer). */
 #define NPATTN_AMX_STREAM_MAX_D 256
-static inline int npattn_amx_stream_rows(int64_t M, int64_t D, int64_t nk) {
-    return M >= 8 && M <= 16 && D > 0 && D % 32 == 0 && D <= NPATTN_AMX_STREAM_MAX_D && nk >= 64;
+static inline int npattn_amx_stream_rows(int64_t M, int64_t D) {
+    return M >= 8 && M <= 16 && D > 0 && D % 32 == 0 && D <= NPATTN_AMX_STREAM_MAX_D;
 }
 
 /* Bytes per element of a row the streaming kernels read (F32, F16, BF16). */

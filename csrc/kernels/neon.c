@@ -299,7 +299,8 @@ INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_
 
 /* One copy of the loops per key type, its conversion inlined. */
 static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                        int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
+                        int64_t nk, const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst) {
+    (void)qb; /* no tiles */
     if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
     else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
     else scores_sized(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);

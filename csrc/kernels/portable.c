@@ -146,8 +146,8 @@ static int softmax_rows_portable(float *st, const struct npattn_score_tile *t, f
 }
 
 static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                            int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
-    (void)next; /* no prefetch */
+                            int64_t nk, const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst) {
+    (void)next, (void)qb; /* no prefetch, no tiles */
     for (int64_t r = 0; r < M; r++)
         for (int64_t j = 0; j < nk; j++) {
             const void *kr = npattn_stream_at(kt, k, j * ldk);
