@@ -281,7 +281,7 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     /* the bfloat16 dot products' pairs: Q^T's, P's and V's */
     const int pairs = real == sizeof(float);
     s.qp = npattn_take(&at, pairs && pl->bf16_qk  ? D / 2 * (size_t)pl->ldq2 * 4
-                            : pairs && pl->q_tiles ? M / 8 * D / 2 * 16 * 4 /* kv heads of 8 rows or more */
+                            : pairs && pl->q_tiles ? (size_t)pl->bg * D / 2 * 16 * 4 /* per kv head of the unit */
                                                    : 0);
     const int p_pairs = pairs && pl->bf16_pv && !npattn_kernels()->accumulate_weights_bf16; /* else paired in the kernel */
     s.pp = npattn_take(&at, p_pairs ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4 : 0);
