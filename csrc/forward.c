@@ -409,9 +409,9 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     pl.ldq2 = (pl.max_m + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
     pl.q_tiles = pl.stream && kn->q_tiles && p->k.dtype == NPATTN_DTYPE_BF16 && pl.k_direct;
 
-    /* The work, and the threads it repays: each beyond the caller must get
-     * NPATTN_FLOPS_PER_THREAD. The same problem and n_threads always give the same
-     * plan, whatever threads actually start. */
+    /* The work, and the threads it repays (npattn_plan_threads). The same
+     * problem and n_threads always give the same plan, whatever threads
+     * actually start. */
     double unit_keys_sum;
     int64_t most_keys;
     /* every request alike, unless each has its own range or offset */
@@ -423,7 +423,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     double flops = count_work(&pl, n_request, &unit_keys_sum, &most_keys) * 2.0 *
                    (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)(n_batch / n_request) *
                    (double)p->n_head_kv;
-    const struct npattn_threads threads = npattn_plan_threads(flops, p->n_threads);
+    const struct npattn_threads threads = npattn_plan_threads(flops, NPATTN_WAKE_FORWARD,
+                                                             pl.stream ? NPATTN_GRAIN_STREAM : NPATTN_GRAIN_TILE, p->n_threads);
     const int32_t plan_threads = threads.plan, run_threads = threads.run;
     /* A small prefill of fewer units than threads (few kv heads): query
      * blocks of fewer rows, so that more threads share it */

@@ -31,8 +31,21 @@ void npattn_blas_init(void);
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Each thread beyond the caller needs this much work (flops) to repay waking it. */
-#define NPATTN_FLOPS_PER_THREAD 4.0e5
+/* Helpers join a call only from `wake` flops of work on: below it their
+ * wake-up and the tasks' handover cost more than sharing saves (a few µs,
+ * as much as such a call's whole work). Past it, one thread per `grain`
+ * flops. Each driver's pair, by the kind of its tasks: */
+#ifndef NPATTN_WAKE_FORWARD
+#define NPATTN_WAKE_FORWARD 5.0e5
+#endif
+#ifndef NPATTN_GRAIN_STREAM /* decode: tasks of streamed keys, cheap to hand over */
+#define NPATTN_GRAIN_STREAM 1.0e5
+#endif
+#ifndef NPATTN_GRAIN_TILE /* prefill: query blocks and their products */
+#define NPATTN_GRAIN_TILE 2.0e5
+#endif
+#define NPATTN_WAKE_BACKWARD 8.0e5
+#define NPATTN_GRAIN_BACKWARD 4.0e5
 
 /* The threads a driver plans its split for, and the threads that run it
  * (more only in pool mode 2). */
@@ -40,10 +53,10 @@ struct npattn_threads {
     int32_t plan, run;
 };
 
-/* The threads `flops` of work repays, at most n_threads resolved (0: the
- * default). The same work and n_threads always give the same plan,
- * whatever threads actually start. */
-struct npattn_threads npattn_plan_threads(double flops, int32_t n_threads);
+/* The threads `flops` of work repays (one from `wake` on, then one per
+ * `grain`), at most n_threads resolved (0: the default). The same work and
+ * n_threads always give the same plan, whatever threads actually start. */
+struct npattn_threads npattn_plan_threads(double flops, double wake, double grain, int32_t n_threads);
 
 /* ---- core.c: what the forward and backward tiles share ---- */
 

@@ -222,14 +222,30 @@ static const enum npattn_dtype test_dtypes[N_DTYPES] = {NPATTN_DTYPE_F64, NPATTN
                                                         NPATTN_DTYPE_BF16};
 static const char *const dtype_names[N_DTYPES] = {"float64", "float32", "float16", "bfloat16"};
 
-/* The kernel tables a test program runs each case under: those this CPU runs. */
+/* The kernel tables a test program runs each case under: those this CPU runs,
+ * or of them only those that NPATTN_TEST_TABLES names (comma-separated), so
+ * that a slow emulated CPU runs only the tables no other run covered. */
 #define N_KERNEL_TABLES 7
 static const char *const kernel_tables[N_KERNEL_TABLES] = {
     "portable", "avx2", "avx512", "avx512bf16", "amx", "neon", "neonbf16"};
 
+/* Whether the comma-separated list names `name` (NULL or empty: every name). */
+static inline int list_names(const char *list, const char *name) {
+    if (!list || !*list) return 1;
+    const size_t n = strlen(name);
+    for (const char *at = list; at; at = strchr(at, ','), at = at ? at + 1 : NULL)
+        if (strncmp(at, name, n) == 0 && (at[n] == ',' || at[n] == '\0')) return 1;
+    return 0;
+}
+
 /* run(case, table) for every case under every kernel table this CPU runs. */
 static inline void for_each_table(const struct case_ *cases, size_t n, void (*run)(const struct case_ *, const char *)) {
+    const char *only = getenv("NPATTN_TEST_TABLES");
     for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (!list_names(only, kernel_tables[t])) {
+            printf("left out: the %s kernels (NPATTN_TEST_TABLES=%s)\n", kernel_tables[t], only);
+            continue;
+        }
         if (npattn_kernels_force(kernel_tables[t]) != 0) {
             printf("skipped: the %s kernels (this CPU cannot run them)\n", kernel_tables[t]);
             continue;
