@@ -25,7 +25,8 @@
 #define TILE_KEYS_MIN 16
 #define TILE_KEYS_MAX 512
 #define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
-#define STREAM_ROWS 16            /* at most this many stacked rows stream (decode) */
+#define STREAM_ROWS 64            /* at most this many stacked rows stream (decode, small prefills) */
+#define STREAM_SCORES 4096        /* a streamed tile's scores (rows x keys): 16 KiB, in L1 */
 #define STREAM_KEYS 256           /* keys per streamed tile: its scores stay in L1; a softmax row per 256 keys, not 64 */
 #define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
 #define MERGE_PARTS 8             /* split-K over several kv heads per unit: at most this many parts */
@@ -375,7 +376,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     /* a few stacked rows (decode) make gemms that are all overhead: stream
      * each key and value row once through the SIMD kernels instead */
     pl.stream = !pl.f64 && pl.max_m <= STREAM_ROWS;
-    if (pl.stream) pl.bk = STREAM_KEYS;
+    if (pl.stream) pl.bk = max64(32, min64(STREAM_KEYS, STREAM_SCORES / pl.max_m / 16 * 16));
     enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
     /* gemms read K and V in place in the computed type; the streaming
      * kernels read float, float16 and bfloat16 rows in place as stored */
@@ -423,8 +424,13 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     double flops = count_work(&pl, n_request, &unit_keys_sum, &most_keys) * 2.0 *
                    (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)(n_batch / n_request) *
                    (double)p->n_head_kv;
-    const struct npattn_threads threads = npattn_plan_threads(flops, NPATTN_WAKE_FORWARD,
-                                                             pl.stream ? NPATTN_GRAIN_STREAM : NPATTN_GRAIN_TILE, p->n_threads);
+    /* Streamed: a thread per NPATTN_GRAIN_STREAM flops while the units feed
+     * them (a task each, nothing to merge); past the units, one per
+     * NPATTN_GRAIN_SPLIT, as a split unit's parts are merged. */
+    double grain = NPATTN_GRAIN_TILE;
+    if (pl.stream && flops > 0)
+        grain = flops / fmax(fmin((double)pl.n_unit, flops / NPATTN_GRAIN_STREAM), flops / NPATTN_GRAIN_SPLIT);
+    const struct npattn_threads threads = npattn_plan_threads(flops, NPATTN_WAKE_FORWARD, grain, p->n_threads);
     const int32_t plan_threads = threads.plan, run_threads = threads.run;
     /* A small prefill of fewer units than threads (few kv heads): query
      * blocks of fewer rows, so that more threads share it */

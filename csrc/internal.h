@@ -41,6 +41,9 @@ static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 #ifndef NPATTN_GRAIN_STREAM /* decode: tasks of streamed keys, cheap to hand over */
 #define NPATTN_GRAIN_STREAM 1.0e5
 #endif
+#ifndef NPATTN_GRAIN_SPLIT /* decode split across threads, its parts merged */
+#define NPATTN_GRAIN_SPLIT 4.0e5
+#endif
 #ifndef NPATTN_GRAIN_TILE /* prefill: query blocks and their products */
 #define NPATTN_GRAIN_TILE 2.0e5
 #endif
