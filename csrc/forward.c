@@ -25,7 +25,7 @@
 #define TILE_KEYS_MIN 16
 #define TILE_KEYS_MAX 512
 #define TILE_ELEMS (1 << 22)      /* cap on rows * width of one scratch matrix */
-#define STREAM_ROWS 64            /* at most this many stacked rows stream (decode, small prefills) */
+#define STREAM_ROWS 32            /* at most this many stacked rows stream (decode, small prefills) */
 #define STREAM_SCORES 4096        /* a streamed tile's scores (rows x keys): 16 KiB, in L1 */
 #define STREAM_KEYS 256           /* keys per streamed tile: its scores stay in L1; a softmax row per 256 keys, not 64 */
 #define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
@@ -425,12 +425,13 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
                    (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)(n_batch / n_request) *
                    (double)p->n_head_kv;
     /* Streamed: a thread per NPATTN_GRAIN_STREAM flops while the units feed
-     * them (a task each, nothing to merge); past the units, one per
-     * NPATTN_GRAIN_SPLIT, as a split unit's parts are merged. */
-    double grain = NPATTN_GRAIN_TILE;
-    if (pl.stream && flops > 0)
-        grain = flops / fmax(fmin((double)pl.n_unit, flops / NPATTN_GRAIN_STREAM), flops / NPATTN_GRAIN_SPLIT);
-    const struct npattn_threads threads = npattn_plan_threads(flops, NPATTN_WAKE_FORWARD, grain, p->n_threads);
+     * them; past the units, one per NPATTN_GRAIN, as for tiles. */
+    double wake = NPATTN_WAKE, grain = NPATTN_GRAIN;
+    if (pl.stream && flops > 0) {
+        wake = NPATTN_WAKE_STREAM;
+        grain = flops / fmax(fmin((double)pl.n_unit, flops / NPATTN_GRAIN_STREAM), flops / NPATTN_GRAIN);
+    }
+    const struct npattn_threads threads = npattn_plan_threads(flops, wake, grain, p->n_threads);
     const int32_t plan_threads = threads.plan, run_threads = threads.run;
     /* A small prefill of fewer units than threads (few kv heads): query
      * blocks of fewer rows, so that more threads share it */

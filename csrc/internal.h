@@ -34,21 +34,13 @@ static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 /* Helpers join a call only from `wake` flops of work on: below it their
  * wake-up and the tasks' handover cost more than sharing saves (a few µs,
  * as much as such a call's whole work). Past it, one thread per `grain`
- * flops. Each driver's pair, by the kind of its tasks: */
-#ifndef NPATTN_WAKE_FORWARD
-#define NPATTN_WAKE_FORWARD 5.0e5
-#endif
-#ifndef NPATTN_GRAIN_STREAM /* decode: tasks of streamed keys, cheap to hand over */
+ * flops. Tiles (prefill, backward) and split decodes, whose parts are
+ * merged, take NPATTN_WAKE and NPATTN_GRAIN; a decode's units, a task each
+ * with nothing to merge, are cheaper to hand over. */
+#define NPATTN_WAKE 8.0e5
+#define NPATTN_GRAIN 4.0e5
+#define NPATTN_WAKE_STREAM 5.0e5
 #define NPATTN_GRAIN_STREAM 1.0e5
-#endif
-#ifndef NPATTN_GRAIN_SPLIT /* decode split across threads, its parts merged */
-#define NPATTN_GRAIN_SPLIT 4.0e5
-#endif
-#ifndef NPATTN_GRAIN_TILE /* prefill: query blocks and their products */
-#define NPATTN_GRAIN_TILE 2.0e5
-#endif
-#define NPATTN_WAKE_BACKWARD 8.0e5
-#define NPATTN_GRAIN_BACKWARD 4.0e5
 
 /* The threads a driver plans its split for, and the threads that run it
  * (more only in pool mode 2). */
