@@ -241,6 +241,16 @@ static inline int list_names(const char *list, const char *name) {
 /* run(case, table) for every case under every kernel table this CPU runs. */
 static inline void for_each_table(const struct case_ *cases, size_t n, void (*run)(const struct case_ *, const char *)) {
     const char *only = getenv("NPATTN_TEST_TABLES");
+    for (const char *at = only; at && *at; at = strchr(at, ','), at = at ? at + 1 : NULL) {
+        const size_t len = strcspn(at, ",");
+        int known = 0;
+        for (int t = 0; t < N_KERNEL_TABLES; t++)
+            known |= strlen(kernel_tables[t]) == len && strncmp(at, kernel_tables[t], len) == 0;
+        if (!known) { /* a misspelt name would leave every table out */
+            printf("NPATTN_TEST_TABLES=%s: no kernel table named %.*s\n", only, (int)len, at);
+            exit(2);
+        }
+    }
     for (int t = 0; t < N_KERNEL_TABLES; t++) {
         if (!list_names(only, kernel_tables[t])) {
             printf("left out: the %s kernels (NPATTN_TEST_TABLES=%s)\n", kernel_tables[t], only);
