@@ -229,31 +229,32 @@ static const char *const dtype_names[N_DTYPES] = {"float64", "float32", "float16
 static const char *const kernel_tables[N_KERNEL_TABLES] = {
     "portable", "avx2", "avx512", "avx512bf16", "amx", "neon", "neonbf16"};
 
-/* Whether the comma-separated list names `name` (NULL or empty: every name). */
-static inline int list_names(const char *list, const char *name) {
-    if (!list || !*list) return 1;
-    const size_t n = strlen(name);
-    for (const char *at = list; at; at = strchr(at, ','), at = at ? at + 1 : NULL)
-        if (strncmp(at, name, n) == 0 && (at[n] == ',' || at[n] == '\0')) return 1;
-    return 0;
+/* The tables NPATTN_TEST_TABLES names, as bits of kernel_tables (unset or
+ * empty: all); a name that is no table ends the program, since it would
+ * leave every table out. */
+static inline unsigned tables_wanted(void) {
+    const char *only = getenv("NPATTN_TEST_TABLES");
+    if (!only || !*only) return ~0u;
+    unsigned bits = 0;
+    for (const char *at = only; at; at = strchr(at, ','), at = at ? at + 1 : NULL) {
+        const size_t len = strcspn(at, ",");
+        int t = 0;
+        while (t < N_KERNEL_TABLES && !(strlen(kernel_tables[t]) == len && strncmp(at, kernel_tables[t], len) == 0)) t++;
+        if (t == N_KERNEL_TABLES) {
+            printf("NPATTN_TEST_TABLES=%s: no kernel table named %.*s\n", only, (int)len, at);
+            exit(2);
+        }
+        bits |= 1u << t;
+    }
+    return bits;
 }
 
 /* run(case, table) for every case under every kernel table this CPU runs. */
 static inline void for_each_table(const struct case_ *cases, size_t n, void (*run)(const struct case_ *, const char *)) {
-    const char *only = getenv("NPATTN_TEST_TABLES");
-    for (const char *at = only; at && *at; at = strchr(at, ','), at = at ? at + 1 : NULL) {
-        const size_t len = strcspn(at, ",");
-        int known = 0;
-        for (int t = 0; t < N_KERNEL_TABLES; t++)
-            known |= strlen(kernel_tables[t]) == len && strncmp(at, kernel_tables[t], len) == 0;
-        if (!known) { /* a misspelt name would leave every table out */
-            printf("NPATTN_TEST_TABLES=%s: no kernel table named %.*s\n", only, (int)len, at);
-            exit(2);
-        }
-    }
+    const unsigned wanted = tables_wanted();
     for (int t = 0; t < N_KERNEL_TABLES; t++) {
-        if (!list_names(only, kernel_tables[t])) {
-            printf("left out: the %s kernels (NPATTN_TEST_TABLES=%s)\n", kernel_tables[t], only);
+        if (!(wanted & 1u << t)) {
+            printf("left out: the %s kernels (NPATTN_TEST_TABLES)\n", kernel_tables[t]);
             continue;
         }
         if (npattn_kernels_force(kernel_tables[t]) != 0) {
