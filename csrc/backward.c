@@ -251,7 +251,7 @@ enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp
         pairs += (double)(ib - ia) * (double)min64(pl.bk, S - j0);
     }
     double flops = 10.0 * pairs * (double)width * (double)pl.group * (double)(pl.n_unit * pl.n_rep);
-    const struct npattn_threads threads = npattn_plan_threads(flops, NPATTN_WAKE, NPATTN_GRAIN, p->n_threads);
+    const struct npattn_threads threads = npattn_plan_threads(flops, NPATTN_WAKE, flops / NPATTN_GRAIN, p->n_threads);
     const int32_t plan_threads = threads.plan, run_threads = threads.run;
     pl.n_split = 1;
     if (pl.n_unit < plan_threads && pl.n_kblock > 1 && pl.n_rep == 1)

@@ -162,12 +162,12 @@ int64_t npattn_batch_offset(const struct npattn_problem *p, const struct npattn_
     return off;
 }
 
-struct npattn_threads npattn_plan_threads(double flops, double wake, double grain, int32_t n_threads) {
+struct npattn_threads npattn_plan_threads(double flops, double wake, double want, int32_t n_threads) {
     struct npattn_threads t = {1, 1};
     const int repays = flops >= wake, every = npattn_pool_mode() == 2;
     if (repays || every) {
         int32_t avail = npattn_pool_threads(n_threads);
-        t.plan = repays ? (int32_t)min64(avail, max64(2, (int64_t)(flops / grain))) : 1;
+        t.plan = repays ? (int32_t)min64(avail, max64(2, (int64_t)want)) : 1;
         t.run = every ? avail : t.plan;
     }
     return t;

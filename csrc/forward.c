@@ -426,12 +426,10 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
                    (double)p->n_head_kv;
     /* Streamed: a thread per NPATTN_GRAIN_STREAM flops while the units feed
      * them; past the units, one per NPATTN_GRAIN, as for tiles. */
-    double wake = NPATTN_WAKE, grain = NPATTN_GRAIN;
-    if (pl.stream && flops > 0) {
-        wake = NPATTN_WAKE_STREAM;
-        grain = flops / fmax(fmin((double)pl.n_unit, flops / NPATTN_GRAIN_STREAM), flops / NPATTN_GRAIN);
-    }
-    const struct npattn_threads threads = npattn_plan_threads(flops, wake, grain, p->n_threads);
+    const double want = pl.stream ? fmax(fmin((double)pl.n_unit, flops / NPATTN_GRAIN_STREAM), flops / NPATTN_GRAIN)
+                                  : flops / NPATTN_GRAIN;
+    const struct npattn_threads threads =
+        npattn_plan_threads(flops, pl.stream ? NPATTN_WAKE_STREAM : NPATTN_WAKE, want, p->n_threads);
     const int32_t plan_threads = threads.plan, run_threads = threads.run;
     /* A small prefill of fewer units than threads (few kv heads): query
      * blocks of fewer rows, so that more threads share it */

@@ -33,7 +33,7 @@ static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* Helpers join a call only from `wake` flops of work on: below it their
  * wake-up and the tasks' handover cost more than sharing saves (a few µs,
- * as much as such a call's whole work). Past it, one thread per `grain`
+ * as much as such a call's whole work). Past it, one thread per grain of
  * flops. Tiles (prefill, backward) and split decodes, whose parts are
  * merged, take NPATTN_WAKE and NPATTN_GRAIN; a decode's units, a task each
  * with nothing to merge, are cheaper to hand over. */
@@ -48,10 +48,10 @@ struct npattn_threads {
     int32_t plan, run;
 };
 
-/* The threads `flops` of work repays (one from `wake` on, then one per
- * `grain`), at most n_threads resolved (0: the default). The same work and
- * n_threads always give the same plan, whatever threads actually start. */
-struct npattn_threads npattn_plan_threads(double flops, double wake, double grain, int32_t n_threads);
+/* The threads `flops` of work repays: from `wake` on, `want` (at least 2),
+ * at most n_threads resolved (0: the default). The same work and n_threads
+ * always give the same plan, whatever threads actually start. */
+struct npattn_threads npattn_plan_threads(double flops, double wake, double want, int32_t n_threads);
 
 /* ---- core.c: what the forward and backward tiles share ---- */
 
