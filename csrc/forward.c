@@ -31,10 +31,13 @@
 #define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
 #define MERGE_PARTS 8             /* split-K over several kv heads per unit: at most this many parts */
 #define HEAD_RUN_BYTES 32768      /* a kv head's rows read at about the memory's streaming rate when this many lie together */
+#define ROUND_KEYS 64             /* keys per round of a paged unit's kv heads (kv_rounds): rounds of 32, 64, 128 and 256
+                                     keys (the tile) ran Qwen3-4B heads over pages of 16 rows at 0.95, 0.99, 0.97 and
+                                     0.79 of the dense call (float32, 8 requests, 2 threads) */
 
 /* Byte offsets of one slot's scratch regions. */
 struct layout {
-    size_t qt, qrows, st, ot, m, l, alpha, row, kt, vt, bias, lo, hi, qp, pp, vp, size;
+    size_t qt, qrows, st, ot, m, l, alpha, row, kt, vt, bias, lo, hi, qp, pp, vp, spans, size;
 };
 
 struct fwd_plan {
@@ -188,35 +191,49 @@ static inline struct npattn_kv kv_head(struct npattn_kv kv, int64_t gi, int64_t 
     return kv;
 }
 
-/* A streaming kernel reads the *run rows from key j to the end of their
- * page (dense: no end), cut to the `left` the tile reads. What follows them,
- * for its prefetches: NULL when dense (the rows after, in place), else in
- * *next the rows from key j + *run to the end of that page, before key j1:
- * the rest of this page, or the next page. */
-static inline const struct npattn_next *next_rows(const struct npattn_kv *kv, int64_t *run, int64_t left, int64_t j,
-                                                  int64_t j1, struct npattn_next *next) {
-    *run = min64(*run, left);
-    if (!kv->table) return NULL;
-    int64_t rest = 0;
-    next->rows = j + *run < j1 ? npattn_kv_row(kv, j + *run, &rest) : NULL;
-    next->n = min64(rest, j1 - j - *run);
-    return next;
+/* The spans of kv head gi's rows for keys j0 .. j0 + nk - 1 (of a unit's ng
+ * kv heads: kv holds the first head's rows, head_bytes from one head's to
+ * the next's), a page each (dense: one), for the streaming kernels; returns
+ * how many. The rows ahead of each span, those the unit reads next: the
+ * next head's same rows; after the last head, the first head's rows `dist`
+ * keys on (paged: whole pages on, so that a span's rows ahead lie in one
+ * page; the span's own rows where those keys are past j1, the unit's end).
+ * The pages are walked, not looked up key by key (a division each). */
+static int64_t kv_spans(const struct npattn_kv *kv, int64_t head_bytes, int64_t gi, int64_t ng, int64_t j0, int64_t nk,
+                        int64_t j1, int64_t dist, struct npattn_span *spans) {
+    const int last = gi + 1 == ng;
+    if (!kv->table) {
+        const char *rows = kv->base + j0 * kv->row_bytes + gi * head_bytes;
+        spans[0] = (struct npattn_span){rows, last ? kv->base + (j0 + dist) * kv->row_bytes : rows + head_bytes, nk};
+        return 1;
+    }
+    const int64_t ps = kv->page_size, on = (dist + ps - 1) / ps; /* pages on */
+    int64_t n = 0, page = j0 / ps, r = j0 % ps;
+    for (int64_t j = j0; j < j0 + nk; j += spans[n++].n, page++, r = 0) {
+        const char *rows = kv->base + kv->table[page] * kv->page_bytes + r * kv->row_bytes + gi * head_bytes;
+        const char *ahead = !last                ? rows + head_bytes
+                            : j + on * ps < j1 ? kv->base + kv->table[page + on] * kv->page_bytes + r * kv->row_bytes
+                                                 : rows;
+        spans[n] = (struct npattn_span){rows, ahead, min64(ps - r, j0 + nk - j)};
+    }
+    return n;
 }
 
-/* As next_rows, for kv head gi of a unit's ng (kv: its first head's rows,
- * head_bytes from one head's to the next's), whose rows the kernels read a
- * run at a time, head after head: with several heads, what follows head
- * gi's rows at `at` is the same keys' rows of head gi + 1, and after the
- * last head the first head's rows after the run. */
-static inline const struct npattn_next *next_head_rows(const struct npattn_kv *kv, int64_t head_bytes, int64_t gi,
-                                                       int64_t ng, const char *at, int64_t *run, int64_t left,
-                                                       int64_t j, int64_t j1, struct npattn_next *next) {
-    if (ng == 1) return next_rows(kv, run, left, j, j1, next);
-    *run = min64(*run, left);
-    int64_t rest = *run;
-    next->rows = gi + 1 < ng ? at + head_bytes : j + *run < j1 ? npattn_kv_row(kv, j + *run, &rest) : NULL;
-    next->n = gi + 1 < ng ? *run : min64(rest, j1 - j - *run);
-    return next;
+/* How a streamed unit reads K or V (kv) for its ng kv heads: in rounds of
+ * *keys keys, each round a head after another, and each head's spans
+ * prefetching their rows *dist keys on (kv_spans). With one kv head, a
+ * round is the tile and dist a dense stream's distance (npattn_prefetch_rows;
+ * the amx tiles, `tiles`, a block of 64 rows further, as they wait longer
+ * for their rows). With several, whose rows lie together only a few KiB at
+ * a time: paged, ROUND_KEYS keys of whole pages (a page at least), so that
+ * the unit reads each page's rows of every head close together, yet in
+ * calls long enough to repay the kernels' setup; dense, the tile; and dist
+ * a round, the next round's first head. */
+static void kv_rounds(const struct fwd_plan *pl, const struct npattn_kv *kv, int64_t ng, int tiles, int64_t *keys,
+                      int64_t *dist) {
+    *keys = pl->bk;
+    if (ng > 1 && kv->table) *keys = min64(pl->bk, max64(1, ROUND_KEYS / kv->page_size) * kv->page_size);
+    *dist = ng > 1 ? *keys : npattn_prefetch_rows(kv->row_bytes) + (tiles ? 64 : 0);
 }
 
 /* Bytes of t's rows of one kv head that lie together, rows of `width`
@@ -226,9 +243,6 @@ static int64_t head_run_bytes(const struct npattn_tensor *t, int64_t page_size, 
     if (t->row_stride == width && !page_size) return INT64_MAX;
     return (t->row_stride == width ? page_size : 1) * width * (int64_t)npattn_dtype_size(t->dtype);
 }
-
-/* Nothing to prefetch past the rows: a tile converted into scratch. */
-static const struct npattn_next no_next = {NULL, 0};
 
 /* Value rows j0 + 2p and j0 + 2p + 1 (bfloat16, Dv wide) as row p of out;
  * with out NULL (K's rows), only the check. Returns 0 when a value is
@@ -287,6 +301,8 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     const int p_pairs = pairs && pl->bf16_pv && !npattn_kernels()->accumulate_weights_bf16; /* else paired in the kernel */
     s.pp = npattn_take(&at, p_pairs ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4 : 0);
     s.vp = npattn_take(&at, pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4 : 0);
+    /* the streaming kernels' spans of a key tile: a page each, at most bk + 1 */
+    s.spans = npattn_take(&at, pl->stream ? (bk + 1) * sizeof(struct npattn_span) : 0);
     s.size = at;
     return s;
 }
@@ -445,10 +461,11 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         int64_t want = (2 * (int64_t)plan_threads + pl.n_unit - 1) / pl.n_unit;
         pl.n_split = max64(1, min64(want, most_keys / SPLIT_MIN_KEYS));
     }
+    /* A thread's fair share of all units' keys */
+    const double fair = unit_keys_sum * (double)(pl.n_unit / (n_request * pl.n_qblock)) / (double)plan_threads;
     /* Requests of unequal lengths: split every unit so that the longest one's
      * parts are no longer than a thread's fair share of all units' keys. */
     if (n_request > 1 && plan_threads > 1 && !p->weights.data && unit_keys_sum > 0) {
-        const double fair = unit_keys_sum * (double)(pl.n_unit / (n_request * pl.n_qblock)) / (double)plan_threads;
         if ((double)most_keys > 1.5 * fair) {
             /* at most 64 tasks per thread in all, so that the partials stay small */
             int64_t want = min64((int64_t)ceil((double)most_keys / fair), 64 * (int64_t)plan_threads / pl.n_unit);
@@ -459,12 +476,15 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * small page's, or one row where the heads interleave, as in a
      * (B, S, H_kv, D) cache), which memory serves well below its streaming
      * rate: a unit takes all kv heads of its request and reads its keys a
-     * run at a time (a page, or a tile), each run's rows of every head in
-     * turn. On several threads each unit's keys split bg times more, so that
-     * the tasks are as many as with a unit per kv head; bg is smaller where
-     * the keys are too few, and where the unit would have more than
-     * MERGE_PARTS parts: the last of them merges bg times the rows of bg
-     * times the parts on its own. */
+     * round at a time (kv_rounds: whole pages, or a tile), each round's rows
+     * of every head in turn. On several threads each unit's keys split bg
+     * times more, so that the tasks are as many as with a unit per kv head;
+     * but not where the units alone share out evenly, four a thread or more
+     * and none longer than a thread's share (a batch of requests on a few
+     * threads: Qwen2-0.5B, 8 requests, 2 threads, 0.84 -> 1.0 of the dense
+     * call without the merges). bg is smaller where the keys are too few,
+     * and where the unit would have more than MERGE_PARTS parts: the last of
+     * them merges bg times the rows of bg times the parts on its own. */
     const int64_t page_size = p->pages ? p->pages->page_size : 0;
     if (pl.stream && pl.k_direct && (pl.v_direct || Dv == 0) && !p->weights.data && pl.n_hblock == 1 &&
         min64(head_run_bytes(&p->k, page_size, D), Dv > 0 ? head_run_bytes(&p->v, page_size, Dv) : INT64_MAX) <
@@ -475,7 +495,9 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.bg = bg, pl.n_gblock = (p->n_head_kv + bg - 1) / bg;
         pl.max_m *= bg;
         pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
-        if (plan_threads > 1) pl.n_split *= bg;
+        const int even = pl.n_unit * pl.n_split >= 4 * (int64_t)plan_threads &&
+                         (double)most_keys / (double)pl.n_split * (double)bg <= fair;
+        if (plan_threads > 1 && !even) pl.n_split *= bg;
     }
     int64_t n_task = pl.n_unit * pl.n_split;
     const int32_t n_slot = (int32_t)min64(run_threads, n_task);

@@ -359,19 +359,44 @@ static void expect_stream(int ok, const char *table, const char *kernel, int ty,
     expect(ok, msg);
 }
 
+/* The keys of kh (nk rows, ld apart, of es bytes each element) as spans of
+ * the lengths in `cut` (cycled), their rows copied into kp in reverse order
+ * of the spans, so that no run follows another; each run's rows ahead are the
+ * next run's (the last's, its own). Returns how many spans. */
+static int64_t scattered_spans(const uint16_t *kh, int64_t nk, int64_t ld, int64_t es, uint16_t *kp,
+                              struct npattn_span *spans) {
+    static const int64_t cut[] = {1, 3, 16, 2, 5, 32, 4};
+    int64_t n = 0;
+    for (int64_t j = 0; j < nk; n++) {
+        const int64_t len = cut[n % 7] < nk - j ? cut[n % 7] : nk - j;
+        spans[n] = (struct npattn_span){NULL, NULL, len};
+        j += len;
+    }
+    int64_t at = 0; /* in kp, in elements: the last run first */
+    for (int64_t i = n - 1, j = nk; i >= 0; i--) {
+        j -= spans[i].n;
+        memcpy(kp + at * es / 2, kh + j * ld * es / 2, (size_t)(spans[i].n * ld * es));
+        spans[i].rows = kp + at * es / 2;
+        at += spans[i].n * ld;
+    }
+    for (int64_t i = 0; i < n; i++) spans[i].ahead = spans[i + (i + 1 < n)].rows;
+    return n;
+}
+
 /* The streaming kernels read float16 and bfloat16 rows as stored: the same
  * bits as the float32 copies of those rows, and the double-precision sums
  * within float32's rounding (n + 8 roundings of 2^-24 of the sum of |terms|
- * for n terms), subnormal elements included, every width's tail, every table. */
+ * for n terms), subnormal elements included, every width's tail, every
+ * table; and the same bits again with the keys in scattered spans (pages). */
 static void test_stream_kernels(void) {
     enum { MAX_M = 16, MAX_N = 67, MAX_D = 130 };
     static const enum npattn_dtype types[3] = {NPATTN_DTYPE_F32, NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
-    static const struct npattn_next no_next = {NULL, 0}; /* nothing to prefetch past the rows */
     static const int64_t widths[] = {1, 5, 8, 15, 16, 24, 63, 64, 128, 130};
     static const int64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 16}, keys[] = {1, 2, 3, 4, 20, 35, 64, 67};
     static float q[MAX_M * MAX_D], kf[MAX_N * (MAX_D + 3)], st[MAX_M * MAX_N], o[MAX_M * MAX_D], of[MAX_M * MAX_D];
-    static float sf[MAX_M * MAX_N], o0[MAX_M * MAX_D];
-    static uint16_t kh[MAX_N * (MAX_D + 3)];
+    static float sf[MAX_M * MAX_N], o0[MAX_M * MAX_D], sp[MAX_M * MAX_N], op[MAX_M * MAX_D];
+    static uint16_t kh[MAX_N * (MAX_D + 3)], kp[MAX_N * (MAX_D + 3)];
+    static struct npattn_span spans[MAX_N];
     static uint32_t qb[MAX_D / 2 * 16] __attribute__((aligned(64)));
     for (int t = 0; t < N_KERNEL_TABLES; t++) {
         if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
@@ -399,8 +424,14 @@ static void test_stream_kernels(void) {
                             const int qb_ok = kt->q_tiles && npattn_amx_stream_rows(M, D) && kt->q_tiles(q, M, D, qb);
                             expect_stream(!kt->q_tiles || !npattn_amx_stream_rows(M, D) || qb_ok == (kind > 0),
                                           kernel_tables[t], "q_tiles", ty, M, "D", D, nk, "taken for bfloat16 values only");
-                            kt->scores(q, M, D, types[ty], kh, ld, nk, NULL, qb_ok ? qb : NULL, st, MAX_N);
-                            kt->scores(q, M, D, NPATTN_DTYPE_F32, kf, ld, nk, &no_next, qb_ok ? qb : NULL, sf, MAX_N);
+                            const struct npattn_span as_stored = {kh, kh, nk}, as_f32 = {kf, kf, nk};
+                            kt->scores(q, M, D, types[ty], &as_stored, 1, ld, qb_ok ? qb : NULL, st, MAX_N);
+                            kt->scores(q, M, D, NPATTN_DTYPE_F32, &as_f32, 1, ld, qb_ok ? qb : NULL, sf, MAX_N);
+                            const int64_t n_span = scattered_spans(kh, nk, ld, 2, kp, spans);
+                            kt->scores(q, M, D, types[ty], spans, n_span, ld, qb_ok ? qb : NULL, sp, MAX_N);
+                            int paged = 1;
+                            for (int64_t r = 0; r < M; r++) paged &= !memcmp(sp + r * MAX_N, st + r * MAX_N, 4 * (size_t)nk);
+                            expect_stream(paged, kernel_tables[t], "scores", ty, M, "D", D, nk, "bits in scattered spans");
                             /* the AVX-512 tables' bfloat16 keys in lanes: each score an FMA per element, in order */
                             const int in_lanes = types[ty] == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D) &&
                                                  (!strncmp(kt->name, "avx512", 6) || !strcmp(kt->name, "amx"));
@@ -426,9 +457,13 @@ static void test_stream_kernels(void) {
                             /* accumulate: P (M, nk) in st against the rows as values, width D */
                             for (int64_t i = 0; i < M * MAX_N; i++) st[i] = (float)fabs(uniform());
                             for (int64_t i = 0; i < M * D; i++) o[i] = of[i] = o0[i] = (float)uniform();
-                            kt->accumulate(st, MAX_N, M, nk, NULL, types[ty], kh, ld, D, o);
-                            kt->accumulate(st, MAX_N, M, nk, &no_next, NPATTN_DTYPE_F32, kf, ld, D, of);
+                            memcpy(op, o, sizeof(float) * (size_t)(M * D));
+                            kt->accumulate(st, MAX_N, M, &as_stored, 1, types[ty], ld, D, o);
+                            kt->accumulate(st, MAX_N, M, &as_f32, 1, NPATTN_DTYPE_F32, ld, D, of);
+                            kt->accumulate(st, MAX_N, M, spans, n_span, types[ty], ld, D, op);
                             same = memcmp(o, of, sizeof(float) * (size_t)(M * D)) == 0;
+                            expect_stream(!memcmp(o, op, sizeof(float) * (size_t)(M * D)), kernel_tables[t],
+                                          "accumulate", ty, M, "Dv", D, nk, "bits in scattered spans");
                             close = 1;
                             for (int64_t r = 0; r < M; r++)
                                 for (int64_t e = 0; e < D; e++) {

@@ -29,6 +29,8 @@ struct CAT(fwd_task_, SFX) {
     int32_t *lo, *hi;
     struct npattn_kv kk, vv;       /* K's and V's rows of the unit's (first) kv head */
     int64_t mg, k_head, v_head;    /* stacked rows per kv head; bytes from one kv head's K (V) rows to the next's */
+    struct npattn_span *spans;      /* streamed: a key tile's spans of one kv head's rows */
+    int64_t k_keys, k_dist, v_keys, v_dist; /* streamed: how the unit reads K and V (kv_rounds) */
     int64_t sld, sj, sr;           /* scores (j, r) at st[j * sj + r * sr], rows sld apart */
     SCORE_TILE tile;
 };
@@ -73,29 +75,26 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
         }
     } else
 #endif
-    if (s->stream && s->k_direct) { /* page by page, as stored; each page's rows of the unit's kv heads in turn */
-        for (int64_t j = 0, run; j < nk; j += run) {
-            const char *first = npattn_kv_row(&s->kk, j0 + j, &run);
+    if (s->stream && s->k_direct) { /* in place, as stored: the tile's spans (a page each), kv head after kv head */
+        for (int64_t c = 0; c < nk; c += s->k_keys)
             for (int64_t gi = 0; gi < u->ng; gi++) {
-                const char *at = first + gi * s->k_head;
-                struct npattn_next next;
-                const struct npattn_next *after =
-                    next_head_rows(&s->kk, s->k_head, gi, u->ng, at, &run, nk - j, j0 + j, u->j1, &next);
+                const int64_t n_span = kv_spans(&s->kk, s->k_head, gi, u->ng, j0 + c, min64(s->k_keys, nk - c), u->j1,
+                                                s->k_dist, s->spans);
                 const uint32_t *qb = s->q_tiles ? s->qp + gi * D / 2 * 16 : NULL;
-                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, p->k.dtype, at, pl->ldk, run,
-                                         after, qb, (float *)s->st + gi * s->mg * s->sld + j, s->sld);
+                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, p->k.dtype, s->spans, n_span,
+                                         pl->ldk, qb, (float *)s->st + gi * s->mg * s->sld + c, s->sld);
             }
-        }
     } else {
         for (int64_t gi = 0; gi < u->ng; gi++) { /* each kv head's tile in turn */
             const struct npattn_kv kv = kv_head(s->kk, gi, s->k_head);
             int64_t ldk;
             int in_place;
             const void *ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
-            if (s->stream)
-                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, ktile, ldk,
-                                         nk, &no_next, NULL, (float *)s->st + gi * s->mg * s->sld, s->sld);
-            else
+            if (s->stream) { /* converted: nothing to prefetch */
+                const struct npattn_span run = {ktile, ktile, nk};
+                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, &run, 1,
+                                         ldk, NULL, (float *)s->st + gi * s->mg * s->sld, s->sld);
+            } else
                 GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)s->mg, (int)D, (REAL)1,
                      (const REAL *)ktile, (int)ldk, s->qt + gi * s->mg, (int)M, (REAL)0, s->st + gi * s->mg, (int)M);
         }
@@ -183,6 +182,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     REAL *mt = s.mt, *lt = s.lt, *at = s.at, *row = s.row;
 
     s.qp = (uint32_t *)(scratch + lay->qp), s.pp = (uint32_t *)(scratch + lay->pp), s.vp = (uint32_t *)(scratch + lay->vp);
+    s.spans = (struct npattn_span *)(scratch + lay->spans);
 
     /* this split's share of the key tiles the band lets the rows see */
     const int64_t n_ktile = (u->j1 - u->j0 + pl->bk - 1) / pl->bk;
@@ -209,6 +209,10 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     for (int64_t gi = 0; gi < u->ng && s.q_tiles; gi++)
         s.q_tiles = npattn_kernels()->q_tiles((const float *)qrows + gi * s.mg * D, s.mg, D, s.qp + gi * D / 2 * 16);
 #endif
+    if (s.stream) {
+        kv_rounds(pl, &s.kk, u->ng, s.q_tiles, &s.k_keys, &s.k_dist);
+        kv_rounds(pl, &s.vv, u->ng, 0, &s.v_keys, &s.v_dist);
+    }
     if (!s.stream && !s.qk16) {
         if (!IS_F64 && npattn_kernels()->transpose_f32)
             npattn_kernels()->transpose_f32((const float *)qrows, M, D, (float *)s.qt);
@@ -259,18 +263,14 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             continue;
         }
 #endif
-        if (s.stream && v_direct) { /* page by page, as stored; each page's rows of the unit's kv heads in turn */
-            for (int64_t j = 0, run; j < nk; j += run) {
-                const char *first = npattn_kv_row(&s.vv, j0 + j, &run);
+        if (s.stream && v_direct) { /* in place, as stored: the tile's spans (a page each), kv head after kv head */
+            for (int64_t c = 0; c < nk; c += s.v_keys)
                 for (int64_t gi = 0; gi < u->ng; gi++) {
-                    const char *at = first + gi * s.v_head;
-                    struct npattn_next next;
-                    const struct npattn_next *after =
-                        next_head_rows(&s.vv, s.v_head, gi, u->ng, at, &run, nk - j, j0 + j, u->j1, &next);
-                    npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld + j, s.sld, s.mg, run, after,
-                                                 p->v.dtype, at, pl->ldv, Dv, (float *)ot + gi * s.mg * Dv);
+                    const int64_t n_span = kv_spans(&s.vv, s.v_head, gi, u->ng, j0 + c, min64(s.v_keys, nk - c), u->j1,
+                                                    s.v_dist, s.spans);
+                    npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld + c, s.sld, s.mg, s.spans,
+                                                 n_span, p->v.dtype, pl->ldv, Dv, (float *)ot + gi * s.mg * Dv);
                 }
-            }
             continue;
         }
         for (int64_t gi = 0; gi < u->ng; gi++) {
@@ -278,10 +278,11 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             int64_t ldv;
             int in_place;
             const void *vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
-            if (s.stream)
-                npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld, s.sld, s.mg, nk, &no_next,
-                                             NPATTN_DTYPE_F32, vtile, ldv, Dv, (float *)ot + gi * s.mg * Dv);
-            else
+            if (s.stream) { /* converted: nothing to prefetch */
+                const struct npattn_span run = {vtile, vtile, nk};
+                npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld, s.sld, s.mg, &run, 1,
+                                             NPATTN_DTYPE_F32, ldv, Dv, (float *)ot + gi * s.mg * Dv);
+            } else
                 GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s.mg, (int)Dv, (int)nk, (REAL)1, s.st + gi * s.mg,
                      (int)M, (const REAL *)vtile, (int)ldv, (REAL)(t > t_begin), ot + gi * s.mg * Dv, (int)Dv);
         }

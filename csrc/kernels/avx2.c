@@ -300,53 +300,59 @@ AVX2 INLINE void scores_keys(enum npattn_dtype kt, const float *q, int64_t M, in
     }
 }
 
-AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
-                           int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
-    const int64_t pf_rows = npattn_prefetch_rows(ldk * npattn_stream_size(kt)); /* the first row block prefetches */
-    int64_t j = 0;
-    for (; j + 3 <= nk; j += 3)
-        scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 3, st + j, ldst,
-                    npattn_row_ahead(kt, k, ldk, nk, next, j, pf_rows));
-    if (nk - j == 2) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 2, st + j, ldst, NULL);
-    if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, st + j, ldst, NULL);
+AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                           int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n) {
+        const void *k = spans[i].rows;
+        const int64_t nk = spans[i].n;
+        float *sj = st + j0;
+        int64_t j = 0;
+        for (; j + 3 <= nk; j += 3) /* the first row block prefetches */
+            scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 3, sj + j, ldst,
+                        npattn_stream_at(kt, spans[i].ahead, j * ldk));
+        if (nk - j == 2) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 2, sj + j, ldst, NULL);
+        if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, sj + j, ldst, NULL);
+    }
 }
 
 /* D = 64 as a constant, so that the loops over it unroll: 1.08-1.27x in
  * cache. (D = 128 so unrolled ran faster alone but no faster in a decode.) */
-AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
-                              int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
-    if (D == 64) scores_of(kt, q, M, 64, k, ldk, nk, next, st, ldst);
-    else scores_of(kt, q, M, D, k, ldk, nk, next, st, ldst);
+AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    if (D == 64) scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
+    else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
 /* One copy of the loops per key type, its conversion inlined. */
-AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                             int64_t nk, const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst) {
+AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
+                             int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     (void)qb; /* no tiles */
-    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
-    else scores_sized(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
+    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
+    else scores_sized(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
 /* o (nr rows, 8 * nc columns from e0; nr * nc <= 12) += P @ v, o in
- * registers while the value rows (type vt) stream past: nr * nc
+ * registers while the value rows (type vt) of the spans stream past: nr * nc
  * accumulators, enough independent chains for two FMA units of 4-cycle
  * latency, nc value vectors (converted once, used nr times) and a broadcast
- * weight. pf_rows: the prefetch distance, whole rows (0: none); next as for
- * scores. */
-AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
-                                  const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
-                                  const struct npattn_next *next) {
+ * weight. With ahead, each key's whole row ahead is prefetched. */
+AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
+                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
+                                  float *o, int ahead) {
+    const int64_t es = npattn_stream_size(vt);
     __m256 acc[12]; /* acc[nc * row + chunk], from zero */
     for (int i = 0; i < nr * nc; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < nk; j++) {
-        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
-        if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
-        __m256 vv[12];
-        for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, j * ldv + e0 + 8 * c));
-        for (int a = 0; a < nr; a++) {
-            __m256 pa = _mm256_broadcast_ss(st + a * ldst + j);
-            for (int c = 0; c < nc; c++) acc[nc * a + c] = _mm256_fmadd_ps(pa, vv[c], acc[nc * a + c]);
+    for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
+        const char *v = spans[ri].rows, *pf = spans[ri].ahead;
+        for (int64_t i = 0; i < spans[ri].n; i++, j++) {
+            if (ahead) prefetch_row(pf + i * ldv * es, Dv * es); /* whole rows, into L2 */
+            __m256 vv[12];
+            for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, i * ldv + e0 + 8 * c));
+            for (int a = 0; a < nr; a++) {
+                __m256 pa = _mm256_broadcast_ss(st + a * ldst + j);
+                for (int c = 0; c < nc; c++) acc[nc * a + c] = _mm256_fmadd_ps(pa, vv[c], acc[nc * a + c]);
+            }
         }
     }
     for (int a = 0; a < nr; a++)
@@ -359,74 +365,73 @@ AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t
 /* Rows [0, nr) of o, every whole 8 columns: blocks of nc chunks, then one
  * block of the chunks left, fewer than nc, each count a constant of its own
  * so that the accumulators stay in registers (the cases of nc or more never
- * occur, and compile to nothing). */
-AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
-                                 const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o,
-                                 int64_t pf) {
+ * occur, and compile to nothing). The first block prefetches where pf. */
+AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
+                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
+                                 int pf) {
     int64_t e0 = 0;
-    for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) accumulate_block(vt, st, ldst, nr, nc, nk, v, ldv, Dv, e0, o, e0 == 0 ? pf : 0, next);
-    const int64_t pr = e0 == 0 ? pf : 0;
+    for (; e0 + 8 * nc <= Dv; e0 += 8 * nc)
+        accumulate_block(vt, st, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o, e0 == 0 && pf);
+    const int pr = e0 == 0 && pf;
     switch ((Dv - e0) / 8) {
-    case 7: if (7 < nc) accumulate_block(vt, st, ldst, nr, 7, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 6: if (6 < nc) accumulate_block(vt, st, ldst, nr, 6, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 5: if (5 < nc) accumulate_block(vt, st, ldst, nr, 5, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 4: if (4 < nc) accumulate_block(vt, st, ldst, nr, 4, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 3: if (3 < nc) accumulate_block(vt, st, ldst, nr, 3, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 2: if (2 < nc) accumulate_block(vt, st, ldst, nr, 2, nk, v, ldv, Dv, e0, o, pr, next); break;
-    case 1: if (1 < nc) accumulate_block(vt, st, ldst, nr, 1, nk, v, ldv, Dv, e0, o, pr, next); break;
+    case 7: if (7 < nc) accumulate_block(vt, st, ldst, nr, 7, spans, n_span, ldv, Dv, e0, o, pr); break;
+    case 6: if (6 < nc) accumulate_block(vt, st, ldst, nr, 6, spans, n_span, ldv, Dv, e0, o, pr); break;
+    case 5: if (5 < nc) accumulate_block(vt, st, ldst, nr, 5, spans, n_span, ldv, Dv, e0, o, pr); break;
+    case 4: if (4 < nc) accumulate_block(vt, st, ldst, nr, 4, spans, n_span, ldv, Dv, e0, o, pr); break;
+    case 3: if (3 < nc) accumulate_block(vt, st, ldst, nr, 3, spans, n_span, ldv, Dv, e0, o, pr); break;
+    case 2: if (2 < nc) accumulate_block(vt, st, ldst, nr, 2, spans, n_span, ldv, Dv, e0, o, pr); break;
+    case 1: if (1 < nc) accumulate_block(vt, st, ldst, nr, 1, spans, n_span, ldv, Dv, e0, o, pr); break;
     default: break;
     }
 }
 
-AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
-                               const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
-    /* the first block prefetches */
-    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt));
+AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                               const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     for (int64_t r = 0, nr; r < M; r += nr) {
         /* blocks of 6 rows, then what is left; 4 + 3 for the last 7 */
         const int64_t left = M - r;
         nr = left == 7 ? 4 : left > 6 ? 6 : left;
         const float *sr = st + r * ldst;
         float *orow = o + r * Dv;
-        const int64_t pr = r == 0 ? pf : 0;
+        const int pr = r == 0; /* the first block prefetches */
         /* column chunks: as many as fill 12 accumulators; for half rows,
          * whose converted chunks all take registers, no more than fit */
         const int f32 = vt == NPATTN_DTYPE_F32;
         switch (nr) {
-        case 6: accumulate_rows(vt, sr, ldst, 6, 2, nk, next, v, ldv, Dv, orow, pr); break;
-        case 5: accumulate_rows(vt, sr, ldst, 5, 2, nk, next, v, ldv, Dv, orow, pr); break;
-        case 4: accumulate_rows(vt, sr, ldst, 4, 3, nk, next, v, ldv, Dv, orow, pr); break;
+        case 6: accumulate_rows(vt, sr, ldst, 6, 2, spans, n_span, ldv, Dv, orow, pr); break;
+        case 5: accumulate_rows(vt, sr, ldst, 5, 2, spans, n_span, ldv, Dv, orow, pr); break;
+        case 4: accumulate_rows(vt, sr, ldst, 4, 3, spans, n_span, ldv, Dv, orow, pr); break;
         case 3:
-            if (f32) accumulate_rows(vt, sr, ldst, 3, 4, nk, next, v, ldv, Dv, orow, pr);
-            else accumulate_rows(vt, sr, ldst, 3, 3, nk, next, v, ldv, Dv, orow, pr);
+            if (f32) accumulate_rows(vt, sr, ldst, 3, 4, spans, n_span, ldv, Dv, orow, pr);
+            else accumulate_rows(vt, sr, ldst, 3, 3, spans, n_span, ldv, Dv, orow, pr);
             break;
         case 2:
-            if (f32) accumulate_rows(vt, sr, ldst, 2, 6, nk, next, v, ldv, Dv, orow, pr);
-            else accumulate_rows(vt, sr, ldst, 2, 5, nk, next, v, ldv, Dv, orow, pr);
+            if (f32) accumulate_rows(vt, sr, ldst, 2, 6, spans, n_span, ldv, Dv, orow, pr);
+            else accumulate_rows(vt, sr, ldst, 2, 5, spans, n_span, ldv, Dv, orow, pr);
             break;
         default:
-            if (f32) accumulate_rows(vt, sr, ldst, 1, 8, nk, next, v, ldv, Dv, orow, pr);
-            else accumulate_rows(vt, sr, ldst, 1, 7, nk, next, v, ldv, Dv, orow, pr);
+            if (f32) accumulate_rows(vt, sr, ldst, 1, 8, spans, n_span, ldv, Dv, orow, pr);
+            else accumulate_rows(vt, sr, ldst, 1, 7, spans, n_span, ldv, Dv, orow, pr);
             break;
         }
     }
     if (Dv % 8) /* columns left over, fewer than 8 */
-        npattn_accumulate_columns(st, ldst, M, nk, vt, v, ldv, Dv, Dv / 8 * 8, o);
+        npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, Dv / 8 * 8, o);
 }
 
 /* Dv = 64 as a constant, as scores_sized: 1.03-1.08x. */
-AVX2 INLINE void accumulate_sized(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
-                                  const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
-    if (Dv == 64) accumulate_of(vt, st, ldst, M, nk, next, v, ldv, 64, o);
-    else accumulate_of(vt, st, ldst, M, nk, next, v, ldv, Dv, o);
+AVX2 INLINE void accumulate_sized(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+    if (Dv == 64) accumulate_of(vt, st, ldst, M, spans, n_span, ldv, 64, o);
+    else accumulate_of(vt, st, ldst, M, spans, n_span, ldv, Dv, o);
 }
 
 /* One copy of the loops per value type, its conversion inlined. */
-AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next, enum npattn_dtype vt,
-                                 const void *v, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_sized(NPATTN_DTYPE_F16, st, ldst, M, nk, next, v, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_sized(NPATTN_DTYPE_BF16, st, ldst, M, nk, next, v, ldv, Dv, o);
-    else accumulate_sized(NPATTN_DTYPE_F32, st, ldst, M, nk, next, v, ldv, Dv, o);
+AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                                 int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
+    if (vt == NPATTN_DTYPE_F16) accumulate_sized(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o);
+    else if (vt == NPATTN_DTYPE_BF16) accumulate_sized(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o);
+    else accumulate_sized(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
 }
 
 AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) {

@@ -287,17 +287,17 @@ AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, i
         for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[4 * b + a];
 }
 
-/* kt (D, 16) = nkb <= 16 bfloat16 key rows (at k, ldk apart; D a multiple of
+/* kt (D, 16) = nkb <= 16 bfloat16 key rows (at rows[i]; D a multiple of
  * 32) with the keys in lanes, zeros past nkb: each row's pairs transposed,
  * then each pair split into its two floats. The rows `ahead` are prefetched. */
-AVX512 INLINE void bf16_keys_in_lanes(const uint16_t *k, int64_t ldk, int nkb, int64_t D, const void *const *ahead,
+AVX512 INLINE void bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const void *const *ahead,
                                       float *kt) {
     const __m512i top = _mm512_set1_epi32((int)0xFFFF0000);
     for (int64_t c = 0; c < D; c += 32) {
         __m512i x[16];
         for (int i = 0; i < 16; i++) {
-            if (i < nkb && ahead[i]) prefetch_row((const uint16_t *)ahead[i] + c, 1);
-            x[i] = i < nkb ? _mm512_loadu_si512(k + i * ldk + c) : _mm512_setzero_si512();
+            if (i < nkb) prefetch_row((const uint16_t *)ahead[i] + c, 1);
+            x[i] = i < nkb ? _mm512_loadu_si512((const uint16_t *)rows[i] + c) : _mm512_setzero_si512();
         }
         transpose16(x); /* x[p]: pair p of the chunk, one key per lane */
         for (int p = 0; p < 16; p++) {
@@ -337,19 +337,20 @@ AVX512 INLINE void rows_against_keys(const float *kt0, const float *kt1, const f
         break;
 
 /* scores_of for a bfloat16 K against the rows npattn_bf16_keys_in_lanes
- * admits: 32 keys at a time (16 at the end) with the keys in lanes, no
- * reduction tree; the rows of q against them 8 at a time. */
-AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const uint16_t *k, int64_t ldk, int64_t nk,
-                                        const struct npattn_next *next, float *st, int64_t ldst) {
-    const int64_t pf_rows = npattn_prefetch_rows(2 * ldk);
+ * admits: 32 keys at a time (16 at the end), across the spans, with the
+ * keys in lanes, no reduction tree; the rows of q against them 8 at a time. */
+AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                                        int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float kt[2 * NPATTN_LANES_MAX_D * 16] __attribute__((aligned(64)));
     float *const kt1 = kt + D * 16;
-    for (int64_t j = 0; j < nk; j += 32) {
-        const int n0 = (int)(nk - j < 16 ? nk - j : 16), n1 = (int)(nk - j < 32 ? nk - j - n0 : 16);
-        const void *ahead[32];
-        for (int i = 0; i < n0 + n1; i++) ahead[i] = npattn_row_ahead(NPATTN_DTYPE_BF16, k, ldk, nk, next, j + i, pf_rows);
-        bf16_keys_in_lanes(k + j * ldk, ldk, n0, D, ahead, kt);
-        if (n1) bf16_keys_in_lanes(k + (j + 16) * ldk, ldk, n1, D, ahead + 16, kt1);
+    int64_t si = 0, i = 0; /* the next key: row i of span si */
+    for (int64_t j = 0;; j += 32) {
+        const void *rows[32], *ahead[32];
+        const int64_t n = npattn_span_rows(spans, n_span, &si, &i, 2 * ldk, 32, rows, ahead);
+        if (n == 0) break;
+        const int n0 = (int)(n < 16 ? n : 16), n1 = (int)(n - n0);
+        bf16_keys_in_lanes(rows, n0, D, ahead, kt);
+        if (n1) bf16_keys_in_lanes(rows + 16, n1, D, ahead + 16, kt1);
         const __mmask16 live0 = lanes(n0, 0), live1 = lanes(n1, 0);
         for (int64_t r = 0; r < M; r += 8) {
             float *s = st + r * ldst + j;
@@ -369,13 +370,14 @@ AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, co
 }
 #undef ROWS_AGAINST_KEYS
 
-AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
-                             int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
-    const int64_t pf_rows = npattn_prefetch_rows(ldk * npattn_stream_size(kt)); /* the first row block prefetches */
+/* The keys of one run (n rows at k, ldk apart; the rows ahead at ahead)
+ * against every row of q, into st's columns from 0. */
+AVX512 INLINE void scores_run(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k,
+                              const void *ahead, int64_t ldk, int64_t nk, float *st, int64_t ldst) {
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
         const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const void *pf = npattn_row_ahead(kt, k, ldk, nk, next, j, pf_rows);
+        const void *pf = npattn_stream_at(kt, ahead, j * ldk); /* the first row block prefetches */
         int64_t r = 0;
         if (M >= 4) {
             scores_block(kt, q, 4, D, kr, ldk, 4, st + j, ldst, pf);
@@ -395,25 +397,31 @@ AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, in
                          (int)(nk - j), st + r * ldst + j, ldst, NULL);
 }
 
+AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                             int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
+        scores_run(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
+}
+
 /* D = 64 as a constant, so that the loops over it unroll: 0.98-1.28x in
  * cache. (D = 128 so unrolled ran faster alone but no faster in a decode;
  * accumulate_of so unrolled ran its float32 rows at 0.6x.) */
-AVX512 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
-                                int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
-    if (D == 64) scores_of(kt, q, M, 64, k, ldk, nk, next, st, ldst);
-    else scores_of(kt, q, M, D, k, ldk, nk, next, st, ldst);
+AVX512 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
+                                const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    if (D == 64) scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
+    else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
 /* One copy of the loops per key type, its conversion inlined. */
-AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k,
-                                 int64_t ldk, int64_t nk, const struct npattn_next *next,
-                                 const uint32_t *qb, float *st, int64_t ldst) {
+AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt,
+                                 const struct npattn_span *spans, int64_t n_span, int64_t ldk, const uint32_t *qb,
+                                 float *st, int64_t ldst) {
     (void)qb; /* no tiles */
-    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
+    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
     else if (kt == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D))
-        bf16_scores_in_lanes(q, M, D, (const uint16_t *)k, ldk, nk, next, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
-    else scores_sized(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
+        bf16_scores_in_lanes(q, M, D, spans, n_span, ldk, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
+    else scores_sized(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
 /* The most rows of one block of accumulate_of, whose accumulators (rows x
@@ -433,21 +441,25 @@ AVX512 INLINE void accumulate_key(enum npattn_dtype vt, const float *st, int64_t
 }
 
 /* o (nr rows, 16 nc columns from e0) += P @ v: o in registers while the
- * value rows (type vt) stream past, each row's chunks loaded and converted
- * once for all nr. With ahead, key j prefetches the same columns of the
- * row at ahead[j]. No branch within the loop, which would spill o. */
-AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t nk,
-                                    const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o,
-                                    const char *const *ahead) {
+ * value rows (type vt) of the spans stream past, each row's chunks loaded
+ * and converted once for all nr. With `ahead` (a constant: the loop
+ * specialised), the same columns of the spans' rows ahead are prefetched.
+ * No branch within the loop over a run's rows, which would spill o. */
+AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
+                                    const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
+                                    float *o, int ahead) {
     const int64_t es = npattn_stream_size(vt);
     __mmask16 m[4];
     for (int c = 0; c < nc; c++) m[c] = lanes(Dv - e0, c);
     __m512 acc[16]; /* acc[nc * row + chunk], from zero */
     for (int i = 0; i < nc * nr; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < nk; j++) {
-        if (ahead) /* a constant: the loop specialised */
-            for (int64_t b = 0; b < 16 * nc * es; b += 64) _mm_prefetch(ahead[j] + e0 * es + b, _MM_HINT_T1);
-        accumulate_key(vt, st, ldst, nr, nc, j, npattn_stream_at(vt, v, j * ldv + e0), m, acc);
+    for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
+        const char *vr = (const char *)spans[ri].rows + e0 * es, *pf = (const char *)spans[ri].ahead + e0 * es;
+        for (int64_t i = 0; i < spans[ri].n; i++, j++) {
+            if (ahead)
+                for (int64_t b = 0; b < 16 * nc * es; b += 64) _mm_prefetch(pf + i * ldv * es + b, _MM_HINT_T1);
+            accumulate_key(vt, st, ldst, nr, nc, j, vr + i * ldv * es, m, acc);
+        }
     }
     for (int a = 0; a < nr; a++)
         for (int c = 0; c < nc; c++) {
@@ -456,72 +468,57 @@ AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64
         }
 }
 
-/* accumulate_block for nr rows, specialised: the case nr of a switch. */
+/* accumulate_block for nr rows, specialised: the case nr of a switch; the
+ * first block (b == 0) prefetches. */
 #define ACCUMULATE_BLOCK(nr, nc)                                                                                     \
     case nr:                                                                                                         \
-        if (b == 0) accumulate_block(vt, s, ldst, nr, nc, n, vj, ldv, Dv, e0, o + r * Dv, ahead);                    \
-        else accumulate_block(vt, s, ldst, nr, nc, n, vj, ldv, Dv, e0, o + r * Dv, NULL);                            \
+        if (b == 0) accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 1);                  \
+        else accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 0);                         \
         break;
-
-/* The most keys of one pass of accumulate_of's blocks: their rows ahead
- * listed first. */
-#define ACC_KEYS 256
 
 /* Up to 4 rows in one block of 64 columns at a time; more in blocks of at
  * most ACC_ROWS, as even as they go, of 32 columns at a time (7 rows: 1.47x
  * blocks of 4 and 3 of 64 columns, one Xeon core), so that each value row
- * is loaded the fewest times; ACC_KEYS keys at a time. The first block of
- * each pass prefetches its columns of the rows ahead (the row itself where
- * none is, past the end). */
-AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
-                                 const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
-    const int64_t es = npattn_stream_size(vt), pf = npattn_prefetch_rows(ldv * es);
-    const char *ahead[ACC_KEYS];
-    for (int64_t j0 = 0; j0 < nk; j0 += ACC_KEYS) {
-        const int64_t n = nk - j0 < ACC_KEYS ? nk - j0 : ACC_KEYS;
-        const void *vj = npattn_stream_at(vt, v, j0 * ldv);
-        for (int64_t j = 0; j < n; j++) {
-            const void *a = npattn_row_ahead(vt, v, ldv, nk, next, j0 + j, pf);
-            ahead[j] = a ? (const char *)a : (const char *)npattn_stream_at(vt, vj, j * ldv);
-        }
-        const float *sj = st + j0;
-        if (M <= 4) { /* one block (b, r: its number and first row, for the macro) */
-            for (int64_t e0 = 0, r = 0, b = 0; e0 < Dv; e0 += 64) {
-                const float *s = sj;
-                switch (M) {
-                    ACCUMULATE_BLOCK(4, 4)
-                    ACCUMULATE_BLOCK(3, 4)
-                    ACCUMULATE_BLOCK(2, 4)
-                    ACCUMULATE_BLOCK(1, 4)
-                }
+ * is loaded the fewest times. The first block of each pass over the
+ * columns prefetches its columns of the rows ahead. */
+AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+    if (M <= 4) { /* one block (b, r: its number and first row, for the macro) */
+        for (int64_t e0 = 0, r = 0, b = 0; e0 < Dv; e0 += 64) {
+            const float *s = st;
+            switch (M) {
+                ACCUMULATE_BLOCK(4, 4)
+                ACCUMULATE_BLOCK(3, 4)
+                ACCUMULATE_BLOCK(2, 4)
+                ACCUMULATE_BLOCK(1, 4)
             }
-            continue;
         }
-        const int64_t n_block = (M + ACC_ROWS - 1) / ACC_ROWS;
-        for (int64_t e0 = 0; e0 < Dv; e0 += 32)
-            for (int64_t b = 0, r = 0; b < n_block; b++) {
-                const int64_t r1 = M * (b + 1) / n_block;
-                const float *s = sj + r * ldst;
-                switch (r1 - r) {
-                    ACCUMULATE_BLOCK(8, 2)
-                    ACCUMULATE_BLOCK(7, 2)
-                    ACCUMULATE_BLOCK(6, 2)
-                    ACCUMULATE_BLOCK(5, 2)
-                    ACCUMULATE_BLOCK(4, 2)
-                    ACCUMULATE_BLOCK(3, 2)
-                }
-                r = r1;
-            }
+        return;
     }
+    const int64_t n_block = (M + ACC_ROWS - 1) / ACC_ROWS;
+    for (int64_t e0 = 0; e0 < Dv; e0 += 32)
+        for (int64_t b = 0, r = 0; b < n_block; b++) {
+            const int64_t r1 = M * (b + 1) / n_block;
+            const float *s = st + r * ldst;
+            switch (r1 - r) {
+                ACCUMULATE_BLOCK(8, 2)
+                ACCUMULATE_BLOCK(7, 2)
+                ACCUMULATE_BLOCK(6, 2)
+                ACCUMULATE_BLOCK(5, 2)
+                ACCUMULATE_BLOCK(4, 2)
+                ACCUMULATE_BLOCK(3, 2)
+            }
+            r = r1;
+        }
 }
 #undef ACCUMULATE_BLOCK
 
 /* One copy of the loops per value type, its conversion inlined. */
-AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next, enum npattn_dtype vt,
-                                     const void *v, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, next, v, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, next, v, ldv, Dv, o);
-    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, next, v, ldv, Dv, o);
+AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                                     int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
+    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o);
+    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o);
+    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
 }
 
 AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst) {

@@ -26,10 +26,14 @@ struct npattn_score_tile {
     const int32_t *lo, *hi;  /* NULL, or [M]: column r sees tile keys lo[r] <= j <= hi[r] */
 };
 
-/* Where the rows after those a streaming kernel reads lie (the next page):
- * n rows at `rows`, as far apart as the ones read. */
-struct npattn_next {
-    const void *rows;
+/* Rows a streaming kernel reads: n rows from `rows`, the call's ld elements
+ * apart; and while it reads row i, it prefetches row i from `ahead` (ld
+ * apart), the rows the caller reads next (never NULL: `rows` itself where
+ * nothing follows). A dense tile is one span; a tile of a paged cache, a
+ * span per page, and one call takes them all (a call per page paid the
+ * kernels' setup per page: 15-20% of a decode over pages of 16 rows). */
+struct npattn_span {
+    const void *rows, *ahead;
     int64_t n;
 };
 
@@ -55,31 +59,31 @@ struct npattn_kernels {
     /* Decode-sized tiles, which read each key and value row once, in its
      * own type: kt and vt are F32, F16 or BF16, converted in registers
      * (exactly), so that a half-precision cache is read at half the bytes.
-     * scores: st (M, ldst) = raw scores of the M rows of q (M, D),
-     * row-major, against nk rows of k (ldk elements apart). accumulate:
-     * o (M, Dv) row-major += P @ v, P (M, nk) given as st (M, ldst), the
-     * product summed from zero and then added to o: a call's nk terms are
-     * one block (256 at most in the AVX-512 tables), so that o's rounding
-     * grows with the blocks, not the keys (many equal weights round
-     * alike). The arithmetic is the same, in float, whatever the types,
-     * except in the AVX-512 tables' scores of a bfloat16 K against the rows
-     * npattn_bf16_keys_in_lanes admits: there each score is one FMA per
-     * element, in element order (keys in lanes, no reduction tree); and in
-     * the amx table's given qb (rows of q that are bfloat16 values, as
-     * npattn_amx_stream_rows admits): there the sums are the tiles' (amx.c).
-     * Both prefetch rows a fixed distance ahead of those they read: past
-     * the nk rows, those of `next` (NULL: the rows that follow, ldk
-     * apart). qb: q's rows as the table's q_tiles left them, where it has
-     * one and that returned 1; else NULL (the other tables ignore it). */
-    void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk, int64_t nk,
-                   const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst);
+     * The keys are those of n_span spans, in order, nk in all (ldk and ldv
+     * elements from one row to the next within a run). scores: st (M,
+     * ldst) = raw scores of the M rows of q (M, D), row-major, against the
+     * nk keys. accumulate: o (M, Dv) row-major += P @ v, P (M, nk) given as
+     * st (M, ldst), the product summed from zero and then added to o: a
+     * call's nk terms are one block (the streamed tiles' 256 keys at most),
+     * so that o's rounding grows with the blocks, not the keys (many equal
+     * weights round alike). The arithmetic is the same, in float, whatever
+     * the types and spans, except in the AVX-512 tables' scores of a
+     * bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: there
+     * each score is one FMA per element, in element order (keys in lanes,
+     * no reduction tree); and in the amx table's given qb (rows of q that
+     * are bfloat16 values, as npattn_amx_stream_rows admits): there the sums
+     * are the tiles' (amx.c). qb: q's rows as the table's q_tiles left
+     * them, where it has one and that returned 1; else NULL (the other
+     * tables ignore it). */
+    void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
+                   int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst);
     /* The amx table's (NULL elsewhere): qb = q's M rows of D values as the
      * B tiles of its streamed scores, for rows npattn_amx_stream_rows
      * admits, once per task rather than per call (a page); returns 0, qb
      * unspecified, unless every value is a bfloat16 value, none subnormal. */
     int (*q_tiles)(const float *q, int64_t M, int64_t D, uint32_t *qb);
-    void (*accumulate)(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next,
-                       enum npattn_dtype vt, const void *v, int64_t ldv, int64_t Dv, float *o);
+    void (*accumulate)(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans, int64_t n_span,
+                       enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o);
 
     /* bfloat16 dot products (vdpbf16ps, AMX tiles, BFDOT), in the tables
      * that have them (NULL elsewhere). Operands come in pairs: a uint32
@@ -137,8 +141,8 @@ extern const struct npattn_kernels npattn_kernels_avx512bf16; /* avx512 with AVX
 extern const struct npattn_kernels npattn_kernels_amx;        /* avx512bf16 with AMX-BF16 tiles (amx.c) */
 void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k, int64_t ldk,
                             int64_t nk, float *st, int64_t ldst);
-void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                       int64_t nk, const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst);
+void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
+                       int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst);
 int npattn_amx_q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb);
 void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
                                 int64_t ldv, int64_t Dv, float *o);
@@ -188,9 +192,9 @@ void npattn_transpose_f32_avx2(const float *rows, int64_t M, int64_t w, float *r
 #endif
 
 /* accumulate's columns e0 .. Dv - 1 (the portable kernel's and the SIMD
- * kernels' column tails): the nk terms summed from zero, then added to o. */
-void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt,
-                               const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o);
+ * kernels' column tails): the spans' terms summed from zero, then added to o. */
+void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                               int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, int64_t e0, float *o);
 
 /* ---- conversions (convert.c) ---- */
 
@@ -278,27 +282,34 @@ static inline const void *npattn_stream_at(enum npattn_dtype t, const void *row,
     return (const char *)row + i * npattn_stream_size(t);
 }
 
-/* Streaming kernels prefetch rows this far ahead into L2 while they read a
- * row: about 8 KiB, more than a DRAM latency's worth of the stream, so that
- * decode over a long context runs near the memory's bandwidth (1.7x with it,
- * measured on Qwen3-4B heads at S = 32768). */
+/* A dense run's rows ahead: this many rows further on, about 8 KiB, more
+ * than a DRAM latency's worth of the stream, so that decode over a long
+ * context runs near the memory's bandwidth (1.7x with it, measured on
+ * Qwen3-4B heads at S = 32768). */
 static inline int64_t npattn_prefetch_rows(int64_t row_bytes) {
     int64_t n = 8192 / (row_bytes > 0 ? row_bytes : 1);
     return n < 4 ? 4 : n;
 }
 
-/* The row to prefetch while reading row j of the nk rows at k, followed by
- * those of next (NULL: by the rows after them), ldk elements apart: pf rows
- * ahead, or as far as next reaches if it holds fewer (a short page); NULL
- * past them. */
-static inline const void *npattn_row_ahead(enum npattn_dtype t, const void *k, int64_t ldk, int64_t nk,
-                                           const struct npattn_next *next, int64_t j, int64_t pf) {
-    if (!next) return npattn_stream_at(t, k, (j + pf) * ldk);
-    const int64_t row = j + (pf < next->n ? pf : next->n);
-    if (row < nk) return row > j ? npattn_stream_at(t, k, row * ldk) : NULL;
-    return row - nk < next->n ? npattn_stream_at(t, next->rows, (row - nk) * ldk) : NULL;
+/* The next n rows of the spans, from row *i of span *si on (both advanced
+ * past them), as addresses: rows[a] and the row ahead of it, ahead[a];
+ * ld_bytes from one row to the next. Returns how many there were (fewer
+ * than n at the end). */
+static inline int64_t npattn_span_rows(const struct npattn_span *spans, int64_t n_span, int64_t *si, int64_t *i,
+                                       int64_t ld_bytes, int64_t n, const void **rows, const void **ahead) {
+    int64_t a = 0;
+    while (a < n && *si < n_span) {
+        const struct npattn_span *s = spans + *si;
+        const int64_t take = s->n - *i < n - a ? s->n - *i : n - a;
+        for (int64_t b = 0; b < take; b++) {
+            rows[a + b] = (const char *)s->rows + (*i + b) * ld_bytes;
+            ahead[a + b] = (const char *)s->ahead + (*i + b) * ld_bytes;
+        }
+        a += take, *i += take;
+        if (*i == s->n) ++*si, *i = 0;
+    }
+    return a;
 }
-
 
 /* exp2 on [-0.5, 0.5]: Cephes exp2f's polynomial, relative error < 2e-7.
  * exp(x) is computed as exp2(x * log2(e)); below 2^-126 it is taken as 0. */

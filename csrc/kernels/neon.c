@@ -271,13 +271,14 @@ INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t 
         }
 }
 
-INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
-                      int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
-    const int64_t pf_rows = npattn_prefetch_rows(ldk * npattn_stream_size(kt)); /* the first row block prefetches */
+/* The keys of one run (n rows at k, ldk apart; the rows ahead at ahead)
+ * against every row of q, into st's columns from 0. */
+INLINE void scores_run(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, const void *ahead,
+                       int64_t ldk, int64_t nk, float *st, int64_t ldst) {
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
         const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const void *pf = npattn_row_ahead(kt, k, ldk, nk, next, j, pf_rows);
+        const void *pf = npattn_stream_at(kt, ahead, j * ldk); /* the first row block prefetches */
         int64_t r = 0;
         for (; r + 2 <= M; r += 2)
             scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : NULL);
@@ -289,39 +290,47 @@ INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D
                          (int)(nk - j), st + r * ldst + j, ldst, NULL);
 }
 
+INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                      int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
+        scores_run(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
+}
+
 /* D = 64 as a constant, so that the loops over it unroll, as in the x86
  * kernels. */
-INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, int64_t ldk,
-                         int64_t nk, const struct npattn_next *next, float *st, int64_t ldst) {
-    if (D == 64) scores_of(kt, q, M, 64, k, ldk, nk, next, st, ldst);
-    else scores_of(kt, q, M, D, k, ldk, nk, next, st, ldst);
+INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                         int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    if (D == 64) scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
+    else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
 /* One copy of the loops per key type, its conversion inlined. */
-static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                        int64_t nk, const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst) {
+static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
+                        int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     (void)qb; /* no tiles */
-    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, k, ldk, nk, next, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, k, ldk, nk, next, st, ldst);
-    else scores_sized(NPATTN_DTYPE_F32, q, M, D, k, ldk, nk, next, st, ldst);
+    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
+    else scores_sized(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
 /* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers while the
- * value rows (type vt) stream past. pf_rows: the prefetch distance, whole
- * rows (0: none); next as for scores. */
-INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int64_t nk, const void *v,
-                             int64_t ldv, int64_t Dv, int64_t e0, float *o, int64_t pf_rows,
-                             const struct npattn_next *next) {
+ * value rows (type vt) of the spans stream past. With ahead, each key's whole
+ * row ahead is prefetched. */
+INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, const struct npattn_span *spans,
+                             int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0, float *o, int ahead) {
+    const int64_t es = npattn_stream_size(vt);
     float32x4_t acc[16]; /* acc[4 * row + chunk], from zero */
     for (int i = 0; i < 4 * nr; i++) acc[i] = vdupq_n_f32(0.0f);
-    for (int64_t j = 0; j < nk; j++) {
-        const void *ahead = pf_rows ? npattn_row_ahead(vt, v, ldv, nk, next, j, pf_rows) : NULL;
-        if (ahead) prefetch_row(ahead, Dv * npattn_stream_size(vt)); /* whole rows, into L2 */
-        float32x4_t vv[4];
-        for (int c = 0; c < 4; c++) vv[c] = load4(vt, npattn_stream_at(vt, v, j * ldv + e0 + 4 * c));
-        for (int a = 0; a < nr; a++) {
-            float32x4_t pa = vdupq_n_f32(st[a * ldst + j]);
-            for (int c = 0; c < 4; c++) acc[4 * a + c] = vfmaq_f32(acc[4 * a + c], pa, vv[c]);
+    for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
+        const char *v = spans[ri].rows, *pf = spans[ri].ahead;
+        for (int64_t i = 0; i < spans[ri].n; i++, j++) {
+            if (ahead) prefetch_row(pf + i * ldv * es, Dv * es); /* whole rows, into L2 */
+            float32x4_t vv[4];
+            for (int c = 0; c < 4; c++) vv[c] = load4(vt, npattn_stream_at(vt, v, i * ldv + e0 + 4 * c));
+            for (int a = 0; a < nr; a++) {
+                float32x4_t pa = vdupq_n_f32(st[a * ldst + j]);
+                for (int c = 0; c < 4; c++) acc[4 * a + c] = vfmaq_f32(acc[4 * a + c], pa, vv[c]);
+            }
         }
     }
     for (int a = 0; a < nr; a++)
@@ -331,33 +340,32 @@ INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst
         }
 }
 
-INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, int64_t nk,
-                          const struct npattn_next *next, const void *v, int64_t ldv, int64_t Dv, float *o) {
+INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                          int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     /* the first block of the first pass prefetches */
-    const int64_t pf = npattn_prefetch_rows(ldv * npattn_stream_size(vt));
     int64_t e0 = 0;
     for (; e0 + 16 <= Dv; e0 += 16) {
         int64_t r = 0;
         for (; r + 4 <= M; r += 4)
-            accumulate_block(vt, st + r * ldst, ldst, 4, nk, v, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0 ? pf : 0, next);
-        int64_t pr = r == 0 && e0 == 0 ? pf : 0;
+            accumulate_block(vt, st + r * ldst, ldst, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0);
+        const int pr = r == 0 && e0 == 0;
         switch (M - r) {
-        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
-        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
-        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, nk, v, ldv, Dv, e0, o + r * Dv, pr, next); break;
+        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
+        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
         default: break;
         }
     }
     if (e0 < Dv) /* columns left over, fewer than 16 */
-        npattn_accumulate_columns(st, ldst, M, nk, vt, v, ldv, Dv, e0, o);
+        npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, e0, o);
 }
 
 /* One copy of the loops per value type, its conversion inlined. */
-static void accumulate_neon(const float *st, int64_t ldst, int64_t M, int64_t nk, const struct npattn_next *next, enum npattn_dtype vt, const void *v,
-                            int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, nk, next, v, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, nk, next, v, ldv, Dv, o);
-    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, nk, next, v, ldv, Dv, o);
+static void accumulate_neon(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans, int64_t n_span,
+                            enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
+    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o);
+    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o);
+    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
 }
 
 static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {

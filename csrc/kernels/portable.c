@@ -145,39 +145,39 @@ static int softmax_rows_portable(float *st, const struct npattn_score_tile *t, f
     return 0;
 }
 
-static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const void *k, int64_t ldk,
-                            int64_t nk, const struct npattn_next *next, const uint32_t *qb, float *st, int64_t ldst) {
-    (void)next, (void)qb; /* no prefetch, no tiles */
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t j = 0; j < nk; j++) {
-            const void *kr = npattn_stream_at(kt, k, j * ldk);
-            float acc = 0.0f;
-            for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * npattn_stream_elem(kt, kr, d);
-            st[r * ldst + j] = acc;
-        }
+static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
+                            int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
+    (void)qb; /* no prefetch, no tiles */
+    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t j = 0; j < spans[i].n; j++) {
+                const void *kr = npattn_stream_at(kt, spans[i].rows, j * ldk);
+                float acc = 0.0f;
+                for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * npattn_stream_elem(kt, kr, d);
+                st[r * ldst + j0 + j] = acc;
+            }
 }
 
-void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, int64_t nk, enum npattn_dtype vt,
-                               const void *v, int64_t ldv, int64_t Dv, int64_t e0, float *o) {
+void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                               int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, int64_t e0, float *o) {
     enum { CHUNK = 32 };
     for (int64_t r = 0; r < M; r++)
         for (int64_t c0 = e0; c0 < Dv; c0 += CHUNK) {
             const int64_t n = Dv - c0 < CHUNK ? Dv - c0 : CHUNK;
             float acc[CHUNK] = {0};
-            for (int64_t j = 0; j < nk; j++) {
-                float p = st[r * ldst + j];
-                const void *vr = npattn_stream_at(vt, v, j * ldv + c0);
-                for (int64_t e = 0; e < n; e++) acc[e] += p * npattn_stream_elem(vt, vr, e);
-            }
+            for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
+                for (int64_t j = 0; j < spans[i].n; j++) {
+                    float p = st[r * ldst + j0 + j];
+                    const void *vr = npattn_stream_at(vt, spans[i].rows, j * ldv + c0);
+                    for (int64_t e = 0; e < n; e++) acc[e] += p * npattn_stream_elem(vt, vr, e);
+                }
             for (int64_t e = 0; e < n; e++) o[r * Dv + c0 + e] += acc[e];
         }
 }
 
-static void accumulate_portable(const float *st, int64_t ldst, int64_t M, int64_t nk,
-                                const struct npattn_next *next, enum npattn_dtype vt, const void *v, int64_t ldv,
-                                int64_t Dv, float *o) {
-    (void)next;
-    npattn_accumulate_columns(st, ldst, M, nk, vt, v, ldv, Dv, 0, o);
+static void accumulate_portable(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                                int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
+    npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, 0, o);
 }
 
 static void f16_to_f32_portable(const uint16_t *src, int64_t n, float *dst) {
