@@ -23,7 +23,7 @@
 #define BWD_CHUNK_BYTES (2 << 20) /* a chunk's K, V (converted) and dK, dV */
 
 struct bwd_layout {
-    size_t qrows, dorows, orows, st, dpt, dcap, bias, kt, vt, dk, dv, dq, lse, m, l, alpha, dvec, row, lo, hi;
+    size_t qrows, dorows, orows, qt, dot, st, dpt, dcap, bias, kt, vt, dk, dv, dq, lse, m, l, alpha, dvec, row, lo, hi;
     size_t qp, dop, qm, dom, pbf, dsbf, dsk, kp, prod; /* bfloat16 operands (float tasks only) */
     size_t size;
 };
@@ -123,6 +123,8 @@ static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k
     s.qrows = npattn_take(&at, M * D * real);     /* Q (M, D) */
     s.dorows = npattn_take(&at, M * Dv * real);   /* dO (M, Dv) */
     s.orows = npattn_take(&at, M * Dv * real);    /* O (M, Dv) */
+    s.qt = npattn_take(&at, M * D * real);        /* Q^T (D, M) */
+    s.dot = npattn_take(&at, M * Dv * real);      /* dO^T (Dv, M) */
     s.st = npattn_take(&at, bk * M * real);       /* S^T, then P^T (bk, M) */
     s.dpt = npattn_take(&at, bk * M * real);      /* dP^T, then dS^T (bk, M) */
     s.dcap = npattn_take(&at, p->softcap > 0 ? bk * M * real : 0); /* the cap's derivative */

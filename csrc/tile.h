@@ -33,6 +33,37 @@ static const void *CAT(kv_rows_, SFX)(const struct npattn_tensor *t, const struc
     return buf;
 }
 
+/* rowsT (w, M) = the transpose of rows (M, w): 8 x 8 blocks, whose fixed
+ * bounds the compiler unrolls (a quarter to a half of the time of blocks
+ * with bounds checked inside), then the rows and columns left over. The
+ * double tasks' and the portable table's; the SIMD tables' transpose_f32
+ * keeps its blocks in registers. */
+static void CAT(transposed_, SFX)(const REAL *rows, int64_t M, int64_t w, REAL *rowsT) {
+    int64_t r0 = 0;
+    for (; r0 + 8 <= M; r0 += 8) {
+        int64_t d0 = 0;
+        for (; d0 + 8 <= w; d0 += 8)
+            for (int d = 0; d < 8; d++)
+                for (int r = 0; r < 8; r++) rowsT[(d0 + d) * M + r0 + r] = rows[(r0 + r) * w + d0 + d];
+        for (int64_t d = d0; d < w; d++)
+            for (int r = 0; r < 8; r++) rowsT[d * M + r0 + r] = rows[(r0 + r) * w + d];
+    }
+    for (int64_t r = r0; r < M; r++)
+        for (int64_t d = 0; d < w; d++) rowsT[d * M + r] = rows[r * w + d];
+}
+
+/* rowsT (w, M) = the transpose of rows (M, w): the table's transpose_f32
+ * for float, where it has one, else the loop above. */
+static void CAT(transpose_, SFX)(const REAL *rows, int64_t M, int64_t w, REAL *rowsT) {
+#if !IS_F64
+    if (npattn_kernels()->transpose_f32) {
+        npattn_kernels()->transpose_f32(rows, M, w, rowsT);
+        return;
+    }
+#endif
+    CAT(transposed_, SFX)(rows, M, w, rowsT);
+}
+
 /* Stacked rows r = 0 .. M-1 (head h0 + r / nq, query i0 + r % nq) of an
  * operand of width w at batch offset off, as REAL: rows (M, w). */
 static void CAT(stacked_rows_, SFX)(const struct npattn_tensor *t, int64_t off, int64_t h0, int64_t i0, int64_t nq,

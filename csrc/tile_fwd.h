@@ -35,25 +35,6 @@ struct CAT(fwd_task_, SFX) {
     SCORE_TILE tile;
 };
 
-/* rowsT (w, M) = the transpose of rows (M, w): 8 x 8 blocks, whose fixed
- * bounds the compiler unrolls (a quarter to a half of the time of blocks
- * with bounds checked inside), then the rows and columns left over. The
- * double tasks' and the portable table's; the SIMD tables' transpose_f32
- * keeps its blocks in registers. */
-static void CAT(transposed_, SFX)(const REAL *rows, int64_t M, int64_t w, REAL *rowsT) {
-    int64_t r0 = 0;
-    for (; r0 + 8 <= M; r0 += 8) {
-        int64_t d0 = 0;
-        for (; d0 + 8 <= w; d0 += 8)
-            for (int d = 0; d < 8; d++)
-                for (int r = 0; r < 8; r++) rowsT[(d0 + d) * M + r0 + r] = rows[(r0 + r) * w + d0 + d];
-        for (int64_t d = d0; d < w; d++)
-            for (int r = 0; r < 8; r++) rowsT[d * M + r0 + r] = rows[(r0 + r) * w + d];
-    }
-    for (int64_t r = r0; r < M; r++)
-        for (int64_t d = 0; d < w; d++) rowsT[d * M + r] = rows[r * w + d];
-}
-
 /* One key tile [j0, j0 + nk) of the unit's rows: scores^T (nk, M) = K_tile
  * (nk, D) @ Q^T (D, M) (by rows when streaming), the mask as a bias tile and
  * the band where it cuts the tile, then one step of online softmax down each
@@ -213,11 +194,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         kv_rounds(pl, &s.kk, u->ng, s.q_tiles, &s.k_keys, &s.k_dist);
         kv_rounds(pl, &s.vv, u->ng, 0, &s.v_keys, &s.v_dist);
     }
-    if (!s.stream && !s.qk16) {
-        if (!IS_F64 && npattn_kernels()->transpose_f32)
-            npattn_kernels()->transpose_f32((const float *)qrows, M, D, (float *)s.qt);
-        else CAT(transposed_, SFX)(qrows, M, D, s.qt);
-    }
+    if (!s.stream && !s.qk16) CAT(transpose_, SFX)(qrows, M, D, s.qt);
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */
     for (int64_t r = 0; r < M; r++) {
