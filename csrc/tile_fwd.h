@@ -72,8 +72,8 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
             int in_place;
             const void *ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
             if (s->stream) { /* converted: nothing to prefetch */
-                const struct npattn_span run = {ktile, ktile, nk};
-                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, &run, 1,
+                const struct npattn_span span = {ktile, ktile, nk};
+                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, &span, 1,
                                          ldk, NULL, (float *)s->st + gi * s->mg * s->sld, s->sld);
             } else
                 GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)s->mg, (int)D, (REAL)1,
@@ -256,8 +256,8 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             int in_place;
             const void *vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
             if (s.stream) { /* converted: nothing to prefetch */
-                const struct npattn_span run = {vtile, vtile, nk};
-                npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld, s.sld, s.mg, &run, 1,
+                const struct npattn_span span = {vtile, vtile, nk};
+                npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld, s.sld, s.mg, &span, 1,
                                              NPATTN_DTYPE_F32, ldv, Dv, (float *)ot + gi * s.mg * Dv);
             } else
                 GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s.mg, (int)Dv, (int)nk, (REAL)1, s.st + gi * s.mg,

@@ -370,9 +370,9 @@ AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, co
 }
 #undef ROWS_AGAINST_KEYS
 
-/* The keys of one run (n rows at k, ldk apart; the rows ahead at ahead)
+/* The keys of one span (n rows at k, ldk apart; the rows ahead at ahead)
  * against every row of q, into st's columns from 0. */
-AVX512 INLINE void scores_run(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k,
+AVX512 INLINE void scores_span(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k,
                               const void *ahead, int64_t ldk, int64_t nk, float *st, int64_t ldst) {
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
@@ -400,7 +400,7 @@ AVX512 INLINE void scores_run(enum npattn_dtype kt, const float *q, int64_t M, i
 AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
-        scores_run(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
+        scores_span(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
 }
 
 /* D = 64 as a constant, so that the loops over it unroll: 0.98-1.28x in
@@ -444,7 +444,7 @@ AVX512 INLINE void accumulate_key(enum npattn_dtype vt, const float *st, int64_t
  * value rows (type vt) of the spans stream past, each row's chunks loaded
  * and converted once for all nr. With `ahead` (a constant: the loop
  * specialised), the same columns of the spans' rows ahead are prefetched.
- * No branch within the loop over a run's rows, which would spill o. */
+ * No branch within the loop over a span's rows, which would spill o. */
 AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
                                     const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
                                     float *o, int ahead) {

@@ -60,7 +60,7 @@ struct npattn_kernels {
      * own type: kt and vt are F32, F16 or BF16, converted in registers
      * (exactly), so that a half-precision cache is read at half the bytes.
      * The keys are those of n_span spans, in order, nk in all (ldk and ldv
-     * elements from one row to the next within a run). scores: st (M,
+     * elements from one row to the next within a span). scores: st (M,
      * ldst) = raw scores of the M rows of q (M, D), row-major, against the
      * nk keys. accumulate: o (M, Dv) row-major += P @ v, P (M, nk) given as
      * st (M, ldst), the product summed from zero and then added to o: a
@@ -282,7 +282,7 @@ static inline const void *npattn_stream_at(enum npattn_dtype t, const void *row,
     return (const char *)row + i * npattn_stream_size(t);
 }
 
-/* A dense run's rows ahead: this many rows further on, about 8 KiB, more
+/* A dense span's rows ahead: this many rows further on, about 8 KiB, more
  * than a DRAM latency's worth of the stream, so that decode over a long
  * context runs near the memory's bandwidth (1.7x with it, measured on
  * Qwen3-4B heads at S = 32768). */

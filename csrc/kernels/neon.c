@@ -271,9 +271,9 @@ INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t 
         }
 }
 
-/* The keys of one run (n rows at k, ldk apart; the rows ahead at ahead)
+/* The keys of one span (n rows at k, ldk apart; the rows ahead at ahead)
  * against every row of q, into st's columns from 0. */
-INLINE void scores_run(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, const void *ahead,
+INLINE void scores_span(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, const void *ahead,
                        int64_t ldk, int64_t nk, float *st, int64_t ldst) {
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4) {
@@ -293,7 +293,7 @@ INLINE void scores_run(enum npattn_dtype kt, const float *q, int64_t M, int64_t 
 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
                       int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
-        scores_run(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
+        scores_span(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
 }
 
 /* D = 64 as a constant, so that the loops over it unroll, as in the x86
