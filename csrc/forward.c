@@ -437,7 +437,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.rank = npattn_alloc((size_t)n_request * sizeof *pl.rank);
         if (!pl.rank) return NPATTN_STATUS_NO_MEMORY;
     }
-    double flops = count_work(&pl, n_request, &unit_keys_sum, &most_keys) * 2.0 *
+    double pairs = count_work(&pl, n_request, &unit_keys_sum, &most_keys);
+    double flops = pairs * 2.0 *
                    (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)(n_batch / n_request) *
                    (double)p->n_head_kv;
     /* Streamed: a thread per NPATTN_GRAIN_STREAM flops while the units feed
@@ -447,12 +448,22 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     const struct npattn_threads threads =
         npattn_plan_threads(flops, pl.stream ? NPATTN_WAKE_STREAM : NPATTN_WAKE, want, p->n_threads);
     const int32_t plan_threads = threads.plan, run_threads = threads.run;
-    /* A small prefill of fewer units than threads (few kv heads): query
-     * blocks of fewer rows, so that more threads share it */
-    if (!pl.stream && !pl.bf16_qk && !pl.bf16_pv && pl.n_unit < plan_threads && pl.bq > QBLOCK_MIN) {
-        const int64_t share = (plan_threads + pl.n_unit - 1) / pl.n_unit;
-        query_blocks(&pl, max64(QBLOCK_MIN, (pl.bq / share + QBLOCK_MIN - 1) / QBLOCK_MIN * QBLOCK_MIN), n_batch);
-        count_work(&pl, n_request, &unit_keys_sum, &most_keys);
+    /* A small prefill of fewer units than threads (few kv heads), or whose
+     * heaviest unit is over a thread's share by half (the last query block
+     * of a causal one): query blocks of fewer rows, so that more threads
+     * share it, and evenly. Qwen2-0.5B L = S = 32 on 16 threads: 4 blocks of
+     * 16 rows, the last 37% of the work, or 8 of 8 rows, none over 22%. */
+    if (!pl.stream && !pl.bf16_qk && !pl.bf16_pv && plan_threads > 1 && pl.bq > QBLOCK_MIN) {
+        const double share = pairs * (double)(pl.n_unit / (n_request * pl.n_qblock)) / plan_threads;
+        const double heaviest = (double)pl.bq * (double)most_keys;
+        int64_t bq = pl.bq;
+        if (pl.n_unit < plan_threads) bq /= (plan_threads + pl.n_unit - 1) / pl.n_unit;
+        if (heaviest > 1.5 * share) bq = min64(bq, (int64_t)((double)pl.bq * share / heaviest));
+        bq = max64(QBLOCK_MIN, (bq + QBLOCK_MIN - 1) / QBLOCK_MIN * QBLOCK_MIN);
+        if (bq < pl.bq) {
+            query_blocks(&pl, bq, n_batch);
+            count_work(&pl, n_request, &unit_keys_sum, &most_keys);
+        }
     }
     /* Split-K when there are fewer units than threads (decode with few heads):
      * each part of a unit's keys is a task, merged by log-sum-exp. */

@@ -125,6 +125,7 @@ static struct {
     atomic_int callers_asleep;    /* callers waiting on `done` */
     /* changed by every helper */
     _Alignas(64) atomic_int peeking; /* helpers looking at `open` right now */
+    _Alignas(64) atomic_int n_watching; /* helpers spinning on `posted`: a post wakes sleepers only past them */
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
@@ -267,14 +268,15 @@ static void run_tasks(struct job *j, int32_t slot) {
     }
 }
 
-/* A seat in j for a helper: its slot, or 0 when j is full, stopped or has no
- * task left to claim. A helper that passes the checks just as the last task
- * is claimed joins to find nothing, which costs a moment and nothing else. */
+/* A seat in j for a helper: its slot; 0 when j is stopped or has no task
+ * left to claim; -1 when its seats are taken. A helper that passes the checks
+ * just as the last task is claimed joins to find nothing, which costs a
+ * moment and nothing else. */
 static int32_t take_seat(struct job *j) {
     if (atomic_load(&j->run->stop) || atomic_load(&j->next_task) >= j->n_task) return 0;
-    if (atomic_load(&j->n_joined) >= j->max_helpers) return 0;
+    if (atomic_load(&j->n_joined) >= j->max_helpers) return -1;
     int32_t n = atomic_fetch_add(&j->n_joined, 1); /* past max_helpers by at most the helpers there are */
-    if (n >= j->max_helpers) return 0;
+    if (n >= j->max_helpers) return -1;
     atomic_fetch_add(&j->n_active, 1); /* before the helper stops peeking or unlocks */
     return 1 + n;
 }
@@ -311,29 +313,42 @@ static void lock_pool(void) {
 }
 
 /* A job with room for this helper, and its slot there: the open job, else
- * one on the list; NULL if none. */
-static struct job *find_job(int32_t *slot) {
+ * one on the list; NULL if none, and *full set when the one it tried last
+ * had all the helpers it wanted. */
+static struct job *find_job(int32_t *slot, int *full) {
     atomic_fetch_add(&pool.peeking, 1);
     struct job *j = atomic_load(&pool.open);
     *slot = j ? take_seat(j) : 0;
     atomic_fetch_sub(&pool.peeking, 1);
-    if (*slot) return j;
+    *full = *slot < 0;
+    if (*slot > 0) return j;
     if (atomic_load(&pool.n_listed) == 0) return NULL;
     lock_pool();
-    for (j = pool.jobs; j && !(*slot = take_seat(j)); j = j->next) {}
+    for (j = pool.jobs; j; j = j->next) {
+        *slot = take_seat(j);
+        *full = *slot < 0;
+        if (*slot > 0) break;
+    }
     pthread_mutex_unlock(&pool.lock);
     return j;
 }
 
 /* Waits for a job posted after `seen`: first watching for a short while, so
  * that back-to-back calls (a decode loop) find their helpers awake, then
- * asleep on the condition variable. */
-static void wait_for_work(int seen) {
-    int64_t until = now_ns() + NPATTN_SPIN_NS;
-    int spins = 0;
-    while (atomic_load_explicit(&pool.posted, memory_order_relaxed) == seen) {
-        cpu_relax();
-        if (++spins % 256 == 0 && now_ns() > until) break;
+ * asleep on the condition variable. A helper that found the last job full
+ * sleeps at once: a call that wants few helpers on a machine of many then
+ * has no crowd spinning beside it, and a post wakes sleepers only past the
+ * helpers watching. */
+static void wait_for_work(int seen, int watch) {
+    if (watch) {
+        atomic_fetch_add(&pool.n_watching, 1);
+        int64_t until = now_ns() + NPATTN_SPIN_NS;
+        int spins = 0;
+        while (atomic_load_explicit(&pool.posted, memory_order_relaxed) == seen) {
+            cpu_relax();
+            if (++spins % 256 == 0 && now_ns() > until) break;
+        }
+        atomic_fetch_sub(&pool.n_watching, 1);
     }
     lock_pool();
     if (atomic_load(&pool.posted) == seen) {
@@ -347,11 +362,11 @@ static void wait_for_work(int seen) {
 static void *worker_main(void *unused) {
     (void)unused;
     for (;;) {
-        int seen = atomic_load(&pool.posted);
+        int seen = atomic_load(&pool.posted), full;
         int32_t slot;
-        struct job *j = find_job(&slot);
+        struct job *j = find_job(&slot, &full);
         if (!j) {
-            wait_for_work(seen);
+            wait_for_work(seen, !full);
             continue;
         }
         if (enter()) {
@@ -496,7 +511,10 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
             atomic_fetch_add(&pool.n_listed, 1);
         }
         atomic_fetch_add(&pool.posted, 1);
-        for (int32_t i = 0; i < j.max_helpers && i < pool.n_sleeping; i++) pthread_cond_signal(&pool.work);
+        /* watching helpers see the post; sleepers are woken for the rest
+         * (one that stops watching meanwhile finds the post under the lock) */
+        const int32_t wake = j.max_helpers - atomic_load(&pool.n_watching);
+        for (int32_t i = 0; i < wake && i < pool.n_sleeping; i++) pthread_cond_signal(&pool.work);
     }
     pthread_mutex_unlock(&pool.lock);
 
