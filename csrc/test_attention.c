@@ -349,6 +349,56 @@ static void test_transpose(void) {
     npattn_kernels_force("");
 }
 
+/* Every table's finish_rows against the scalar rounding of x * (1 / l):
+ * float32, float16 and bfloat16 rows of widths around the vectors' 8 and
+ * 16, a row with l = 0 (zeros), results that round to subnormals or to
+ * float16's infinity, the gap between rows untouched, and the report of a
+ * NaN or infinite value. */
+static void test_finish_rows(void) {
+    enum { N = 4, MAX_W = 70, LD = MAX_W + 3 };
+    static const int64_t widths[] = {1, 7, 8, 9, 15, 16, 17, 64, 70};
+    static const enum npattn_dtype types[] = {NPATTN_DTYPE_F32, NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
+    static const char *const names[] = {"float32", "float16", "bfloat16"};
+    static const float seeds[] = {1.0f, -2.5f, 3e-39f, 5e-6f, 7e4f, 1.00390625f, -1.01171875f, 0x1p-140f, 0.3f};
+    const float l[N] = {1.0f, 0.0f, 3.0f, 0.5f};
+    float o[N * MAX_W];
+    uint32_t got[N * LD];
+    char msg[160];
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+        const struct npattn_kernels *kt = npattn_kernels();
+        for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++)
+            for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+                const int64_t w = widths[wi];
+                const enum npattn_dtype dt = types[ti];
+                for (int64_t i = 0; i < N * w; i++) o[i] = seeds[(i * 5 + wi) % 9] * (i % 3 ? 1.0f : -1.0f);
+                memset(got, 0xA5, sizeof got);
+                int ok = kt->finish_rows(o, N, w, l, dt, got, LD) == 0;
+                for (int64_t i = 0; i < N; i++) {
+                    const float inv = l[i] == 0.0f ? 0.0f : 1.0f / l[i];
+                    for (int64_t e = 0; e < LD; e++) {
+                        const float y = inv == 0.0f ? 0.0f : o[i * w + e] * inv;
+                        if (dt == NPATTN_DTYPE_F32) {
+                            float g;
+                            memcpy(&g, (float *)got + i * LD + e, sizeof g);
+                            ok &= e < w ? memcmp(&g, &y, sizeof g) == 0 : ((uint32_t *)got)[i * LD + e] == 0xA5A5A5A5u;
+                        } else {
+                            const uint16_t g = ((uint16_t *)got)[i * LD + e];
+                            ok &= e < w ? g == (dt == NPATTN_DTYPE_F16 ? npattn_f32_to_f16(y) : npattn_f32_to_bf16(y))
+                                        : g == 0xA5A5;
+                        }
+                    }
+                }
+                o[(N - 1) * w + w / 2] = (w % 2) ? INFINITY : NAN;
+                ok &= kt->finish_rows(o, N, w, l, dt, got, LD) != 0;
+                snprintf(msg, sizeof msg, "%s finish_rows %s w=%lld", kernel_tables[t], names[ti],
+                         (long long)w);
+                expect(ok, msg);
+            }
+    }
+    npattn_kernels_force("");
+}
+
 /* expect(ok) for the streaming kernel `kernel` of table `table` on half
  * type types[ty], M rows of width D (named width) and nk keys: `what`. */
 static void expect_stream(int ok, const char *table, const char *kernel, int ty, int64_t M, const char *width,
@@ -945,6 +995,7 @@ int main(void) {
     test_pool_concurrent();
     test_extremes();
     test_transpose();
+    test_finish_rows();
     test_stream_kernels();
     test_half_cache();
     test_bf16_kernels();

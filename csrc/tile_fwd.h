@@ -160,7 +160,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     s.row = (REAL *)(scratch + lay->row), s.kt = (REAL *)(scratch + lay->kt), s.bias = (REAL *)(scratch + lay->bias);
     s.lo = (int32_t *)(scratch + lay->lo), s.hi = (int32_t *)(scratch + lay->hi);
     REAL *ot = (REAL *)(scratch + lay->ot), *vt = (REAL *)(scratch + lay->vt);
-    REAL *mt = s.mt, *lt = s.lt, *at = s.at, *row = s.row;
+    REAL *mt = s.mt, *lt = s.lt, *at = s.at;
 
     s.qp = (uint32_t *)(scratch + lay->qp), s.pp = (uint32_t *)(scratch + lay->pp), s.vp = (uint32_t *)(scratch + lay->vp);
     s.spans = (struct npattn_span *)(scratch + lay->spans);
@@ -268,18 +268,30 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
      * which stores its rows again (found as they are stored: one pass over O) */
     int overflowed = 0;
     if (pl->n_split == 1) {
-        for (int64_t r = 0; r < M; r++) {
-            /* a row that saw no key: zeros, not NaN (even where 0 * a NaN value was added) */
+        /* a row that saw no key: zeros, not NaN (even where 0 * a NaN value was added) */
+#if IS_F64
+        for (int64_t r = 0; r < M && Dv > 0; r++) {
             const REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r];
-            for (int64_t e = 0; e < Dv; e++) {
-                const REAL x = ot[r * Dv + e];
-                overflowed |= x - x != (REAL)0;
-                row[e] = inv == (REAL)0 ? (REAL)0 : x * inv;
-            }
-            const int64_t h = h0 + r / nq, i = i0 + r % nq;
-            if (Dv > 0) STORE(p->out.dtype, row, Dv, npattn_elem(&p->out, pl->out_size, u->off_out, h, i), p->out.col_stride);
-            if (p->lse.data) store_lse(p, u->off_lse, h, i, lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]));
+            for (int64_t e = 0; e < Dv; e++) s.row[e] = inv == (REAL)0 ? (REAL)0 : ot[r * Dv + e] * inv;
+            STORE(p->out.dtype, s.row, Dv, npattn_elem(&p->out, pl->out_size, u->off_out, h0 + r / nq, i0 + r % nq),
+                  p->out.col_stride);
         }
+#else
+        /* a head's rows at a time: straight into out where its rows' elements
+         * lie together, else in place, then stored row by row */
+        const int direct = p->out.col_stride == 1 && p->out.dtype != NPATTN_DTYPE_F64;
+        for (int64_t r0 = 0; r0 < M && Dv > 0; r0 += nq) {
+            char *to = npattn_elem(&p->out, pl->out_size, u->off_out, h0 + r0 / nq, i0);
+            overflowed |= npattn_kernels()->finish_rows(ot + r0 * Dv, nq, Dv, lt + r0,
+                                                        direct ? p->out.dtype : NPATTN_DTYPE_F32,
+                                                        direct ? (void *)to : ot + r0 * Dv, direct ? p->out.row_stride : Dv);
+            for (int64_t r = r0; r < r0 + nq && !direct; r++)
+                STORE(p->out.dtype, ot + r * Dv, Dv, to + (r - r0) * p->out.row_stride * pl->out_size, p->out.col_stride);
+        }
+#endif
+        for (int64_t r = 0; r < M && p->lse.data; r++)
+            store_lse(p, u->off_lse, h0 + r / nq, i0 + r % nq,
+                      lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]));
     } else {
         /* split-K: leave (lse, O / l) for the merge, in double; a part that
          * saw no key leaves O itself, 0 or the NaN of 0 * a NaN value, which

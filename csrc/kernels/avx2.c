@@ -474,6 +474,45 @@ AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t M, int64_t w, flo
         for (int64_t d = 0; d < w; d++) rowsT[d * M + r] = rows[r * w + d];
 }
 
+/* finish_rows: 8 columns a vector, the rest one by one; bfloat16 rounded in
+ * integers, float16 by vcvtps2ph. */
+AVX2 static int finish_rows_avx2(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,
+                                 int64_t ld) {
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF), mag = _mm256_set1_epi32(0x7FFFFFFF);
+    const __m256i inf = _mm256_set1_epi32(0x7F800000), quiet = _mm256_set1_epi32(0x400000);
+    __m256 bad = zero;
+    int tail_bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float inv = l[i] == 0.0f ? 0.0f : 1.0f / l[i];
+        const __m256 by = _mm256_set1_ps(inv), seen = _mm256_castsi256_ps(_mm256_set1_epi32(inv == 0.0f ? 0 : -1));
+        const float *x = o + i * w;
+        void *row = (char *)dst + i * ld * npattn_stream_size(dt);
+        int64_t e = 0;
+        for (; e + 8 <= w; e += 8) {
+            const __m256 v = _mm256_loadu_ps(x + e);
+            bad = _mm256_add_ps(bad, _mm256_sub_ps(v, v));
+            const __m256 y = _mm256_and_ps(_mm256_mul_ps(v, by), seen);
+            if (dt == NPATTN_DTYPE_F32) {
+                _mm256_storeu_ps((float *)row + e, y);
+                continue;
+            }
+            __m128i h;
+            if (dt == NPATTN_DTYPE_F16) h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            else { /* + 0x7fff + the kept bit's lowest, then the high half; a NaN kept quiet */
+                const __m256i u = _mm256_castps_si256(y);
+                __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+                const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, mag), inf);
+                r = _mm256_srli_epi32(_mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan), 16);
+                h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+            }
+            _mm_storeu_si128((__m128i *)((uint16_t *)row + e), h);
+        }
+        tail_bad |= npattn_finish_columns(x, e, w, inv, dt, row);
+    }
+    return tail_bad || _mm256_movemask_ps(_mm256_cmp_ps(bad, zero, _CMP_NEQ_UQ));
+}
+
 /* 12 chains of 8 lanes: two FMA units of 4-cycle latency want 8 or more. */
 AVX2 static double fma_loop_avx2(int64_t n, float *sink) {
     __m256 acc[12], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
@@ -496,6 +535,7 @@ const struct npattn_kernels npattn_kernels_avx2 = {
     .accumulate = accumulate_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
     .transpose_f32 = npattn_transpose_f32_avx2,
+    .finish_rows = finish_rows_avx2,
     .fma_loop = fma_loop_avx2,
 };
 #endif

@@ -528,6 +528,40 @@ AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst)
     for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
 }
 
+/* finish_rows: 16 columns a vector, the last masked; bfloat16 rounded in
+ * integers (vcvtneps2bf16 would flush subnormals), float16 by vcvtps2ph. */
+AVX512 static int finish_rows_avx512(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt,
+                                     void *dst, int64_t ld) {
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF), mag = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512i inf = _mm512_set1_epi32(0x7F800000), quiet = _mm512_set1_epi32(0x400000);
+    __m512 bad = zero;
+    for (int64_t i = 0; i < n; i++) {
+        const __m512 by = _mm512_set1_ps(l[i] == 0.0f ? 0.0f : 1.0f / l[i]);
+        const __mmask16 seen = l[i] == 0.0f ? 0 : 0xFFFF;
+        for (int64_t c = 0; 16 * c < w; c++) {
+            const __mmask16 k = lanes(w, c);
+            const __m512 x = _mm512_maskz_loadu_ps(k, o + i * w + 16 * c);
+            bad = _mm512_add_ps(bad, _mm512_sub_ps(x, x));
+            const __m512 y = _mm512_maskz_mul_ps(seen, x, by);
+            if (dt == NPATTN_DTYPE_F32) {
+                _mm512_mask_storeu_ps((float *)dst + i * ld + 16 * c, k, y);
+                continue;
+            }
+            __m256i h;
+            if (dt == NPATTN_DTYPE_F16) h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            else { /* + 0x7fff + the kept bit's lowest, then the high half; a NaN kept quiet */
+                const __m512i u = _mm512_castps_si512(y);
+                __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+                r = _mm512_mask_or_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, mag), inf), u, quiet);
+                h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+            }
+            _mm256_mask_storeu_epi16((uint16_t *)dst + i * ld + 16 * c, k, h);
+        }
+    }
+    return _mm512_cmp_ps_mask(bad, zero, _CMP_NEQ_UQ) != 0;
+}
+
 /* 16 chains of 16 lanes. */
 AVX512 static double fma_loop_avx512(int64_t n, float *sink) {
     __m512 acc[16], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
@@ -743,7 +777,7 @@ AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, i
 #define AVX512_F32_KERNELS                                                                                           \
     .softmax_f32 = softmax_avx512, .softmax_rows_f32 = softmax_rows_avx512,                                          \
     .accumulate = accumulate_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
-    .fma_loop = fma_loop_avx512
+    .finish_rows = finish_rows_avx512, .fma_loop = fma_loop_avx512
 
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",

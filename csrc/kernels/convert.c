@@ -100,6 +100,26 @@ int npattn_pairs_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint3
     return sub;
 }
 
+int npattn_finish_columns(const float *x, int64_t e0, int64_t w, float inv, enum npattn_dtype dt, void *row) {
+    int bad = 0;
+    for (int64_t e = e0; e < w; e++) {
+        bad |= x[e] - x[e] != 0.0f;
+        const float y = inv == 0.0f ? 0.0f : x[e] * inv;
+        if (dt == NPATTN_DTYPE_F32) ((float *)row)[e] = y;
+        else ((uint16_t *)row)[e] = dt == NPATTN_DTYPE_F16 ? npattn_f32_to_f16(y) : npattn_f32_to_bf16(y);
+    }
+    return bad;
+}
+
+int npattn_finish_rows(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,
+                       int64_t ld) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad |= npattn_finish_columns(o + i * w, 0, w, l[i] == 0.0f ? 0.0f : 1.0f / l[i], dt,
+                                     (char *)dst + i * ld * npattn_stream_size(dt));
+    return bad;
+}
+
 int npattn_all_finite_f32(const float *x, int64_t n) {
     uint32_t bad = 0;
     for (int64_t i = 0; i < n; i++) {

@@ -122,6 +122,14 @@ struct npattn_kernels {
     /* rowsT (w, M) = the transpose of rows (M, w), both row-major: Q^T for
      * the tiles' products. NULL: the caller's loop. */
     void (*transpose_f32)(const float *rows, int64_t M, int64_t w, float *rowsT);
+    /* O's n rows finished and stored: row i of dst (dt F32, F16 or BF16,
+     * its elements adjacent, ld elements from one row to the next) =
+     * o[i * w + e] * (1 / l[i]) for e < w, rounded to nearest even
+     * (subnormals kept, overflow to infinity); zeros where l[i] is 0.
+     * Returns nonzero when an o value is NaN or infinite (the caller then
+     * recomputes in double). */
+    int (*finish_rows)(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,
+                       int64_t ld);
 
     /* A ceiling for the benchmarks, not used by attention: n rounds of
      * independent float32 FMAs in registers only, as many chains as the
@@ -190,6 +198,13 @@ int npattn_softmax_f32_columns(float *st, const struct npattn_score_tile *t, int
  * AVX-512 ones' (avx2.c). */
 void npattn_transpose_f32_avx2(const float *rows, int64_t M, int64_t w, float *rowsT);
 #endif
+
+/* finish_rows in portable C, row after row: the portable and NEON tables'
+ * kernel; npattn_finish_columns does one row's columns e0 .. w - 1 (inv =
+ * 1 / l, or 0), the SIMD kernels' tails. */
+int npattn_finish_rows(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,
+                       int64_t ld);
+int npattn_finish_columns(const float *x, int64_t e0, int64_t w, float inv, enum npattn_dtype dt, void *row);
 
 /* accumulate's columns e0 .. Dv - 1 (the portable kernel's and the SIMD
  * kernels' column tails): the spans' terms summed from zero, then added to o. */

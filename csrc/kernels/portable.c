@@ -203,6 +203,7 @@ const struct npattn_kernels npattn_kernels_portable = {
     .scores = scores_portable,
     .accumulate = accumulate_portable,
     .f16_to_f32 = f16_to_f32_portable,
+    .finish_rows = npattn_finish_rows,
     .fma_loop = fma_loop_portable,
 };
 
