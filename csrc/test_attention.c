@@ -338,7 +338,7 @@ static void test_transpose(void) {
                 const int64_t M = sizes[mi], w = sizes[wi];
                 for (int64_t i = 0; i < M * w; i++) rows[i] = (float)i;
                 for (int64_t i = 0; i < M * w; i++) got[i] = -1.0f;
-                npattn_kernels()->transpose_f32(rows, M, w, got);
+                npattn_kernels()->transpose_f32(rows, w, M, w, got, M);
                 int ok = 1;
                 for (int64_t r = 0; r < M; r++)
                     for (int64_t d = 0; d < w; d++) ok &= got[d * M + r] == rows[r * w + d];

@@ -190,8 +190,8 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                  * as plain NoTrans products, a form OpenBLAS's small-matrix kernels
                  * take (K Q^T as a Trans one was packed: 42% of a backward's time) */
                 if (!tile16) {
-                    CAT(transpose_, SFX)(qrows, M, D, qt);
-                    CAT(transpose_, SFX)(dorows, M, Dv, dot);
+                    CAT(transpose_, SFX)(qrows, D, M, D, qt, M);
+                    CAT(transpose_, SFX)(dorows, Dv, M, Dv, dot, M);
                 }
                 int first = 1;
                 for (int64_t kb = kc; kb < kc_end; kb++) {

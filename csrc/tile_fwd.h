@@ -177,7 +177,9 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
      * Q^T (D, M) for the gemm, which then reads K in place as a plain
      * NoTrans product (a form OpenBLAS's small-matrix kernels take) */
     REAL *qrows = s.stream ? s.qt : (REAL *)(scratch + lay->qrows);
-    CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
+    const int q_rows = s.stream || (!IS_F64 && pl->bf16_qk); /* else Q^T alone */
+    if (q_rows) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
+    else CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
     /* the dot products, unless a value is subnormal (they would read it as 0) */
 #if IS_F64
     (void)qrows;
@@ -194,7 +196,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         kv_rounds(pl, &s.kk, u->ng, s.q_tiles, &s.k_keys, &s.k_dist);
         kv_rounds(pl, &s.vv, u->ng, 0, &s.v_keys, &s.v_dist);
     }
-    if (!s.stream && !s.qk16) CAT(transpose_, SFX)(qrows, M, D, s.qt);
+    if (q_rows && !s.stream && !s.qk16) CAT(transpose_, SFX)(qrows, D, M, D, s.qt, M);
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */
     for (int64_t r = 0; r < M; r++) {

@@ -441,16 +441,17 @@ AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) {
     for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
 }
 
-/* rowsT (w, M) = the transpose of rows (M, w): 8 x 8 blocks in registers
+/* rowsT (w, M) = the transpose of rows (M, w), ldt and ldr apart: 8 x 8 blocks in registers
  * (24 shuffles a block, against 64 stores one by one), then the columns and
  * rows left over one by one. */
-AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t M, int64_t w, float *rowsT) {
+AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT,
+                                    int64_t ldt) {
     int64_t r0 = 0;
     for (; r0 + 8 <= M; r0 += 8) {
         int64_t d0 = 0;
         for (; d0 + 8 <= w; d0 += 8) {
             __m256 x[8], t[8], u[8];
-            for (int r = 0; r < 8; r++) x[r] = _mm256_loadu_ps(rows + (r0 + r) * w + d0);
+            for (int r = 0; r < 8; r++) x[r] = _mm256_loadu_ps(rows + (r0 + r) * ldr + d0);
             for (int r = 0; r < 8; r += 2) {
                 t[r] = _mm256_unpacklo_ps(x[r], x[r + 1]);
                 t[r + 1] = _mm256_unpackhi_ps(x[r], x[r + 1]);
@@ -463,15 +464,15 @@ AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t M, int64_t w, flo
                 u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
             }
             for (int c = 0; c < 4; c++) {
-                _mm256_storeu_ps(rowsT + (d0 + c) * M + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
-                _mm256_storeu_ps(rowsT + (d0 + 4 + c) * M + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+                _mm256_storeu_ps(rowsT + (d0 + c) * ldt + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+                _mm256_storeu_ps(rowsT + (d0 + 4 + c) * ldt + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
             }
         }
         for (int64_t d = d0; d < w; d++)
-            for (int r = 0; r < 8; r++) rowsT[d * M + r0 + r] = rows[(r0 + r) * w + d];
+            for (int r = 0; r < 8; r++) rowsT[d * ldt + r0 + r] = rows[(r0 + r) * ldr + d];
     }
     for (int64_t r = r0; r < M; r++)
-        for (int64_t d = 0; d < w; d++) rowsT[d * M + r] = rows[r * w + d];
+        for (int64_t d = 0; d < w; d++) rowsT[d * ldt + r] = rows[r * ldr + d];
 }
 
 /* finish_rows: 8 columns a vector, the rest one by one; bfloat16 rounded in

@@ -119,9 +119,10 @@ struct npattn_kernels {
 
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
-    /* rowsT (w, M) = the transpose of rows (M, w), both row-major: Q^T for
-     * the tiles' products. NULL: the caller's loop. */
-    void (*transpose_f32)(const float *rows, int64_t M, int64_t w, float *rowsT);
+    /* rowsT (w, M) = the transpose of rows (M, w): rowsT[d * ldt + r] =
+     * rows[r * ldr + d]. Q^T for the tiles' products. NULL: the caller's
+     * loop. */
+    void (*transpose_f32)(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT, int64_t ldt);
     /* O's n rows finished and stored: row i of dst (dt F32, F16 or BF16,
      * its elements adjacent, ld elements from one row to the next) =
      * o[i * w + e] * (1 / l[i]) for e < w, rounded to nearest even
@@ -196,7 +197,7 @@ int npattn_softmax_f32_columns(float *st, const struct npattn_score_tile *t, int
 #if defined(__x86_64__) || defined(__i386__)
 /* transpose_f32 in 8 x 8 blocks of AVX registers: the AVX2 table's and the
  * AVX-512 ones' (avx2.c). */
-void npattn_transpose_f32_avx2(const float *rows, int64_t M, int64_t w, float *rowsT);
+void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT, int64_t ldt);
 #endif
 
 /* finish_rows in portable C, row after row: the portable and NEON tables'

@@ -374,26 +374,27 @@ static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {
     for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
 }
 
-/* rowsT (w, M) = the transpose of rows (M, w): 4 x 4 blocks in registers
+/* rowsT (w, M) = the transpose of rows (M, w), ldt and ldr apart: 4 x 4 blocks in registers
  * (as the x86 kernels' 8 x 8), then the columns and rows left over one by
  * one. */
-static void transpose_f32_neon(const float *rows, int64_t M, int64_t w, float *rowsT) {
+static void transpose_f32_neon(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT,
+                               int64_t ldt) {
     int64_t r0 = 0;
     for (; r0 + 4 <= M; r0 += 4) {
         int64_t d0 = 0;
         for (; d0 + 4 <= w; d0 += 4) {
-            const float32x4x2_t a = vtrnq_f32(vld1q_f32(rows + r0 * w + d0), vld1q_f32(rows + (r0 + 1) * w + d0));
-            const float32x4x2_t b = vtrnq_f32(vld1q_f32(rows + (r0 + 2) * w + d0), vld1q_f32(rows + (r0 + 3) * w + d0));
-            vst1q_f32(rowsT + d0 * M + r0, vcombine_f32(vget_low_f32(a.val[0]), vget_low_f32(b.val[0])));
-            vst1q_f32(rowsT + (d0 + 1) * M + r0, vcombine_f32(vget_low_f32(a.val[1]), vget_low_f32(b.val[1])));
-            vst1q_f32(rowsT + (d0 + 2) * M + r0, vcombine_f32(vget_high_f32(a.val[0]), vget_high_f32(b.val[0])));
-            vst1q_f32(rowsT + (d0 + 3) * M + r0, vcombine_f32(vget_high_f32(a.val[1]), vget_high_f32(b.val[1])));
+            const float32x4x2_t a = vtrnq_f32(vld1q_f32(rows + r0 * ldr + d0), vld1q_f32(rows + (r0 + 1) * ldr + d0));
+            const float32x4x2_t b = vtrnq_f32(vld1q_f32(rows + (r0 + 2) * ldr + d0), vld1q_f32(rows + (r0 + 3) * ldr + d0));
+            vst1q_f32(rowsT + d0 * ldt + r0, vcombine_f32(vget_low_f32(a.val[0]), vget_low_f32(b.val[0])));
+            vst1q_f32(rowsT + (d0 + 1) * ldt + r0, vcombine_f32(vget_low_f32(a.val[1]), vget_low_f32(b.val[1])));
+            vst1q_f32(rowsT + (d0 + 2) * ldt + r0, vcombine_f32(vget_high_f32(a.val[0]), vget_high_f32(b.val[0])));
+            vst1q_f32(rowsT + (d0 + 3) * ldt + r0, vcombine_f32(vget_high_f32(a.val[1]), vget_high_f32(b.val[1])));
         }
         for (int64_t d = d0; d < w; d++)
-            for (int r = 0; r < 4; r++) rowsT[d * M + r0 + r] = rows[(r0 + r) * w + d];
+            for (int r = 0; r < 4; r++) rowsT[d * ldt + r0 + r] = rows[(r0 + r) * ldr + d];
     }
     for (int64_t r = r0; r < M; r++)
-        for (int64_t d = 0; d < w; d++) rowsT[d * M + r] = rows[r * w + d];
+        for (int64_t d = 0; d < w; d++) rowsT[d * ldt + r] = rows[r * ldr + d];
 }
 
 /* 16 chains of 4 lanes. */
