@@ -173,21 +173,24 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     s.mg = M / u->ng;
     s.k_head = p->k.head_stride * (int64_t)npattn_dtype_size(p->k.dtype);
     s.v_head = p->v.head_stride * (int64_t)npattn_dtype_size(p->v.dtype);
-    /* Q's rows (M, D) for the streaming kernels and the dot products' pairs;
-     * Q^T (D, M) for the gemm, which then reads K in place as a plain
-     * NoTrans product (a form OpenBLAS's small-matrix kernels take) */
+    /* Q: its pairs for the dot products, unless a value is subnormal (they
+     * would read it as 0); its rows (M, D) for the streaming kernels; Q^T
+     * (D, M) for the gemm, which then reads K in place as a plain NoTrans
+     * product (a form OpenBLAS's small-matrix kernels take) */
     REAL *qrows = s.stream ? s.qt : (REAL *)(scratch + lay->qrows);
-    const int q_rows = s.stream || (!IS_F64 && pl->bf16_qk); /* else Q^T alone */
-    if (q_rows) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
-    else CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
-    /* the dot products, unless a value is subnormal (they would read it as 0) */
 #if IS_F64
-    (void)qrows;
     s.qk16 = s.pv16 = s.q_tiles = 0;
 #else
-    s.qk16 = pl->bf16_qk && n_ktile > 0 && rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D) &&
-             !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
+    s.qk16 = pl->bf16_qk && n_ktile > 0 && rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D);
+    if (s.qk16 && !q_pairs(p, u, s.qp, pl->ldq2)) { /* through Q's rows as floats */
+        CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
+        s.qk16 = !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
+    }
     s.pv16 = pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
+#endif
+    if (s.stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
+    else if (!s.qk16) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
+#if !IS_F64
     s.q_tiles = pl->q_tiles && npattn_amx_stream_rows(s.mg, D);
     for (int64_t gi = 0; gi < u->ng && s.q_tiles; gi++)
         s.q_tiles = npattn_kernels()->q_tiles((const float *)qrows + gi * s.mg * D, s.mg, D, s.qp + gi * D / 2 * 16);
@@ -196,7 +199,6 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         kv_rounds(pl, &s.kk, u->ng, s.q_tiles, &s.k_keys, &s.k_dist);
         kv_rounds(pl, &s.vv, u->ng, 0, &s.v_keys, &s.v_dist);
     }
-    if (q_rows && !s.stream && !s.qk16) CAT(transpose_, SFX)(qrows, D, M, D, s.qt, M);
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */
     for (int64_t r = 0; r < M; r++) {
