@@ -311,6 +311,12 @@ const char *npattn_blas_config(void);
  * an allocation promise, so the glue refuses it before allocating. */
 uint64_t npattn_memory_limit(void);
 
+/* dst[j] = src[j] rounded to nearest even in dtype (F32, F16 or BF16;
+ * subnormals kept, overflow to infinity, NaN stays NaN) for j < n, by the
+ * kernel table's SIMD: the glue's cast of float32 gradients to a
+ * half-precision operand's dtype. */
+void npattn_narrow_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst);
+
 /* The float32 FMA peak of the calling thread's core in GFLOP/s, for the
  * kernel table in use: a loop of FMAs in registers only, timed for about
  * `seconds`. A ceiling the benchmarks read decode against; attention never
@@ -342,10 +348,12 @@ NPATTN_EXPORTED void npattn_set_num_threads(int n);
 
 /* Test hooks, not for production use and not thread-safe with concurrent calls:
  * after n more successful allocations inside the core every allocation fails
- * (n < 0, the default, turns it off); and the pool's mode: 0 normal, 1 no
- * helper thread ever starts, 2 helpers join whatever the size of the work. */
+ * (n < 0, the default, turns it off); the pool's mode: 0 normal, 1 no
+ * helper thread ever starts, 2 helpers join whatever the size of the work;
+ * and the time between two polls of the cancel callback (ns <= 0: 50 ms). */
 void npattn_debug_fail_alloc_after(int64_t n);
 void npattn_debug_pool_mode(int mode);
+void npattn_debug_poll_interval(int64_t ns);
 
 #ifdef __cplusplus
 }

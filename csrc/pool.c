@@ -53,12 +53,14 @@ static int64_t now_ns(void) {
 static atomic_int exiting;  /* set by the exit hook: every tile stops */
 static atomic_int n_inside; /* threads running tasks right now */
 
+static _Atomic int64_t poll_ns = POLL_NS; /* npattn_debug_poll_interval */
+
 void npattn_run_init(struct npattn_run *run, int (*cancel)(void *), void *cancel_arg) {
     atomic_init(&run->stop, 0);
     atomic_init(&run->status, NPATTN_STATUS_OK);
     run->cancel = cancel;
     run->cancel_arg = cancel_arg;
-    run->next_poll_ns = cancel ? now_ns() + POLL_NS : 0;
+    run->next_poll_ns = cancel ? now_ns() + atomic_load_explicit(&poll_ns, memory_order_relaxed) : 0;
 }
 
 void npattn_run_fail(struct npattn_run *run, enum npattn_status status) {
@@ -72,7 +74,7 @@ static int poll_cancel(struct npattn_run *run) {
     int64_t now = now_ns();
     if (now < run->next_poll_ns) return 0;
     int stop = run->cancel(run->cancel_arg);
-    run->next_poll_ns = now_ns() + POLL_NS;
+    run->next_poll_ns = now_ns() + atomic_load_explicit(&poll_ns, memory_order_relaxed);
     if (stop) npattn_run_fail(run, NPATTN_STATUS_CANCELLED);
     return stop;
 }
@@ -133,6 +135,7 @@ static atomic_int pool_mode;                  /* the test hook */
 static atomic_int max_default_threads;        /* npattn_set_num_threads; 0: no cap */
 
 void npattn_debug_pool_mode(int mode) { atomic_store(&pool_mode, mode); }
+void npattn_debug_poll_interval(int64_t ns) { atomic_store(&poll_ns, ns > 0 ? ns : POLL_NS); }
 int npattn_pool_mode(void) { return atomic_load(&pool_mode); }
 
 static int cpus_available(void) {

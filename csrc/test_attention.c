@@ -127,8 +127,8 @@ static void test_cancel(void) {
 }
 
 /* The weights of long rows (4 rows of 2**25 keys, float16) that see one
- * key each: the cancel flag (first polled 50 ms into a call) is polled while
- * the rows are zeroed, so a call cancelled then leaves the last row
+ * key each: the cancel flag (first polled here 1 ms into a call) is polled
+ * while the rows are zeroed, so a call cancelled then leaves the last row
  * untouched; the rows used to be zeroed whole before the first poll. */
 static void test_cancel_zeroing_weights(void) {
     const int64_t L = 4, S = (int64_t)1 << 25;
@@ -145,7 +145,9 @@ static void test_cancel_zeroing_weights(void) {
     int polls = 0;
     p.cancel = cancel_now;
     p.cancel_arg = &polls;
+    npattn_debug_poll_interval(1000000); /* 1 ms: well within the zeroing of 2^27 elements */
     expect_status(npattn_sdpa(&p), NPATTN_STATUS_CANCELLED, "cancel while zeroing the weights: CANCELLED");
+    npattn_debug_poll_interval(0);
     expect(polls == 1 && w[L * S - 1] == nan16, "cancel while zeroing the weights: the last row is left as it was");
     p.cancel = NULL;
     expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "the weights of long rows: OK");
@@ -352,8 +354,8 @@ static void test_transpose(void) {
 /* Every table's finish_rows against the scalar rounding of x * (1 / l):
  * float32, float16 and bfloat16 rows of widths around the vectors' 8 and
  * 16, a row with l = 0 (zeros), results that round to subnormals or to
- * float16's infinity, the gap between rows untouched, and the report of a
- * NaN or infinite value. */
+ * float16's infinity, the gap between rows untouched, no l (narrowed only),
+ * and the report of a NaN or infinite value. */
 static void test_finish_rows(void) {
     enum { N = 4, MAX_W = 70, LD = MAX_W + 3 };
     static const int64_t widths[] = {1, 7, 8, 9, 15, 16, 17, 64, 70};
@@ -388,6 +390,16 @@ static void test_finish_rows(void) {
                                         : g == 0xA5A5;
                         }
                     }
+                }
+                /* l NULL: narrowed only, every row */
+                ok &= kt->finish_rows(o, N, w, NULL, dt, got, LD) == 0;
+                for (int64_t i = 0; i < N * LD; i++) {
+                    const int64_t e = i % LD;
+                    const float y = o[i / LD * w + e];
+                    if (e >= w) continue;
+                    if (dt == NPATTN_DTYPE_F32) ok &= memcmp((float *)got + i, &y, sizeof y) == 0;
+                    else
+                        ok &= ((uint16_t *)got)[i] == (dt == NPATTN_DTYPE_F16 ? npattn_f32_to_f16(y) : npattn_f32_to_bf16(y));
                 }
                 o[(N - 1) * w + w / 2] = (w % 2) ? INFINITY : NAN;
                 ok &= kt->finish_rows(o, N, w, l, dt, got, LD) != 0;

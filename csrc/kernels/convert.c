@@ -115,7 +115,7 @@ int npattn_finish_rows(const float *o, int64_t n, int64_t w, const float *l, enu
                        int64_t ld) {
     int bad = 0;
     for (int64_t i = 0; i < n; i++)
-        bad |= npattn_finish_columns(o + i * w, 0, w, l[i] == 0.0f ? 0.0f : 1.0f / l[i], dt,
+        bad |= npattn_finish_columns(o + i * w, 0, w, !l ? 1.0f : l[i] == 0.0f ? 0.0f : 1.0f / l[i], dt,
                                      (char *)dst + i * ld * npattn_stream_size(dt));
     return bad;
 }
@@ -206,15 +206,21 @@ void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void
     }
     case NPATTN_DTYPE_BF16: {
         uint16_t *d = dst;
-        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16(src[j]);
+        if (stride == 1) npattn_kernels()->finish_rows(src, 1, n, NULL, dtype, dst, n);
+        else for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16(src[j]);
         return;
     }
     case NPATTN_DTYPE_F16: {
         uint16_t *d = dst;
-        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_f16(src[j]);
+        if (stride == 1) npattn_kernels()->finish_rows(src, 1, n, NULL, dtype, dst, n);
+        else for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_f16(src[j]);
         return;
     }
     }
+}
+
+void npattn_narrow_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst) {
+    npattn_store_f32(dtype, src, n, dst, 1);
 }
 
 /* Through float for the narrow dtypes: a double already rounded to float

@@ -126,7 +126,8 @@ struct npattn_kernels {
     /* O's n rows finished and stored: row i of dst (dt F32, F16 or BF16,
      * its elements adjacent, ld elements from one row to the next) =
      * o[i * w + e] * (1 / l[i]) for e < w, rounded to nearest even
-     * (subnormals kept, overflow to infinity); zeros where l[i] is 0.
+     * (subnormals kept, overflow to infinity); zeros where l[i] is 0; l
+     * NULL: the values as they are (narrowed only).
      * Returns nonzero when an o value is NaN or infinite (the caller then
      * recomputes in double). */
     int (*finish_rows)(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,

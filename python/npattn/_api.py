@@ -794,5 +794,5 @@ def sdpa_backward(
         with np.errstate(over="ignore"):  # a gradient beyond a half dtype's range is inf, as sdpa's results
             grads.append(g.astype(dtype, copy=False))
     if dsinks is not None:
-        dsinks = dsinks.sum(axis=0).astype(dq.dtype)
+        dsinks = dsinks.sum(axis=0).astype(np.float64 if dq.dtype == np.float64 else np.float32)
     return Grads(grads[0], grads[1], grads[2], dsinks)

@@ -29,10 +29,32 @@ def sdpa(
     k_start: Any,
     k_lengths: Any,
     return_lse: Any,
+    precision: Any,
     out: Any,
     threads: Any,
 ) -> Any:
     """npattn.sdpa: the result, or the pair (result, lse)."""
+
+def paged_attention(
+    *,
+    q: Any,
+    k: Any,
+    v: Any,
+    block_table: Any,
+    context_lens: Any,
+    page_size: Any,
+    scale: Any,
+    mask: Any,
+    sinks: Any,
+    window: Any,
+    softcap: Any,
+    q_offset: Any,
+    return_lse: Any,
+    precision: Any,
+    out: Any,
+    threads: Any,
+) -> Any:
+    """npattn.paged_attention: the result, or the pair (result, lse)."""
 
 def attention_weights(
     *,
@@ -47,6 +69,7 @@ def attention_weights(
     k_offset: Any,
     k_start: Any,
     k_lengths: Any,
+    precision: Any,
     threads: Any,
 ) -> np.ndarray:
     """npattn.attention_weights: the probabilities."""
@@ -68,11 +91,13 @@ def sdpa_backward(
     k_offset: Any,
     k_start: Any,
     k_lengths: Any,
+    precision: Any,
     threads: Any,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(dq, dk, dv, dsinks) at the result's batch shape in the computed dtype (dsinks
-    float64, (n_batch, H_q), or None), and (q, k, v) as read, whose shapes and dtypes
-    the gradients are summed and cast back to."""
+    """(dq, dk, dv, dsinks) at the result's batch shape in the computed dtype, or in a
+    half-precision operand's own where nothing is left to sum (dsinks float64,
+    (n_batch, H_q), or None), and (q, k, v) as read, whose shapes and dtypes the
+    gradients are summed and cast back to."""
 
 def check_mask(fn: str, mask: Any, full: tuple[int, ...], /) -> Any:
     """The mask as sdpa reads it for a result of shape ``full = (*B, H_q, L, S)``."""
