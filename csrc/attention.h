@@ -313,9 +313,11 @@ uint64_t npattn_memory_limit(void);
 
 /* dst[j] = src[j] rounded to nearest even in dtype (F32, F16 or BF16;
  * subnormals kept, overflow to infinity, NaN stays NaN) for j < n, by the
- * kernel table's SIMD: the glue's cast of float32 gradients to a
- * half-precision operand's dtype. */
-void npattn_narrow_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst);
+ * kernel table's SIMD, in blocks on at most n_threads threads (0: the
+ * default): the glue's cast of float32 gradients to a half-precision
+ * operand's dtype. Returns NPATTN_STATUS_OK, or BAD_THREADS. */
+enum npattn_status npattn_narrow_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst,
+                                     int32_t n_threads);
 
 /* The float32 FMA peak of the calling thread's core in GFLOP/s, for the
  * kernel table in use: a loop of FMAs in registers only, timed for about

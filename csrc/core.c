@@ -179,6 +179,34 @@ const char *npattn_simd(void) { return npattn_kernels()->name; }
 
 int npattn_debug_force_simd(const char *name) { return npattn_kernels_force(name); }
 
+/* npattn_narrow_f32's blocks: 2^18 elements, 1.5 MiB read and written. */
+#define NARROW_BLOCK ((int64_t)1 << 18)
+struct narrow_job {
+    enum npattn_dtype dtype;
+    const float *src;
+    char *dst;
+    int64_t n;
+};
+
+static void narrow_block(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    const struct narrow_job *j = arg;
+    const int64_t at = task * NARROW_BLOCK, n = j->n - at < NARROW_BLOCK ? j->n - at : NARROW_BLOCK;
+    npattn_store_f32(j->dtype, j->src + at, n, j->dst + at * (int64_t)npattn_dtype_size(j->dtype), 1);
+}
+
+enum npattn_status npattn_narrow_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst,
+                                     int32_t n_threads) {
+    if (n_threads < 0 || n_threads > NPATTN_MAX_THREADS) return NPATTN_STATUS_BAD_THREADS;
+    if (n <= 0) return NPATTN_STATUS_OK;
+    struct narrow_job j = {dtype, src, dst, n};
+    struct npattn_run run;
+    npattn_run_init(&run, NULL, NULL);
+    const int64_t n_task = (n + NARROW_BLOCK - 1) / NARROW_BLOCK;
+    const int32_t threads = npattn_pool_threads(n_threads);
+    return npattn_pool_run(narrow_block, &j, n_task, n_task < threads ? (int32_t)n_task : threads, &run);
+}
+
 static volatile float fma_sink;
 
 double npattn_fma_peak(double seconds) {

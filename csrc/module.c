@@ -1310,8 +1310,12 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
             continue;
         if (!(h = new_array(&c, PyArray_DIMS(g), PyArray_NDIM(g), npy_type_of(dt), grads[i].what))) goto done;
         w.saved = PyEval_SaveThread();
-        npattn_narrow_f32(dt, PyArray_DATA(g), (int64_t)PyArray_SIZE(g), PyArray_DATA(h));
+        status = npattn_narrow_f32(dt, PyArray_DATA(g), (int64_t)PyArray_SIZE(g), PyArray_DATA(h), c.p.n_threads);
         PyEval_RestoreThread(w.saved);
+        if (status != NPATTN_STATUS_OK) {
+            refused(&c, status, &bp);
+            goto done;
+        }
         grads[i].op->a = h;
     }
     result = Py_BuildValue("(OOOO(OOO))", c.dq.a, c.dk.a, c.dv.a, dsinks ? (PyObject *)dsinks : Py_None, c.q.a, c.k.a,

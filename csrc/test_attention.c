@@ -411,6 +411,33 @@ static void test_finish_rows(void) {
     npattn_kernels_force("");
 }
 
+/* npattn_narrow_f32 over blocks and threads: every element rounded as the
+ * scalar conversion does, across the blocks' edges, and bad threads refused. */
+static void test_narrow(void) {
+    const int64_t n = ((int64_t)1 << 19) + 37;
+    float *x = malloc((size_t)n * sizeof *x);
+    uint16_t *got = malloc((size_t)n * sizeof *got);
+    if (!x || !got) {
+        expect(0, "narrow: memory");
+        free(x), free(got);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((i * 7919) % 100003 - 50000) * 0x1p-20f * (i % 5 ? 1.0f : 0x1p-120f);
+    for (int dt = NPATTN_DTYPE_F16; dt <= NPATTN_DTYPE_BF16; dt++)
+        for (int32_t threads = 1; threads <= 3; threads += 2) {
+            memset(got, 0xA5, (size_t)n * sizeof *got);
+            int ok = npattn_narrow_f32((enum npattn_dtype)dt, x, n, got, threads) == NPATTN_STATUS_OK;
+            for (int64_t i = 0; i < n; i++)
+                ok &= got[i] == (dt == NPATTN_DTYPE_F16 ? npattn_f32_to_f16(x[i]) : npattn_f32_to_bf16(x[i]));
+            expect(ok, dt == NPATTN_DTYPE_F16 ? "narrow to float16 over blocks and threads"
+                                              : "narrow to bfloat16 over blocks and threads");
+        }
+    expect(npattn_narrow_f32(NPATTN_DTYPE_BF16, x, n, got, -1) == NPATTN_STATUS_BAD_THREADS &&
+               npattn_narrow_f32(NPATTN_DTYPE_BF16, x, 0, got, 2) == NPATTN_STATUS_OK,
+           "narrow: bad threads refused, nothing to do done");
+    free(x), free(got);
+}
+
 /* expect(ok) for the streaming kernel `kernel` of table `table` on half
  * type types[ty], M rows of width D (named width) and nk keys: `what`. */
 static void expect_stream(int ok, const char *table, const char *kernel, int ty, int64_t M, const char *width,
@@ -1008,6 +1035,7 @@ int main(void) {
     test_extremes();
     test_transpose();
     test_finish_rows();
+    test_narrow();
     test_stream_kernels();
     test_half_cache();
     test_bf16_kernels();

@@ -219,10 +219,6 @@ void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void
     }
 }
 
-void npattn_narrow_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst) {
-    npattn_store_f32(dtype, src, n, dst, 1);
-}
-
 /* Through float for the narrow dtypes: a double already rounded to float
  * rounds the same way again except at exact ties, a few in 2^29. */
 void npattn_store_f64(enum npattn_dtype dtype, const double *src, int64_t n, void *dst, int64_t stride) {
