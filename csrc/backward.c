@@ -20,6 +20,7 @@
 #define BWD_KEYS_MIN 16
 #define BWD_KEYS_MAX 256
 #define BWD_KEYS_BF16 96          /* keys per block with no OpenBLAS product: measured best of 48-128 on Zen 4 */
+_Static_assert(BWD_KEYS_BF16 % 2 == 0, "a block of K's pairs starts on a pair");
 #define BWD_CHUNK_BYTES (2 << 20) /* a chunk's K, V (converted) and dK, dV */
 
 struct bwd_layout {
@@ -152,7 +153,7 @@ static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k
     s.pbf = npattn_take(&at, fast ? bk * m16 * 2 : 0);               /* P^T in bfloat16, for dV */
     s.dsbf = npattn_take(&at, fast ? bk * m16 * 2 : 0);              /* dS^T in bfloat16, for dK */
     s.dsk = npattn_take(&at, fast ? bk2 * ldm2 * u32 : 0);           /* dS's pairs along the keys, for dQ */
-    s.kp = npattn_take(&at, fast ? bk2 * ldd2 * u32 : 0);            /* K's along the keys, for dQ */
+    s.kp = npattn_take(&at, fast ? (nc + 1) / 2 * ldd2 * u32 : 0);   /* a chunk of K's along the keys, for dQ */
     s.prod = npattn_take(&at, fast ? bk * (D > Dv ? D : Dv) * real : 0); /* a block's dK or dV terms */
     s.size = at;
     return s;

@@ -179,6 +179,17 @@ const char *npattn_simd(void) { return npattn_kernels()->name; }
 
 int npattn_debug_force_simd(const char *name) { return npattn_kernels_force(name); }
 
+int npattn_pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64_t w, uint32_t *out, int64_t ldo) {
+    int sub = 0;
+    for (int64_t j = 0, run; j < nk; j += 2) {
+        const uint16_t *a = (const uint16_t *)npattn_kv_row(kv, j0 + j, &run);
+        const uint16_t *b = j + 1 < nk ? (const uint16_t *)npattn_kv_row(kv, j0 + j + 1, &run) : NULL;
+        sub |= npattn_kernels()->pair_bf16(a, b, w, out ? out + j / 2 * ldo : NULL);
+        if (out) memset(out + j / 2 * ldo + w, 0, (size_t)(ldo - w) * sizeof *out);
+    }
+    return !sub;
+}
+
 /* npattn_narrow_f32's blocks: 2^18 elements, 1.5 MiB read and written. */
 #define NARROW_BLOCK ((int64_t)1 << 18)
 struct narrow_job {

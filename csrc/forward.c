@@ -244,27 +244,13 @@ static int64_t head_run_bytes(const struct npattn_tensor *t, int64_t page_size, 
     return (t->row_stride == width ? page_size : 1) * width * (int64_t)npattn_dtype_size(t->dtype);
 }
 
-/* Value rows j0 + 2p and j0 + 2p + 1 (bfloat16, Dv wide) as row p of out;
- * with out NULL (K's rows), only the check. Returns 0 when a value is
- * subnormal. */
-static int pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64_t w, uint32_t *out, int64_t ldo) {
-    int sub = 0;
-    for (int64_t j = 0, run; j < nk; j += 2) {
-        const uint16_t *a = (const uint16_t *)npattn_kv_row(kv, j0 + j, &run);
-        const uint16_t *b = j + 1 < nk ? (const uint16_t *)npattn_kv_row(kv, j0 + j + 1, &run) : NULL;
-        sub |= npattn_kernels()->pair_bf16(a, b, w, out ? out + j / 2 * ldo : NULL);
-        if (out) memset(out + j / 2 * ldo + w, 0, (size_t)(ldo - w) * sizeof *out);
-    }
-    return !sub;
-}
-
 /* Whether the rows of K or V that a request's kv head may read (its range,
  * w wide) hold no subnormal value, found once per call in *state by the
  * first unit that asks (any other asking meanwhile finds the same). */
 static int rows_normal(_Atomic signed char *state, const struct npattn_kv *kv, const struct unit *u, int64_t w) {
     signed char known = atomic_load_explicit(state, memory_order_relaxed);
     if (!known) {
-        known = pairs_of_kv(kv, u->k0, u->k1 - u->k0, w, NULL, 0) ? 1 : -1;
+        known = npattn_pairs_of_kv(kv, u->k0, u->k1 - u->k0, w, NULL, 0) ? 1 : -1;
         atomic_store_explicit(state, known, memory_order_relaxed);
     }
     return known == 1;

@@ -82,6 +82,12 @@ static inline const char *npattn_kv_row(const struct npattn_kv *kv, int64_t j, i
     return kv->base + kv->table[page] * kv->page_bytes + r * kv->row_bytes;
 }
 
+/* bfloat16 rows j0 + 2p and j0 + 2p + 1 of kv (w wide; the second zeros
+ * past nk) as row p of out (ldo apart, zeros past w), the pairs of the dot
+ * products along the keys; with out NULL, only the check. Returns 0 when a
+ * value is subnormal. */
+int npattn_pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64_t w, uint32_t *out, int64_t ldo);
+
 /* Bytes per element of the mask (a bool mask's are uint8). */
 static inline int64_t npattn_mask_size(const struct npattn_problem *p) {
     return p->mask_kind == NPATTN_MASK_BOOL ? 1 : (int64_t)npattn_dtype_size(p->mask.dtype);

@@ -147,6 +147,9 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
          * holding a subnormal value (read as 0 there) computes without them */
         const int chunk16 = pl->bf16 && !rows_subnormal(kchunk, nc, D, ldk) && !rows_subnormal(vchunk, nc, Dv, ldv);
         const int64_t ldk16 = kk.row_bytes / 2, ldv16 = vv.row_bytes / 2;
+        /* K's pairs along the keys for dQ, from its own rows, once a chunk (a
+         * block's start is even: bk is) rather than once a block and query tile */
+        if (chunk16 && pl->bf16_fast) npattn_pairs_of_kv(&kk, c0, nc, D, kp, ldd2);
 #endif
         memset(dk, 0, (size_t)(nc * D) * sizeof(REAL));
         memset(dv, 0, (size_t)(nc * Dv) * sizeof(REAL));
@@ -302,10 +305,9 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                         ds_alpha = 1;
                         if (!npattn_bf16_rows(dpt, nk, M, M, dsbf, m16) &&
                             !npattn_pairs_of_rows(dpt, nk, M, M, dsk, ldm2)) {
-                            npattn_pairs_of_rows(ktile, nk, D, ldk, kp, ldd2);
                             if (first) memset(dq, 0, (size_t)(M * D) * sizeof(REAL));
                             add_product(kn, qm, ldd2, D, m16, dsbf, nk, prod, dkj);
-                            kn->accumulate_bf16(dsk, ldm2, M, (nk + 1) / 2, kp, ldd2, D, dq);
+                            kn->accumulate_bf16(dsk, ldm2, M, (nk + 1) / 2, kp + (j0 - c0) / 2 * ldd2, ldd2, D, dq);
                             first = 0;
                             continue;
                         }

@@ -233,7 +233,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 #if !IS_F64
         if (s.pv16) { /* bfloat16 dot products */
             const struct npattn_kernels *kn = npattn_kernels();
-            pairs_of_kv(&s.vv, j0, nk, Dv, s.vp, pl->ldv2);
+            npattn_pairs_of_kv(&s.vv, j0, nk, Dv, s.vp, pl->ldv2);
             /* a subnormal weight, below 2^-126, may read as 0 */
             if (kn->accumulate_weights_bf16) {
                 kn->accumulate_weights_bf16(s.st, M, M, nk, s.vp, pl->ldv2, Dv, ot);
