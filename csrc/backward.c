@@ -109,7 +109,7 @@ static int rows_subnormal(const float *x, int64_t n, int64_t w, int64_t ld) {
 static void add_product(const struct npattn_kernels *kn, const uint32_t *yp, int64_t ldy, int64_t w, int64_t m16,
                         const uint16_t *xt, int64_t nk, float *prod, float *o) {
     kn->scores_bf16(yp, ldy, w, m16 / 2, xt, m16, nk, prod, w);
-    for (int64_t x = 0; x < nk * w; x++) o[x] += prod[x];
+    kn->add_f32(o, prod, nk * w);
 }
 
 #define TASK "tile_bwd.h"

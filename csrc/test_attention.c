@@ -411,6 +411,25 @@ static void test_finish_rows(void) {
     npattn_kernels_force("");
 }
 
+/* Every table's add_f32, o += x, over lengths around its vectors, the
+ * element past n untouched. */
+static void test_add_f32(void) {
+    float o[70], x[70];
+    char msg[80];
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+        int ok = 1;
+        for (int64_t n = 0; n < 69; n += n < 20 ? 1 : 16) {
+            for (int i = 0; i < 70; i++) o[i] = (float)i * 0.5f, x[i] = (float)(i * i) - 3.0f;
+            npattn_kernels()->add_f32(o, x, n);
+            for (int i = 0; i < 70; i++) ok &= o[i] == (float)i * 0.5f + (i < n ? (float)(i * i) - 3.0f : 0.0f);
+        }
+        snprintf(msg, sizeof msg, "%s add_f32", kernel_tables[t]);
+        expect(ok, msg);
+    }
+    npattn_kernels_force("");
+}
+
 /* npattn_narrow_f32 over blocks and threads: every element rounded as the
  * scalar conversion does, across the blocks' edges, and bad threads refused. */
 static void test_narrow(void) {
@@ -1036,6 +1055,7 @@ int main(void) {
     test_transpose();
     test_finish_rows();
     test_narrow();
+    test_add_f32();
     test_stream_kernels();
     test_half_cache();
     test_bf16_kernels();

@@ -514,6 +514,12 @@ AVX2 static int finish_rows_avx2(const float *o, int64_t n, int64_t w, const flo
     return tail_bad || _mm256_movemask_ps(_mm256_cmp_ps(bad, zero, _CMP_NEQ_UQ));
 }
 
+AVX2 static void add_f32_avx2(float *o, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_loadu_ps(x + i)));
+    npattn_add_f32(o + i, x + i, n - i);
+}
+
 /* 12 chains of 8 lanes: two FMA units of 4-cycle latency want 8 or more. */
 AVX2 static double fma_loop_avx2(int64_t n, float *sink) {
     __m256 acc[12], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
@@ -537,6 +543,7 @@ const struct npattn_kernels npattn_kernels_avx2 = {
     .f16_to_f32 = f16_to_f32_avx2,
     .transpose_f32 = npattn_transpose_f32_avx2,
     .finish_rows = finish_rows_avx2,
+    .add_f32 = add_f32_avx2,
     .fma_loop = fma_loop_avx2,
 };
 #endif

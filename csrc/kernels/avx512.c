@@ -563,6 +563,14 @@ AVX512 static int finish_rows_avx512(const float *o, int64_t n, int64_t w, const
     return _mm512_cmp_ps_mask(bad, zero, _CMP_NEQ_UQ) != 0;
 }
 
+AVX512 static void add_f32_avx512(float *o, const float *x, int64_t n) {
+    for (int64_t c = 0; 16 * c < n; c++) {
+        const __mmask16 k = lanes(n, c);
+        _mm512_mask_storeu_ps(o + 16 * c, k,
+                              _mm512_add_ps(_mm512_maskz_loadu_ps(k, o + 16 * c), _mm512_maskz_loadu_ps(k, x + 16 * c)));
+    }
+}
+
 /* 16 chains of 16 lanes. */
 AVX512 static double fma_loop_avx512(int64_t n, float *sink) {
     __m512 acc[16], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
@@ -778,7 +786,7 @@ AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, i
 #define AVX512_F32_KERNELS                                                                                           \
     .softmax_f32 = softmax_avx512, .softmax_rows_f32 = softmax_rows_avx512,                                          \
     .accumulate = accumulate_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
-    .finish_rows = finish_rows_avx512, .fma_loop = fma_loop_avx512
+    .finish_rows = finish_rows_avx512, .add_f32 = add_f32_avx512, .fma_loop = fma_loop_avx512
 
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",

@@ -120,6 +120,10 @@ int npattn_finish_rows(const float *o, int64_t n, int64_t w, const float *l, enu
     return bad;
 }
 
+void npattn_add_f32(float *o, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) o[i] += x[i];
+}
+
 int npattn_all_finite_f32(const float *x, int64_t n) {
     uint32_t bad = 0;
     for (int64_t i = 0; i < n; i++) {

@@ -132,6 +132,8 @@ struct npattn_kernels {
      * recomputes in double). */
     int (*finish_rows)(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,
                        int64_t ld);
+    /* o[i] += x[i] for i < n: a block's terms into the backward's sums. */
+    void (*add_f32)(float *o, const float *x, int64_t n);
 
     /* A ceiling for the benchmarks, not used by attention: n rounds of
      * independent float32 FMAs in registers only, as many chains as the
@@ -207,6 +209,10 @@ void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_
 int npattn_finish_rows(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,
                        int64_t ld);
 int npattn_finish_columns(const float *x, int64_t e0, int64_t w, float inv, enum npattn_dtype dt, void *row);
+
+/* add_f32 in portable C: the portable and NEON tables' (the compiler
+ * vectorises it for the ISA it compiles for). */
+void npattn_add_f32(float *o, const float *x, int64_t n);
 
 /* accumulate's columns e0 .. Dv - 1 (the portable kernel's and the SIMD
  * kernels' column tails): the spans' terms summed from zero, then added to o. */

@@ -598,7 +598,7 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
 #define NEON_F32_KERNELS                                                                                             \
     .softmax_f32 = softmax_neon, .softmax_rows_f32 = softmax_rows_neon, .scores = scores_neon,                        \
     .accumulate = accumulate_neon, .f16_to_f32 = f16_to_f32_neon, .transpose_f32 = transpose_f32_neon,              \
-    .finish_rows = npattn_finish_rows, .fma_loop = fma_loop_neon
+    .finish_rows = npattn_finish_rows, .add_f32 = npattn_add_f32, .fma_loop = fma_loop_neon
 
 const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",

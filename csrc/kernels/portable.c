@@ -204,6 +204,7 @@ const struct npattn_kernels npattn_kernels_portable = {
     .accumulate = accumulate_portable,
     .f16_to_f32 = f16_to_f32_portable,
     .finish_rows = npattn_finish_rows,
+    .add_f32 = npattn_add_f32,
     .fma_loop = fma_loop_portable,
 };
 
