@@ -45,6 +45,12 @@ static void CAT(add_rows_, SFX)(const struct npattn_tensor *t, int64_t off, int6
         char *at = npattn_elem(t, es, off, h0 + r / nq, i0 + r % nq);
         if (t->dtype == (f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32)) {
             REAL *dst = (REAL *)at;
+#if !IS_F64
+            if (t->col_stride == 1) { /* (a strided loop the compiler leaves scalar) */
+                npattn_kernels()->add_f32(dst, src, w);
+                continue;
+            }
+#endif
             for (int64_t e = 0; e < w; e++) dst[e * t->col_stride] += src[e];
         } else {
             LOAD(t->dtype, at, t->col_stride, w, row);
@@ -174,6 +180,7 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                                                             CAT(rows_finite_, SFX)(orows, M, Dv, Dv) &&
                                                             CAT(rows_finite_, SFX)(lse, M, 1, 1)));
                 int tile16 = 0;
+                REAL ds_by = ds_scale; /* dS's factor */
 #if !IS_F64
                 int fast16 = 0;
                 tile16 = chunk16 && !careful;
@@ -182,6 +189,9 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                              !npattn_pairs_across(dorows, M, Dv, Dv, dop, ldm2);
                 if (tile16 && pl->bf16_fast) { /* and their pairs along the rows, zeros to m16 */
                     fast16 = 1;
+                    /* dS scaled whole before its pairs: one of ds_scale and alpha is 1,
+                     * so this rounds as scaling by one and then the other did */
+                    ds_by = ds_scale * alpha;
                     npattn_pairs_of_rows(qrows, M, D, D, qm, ldd2);
                     npattn_pairs_of_rows(dorows, M, Dv, Dv, dom, ldv2);
                     const int64_t from = (M + 1) / 2;
@@ -269,9 +279,9 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                         REAL *ds = dpt + j * M;
                         const REAL *pj = st + j * M, *cj = dcap + j * M;
                         if (cap > 0)
-                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r] * ds_scale;
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r] * ds_by;
                         else
-                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * ds_scale;
+                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * ds_by;
                         if (careful) /* a hidden key's dS is 0, not 0 * a NaN dP or D */
                             for (int64_t r = 0; r < M; r++)
                                 if (CAT(hidden_, SFX)(&tile, j, r)) ds[r] = 0;
@@ -287,7 +297,7 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                             double gap = 0;
                             for (int64_t e = 0; e < Dv; e++)
                                 gap += (double)dorows[r * Dv + e] * ((double)vj[e] - (double)orows[r * Dv + e]);
-                            dpt[j * M + r] = pjr * (REAL)gap * (cap > 0 ? dcap[j * M + r] : (REAL)1) * ds_scale;
+                            dpt[j * M + r] = pjr * (REAL)gap * (cap > 0 ? dcap[j * M + r] : (REAL)1) * ds_by;
                         }
                     }
                     if (careful) {
@@ -299,9 +309,7 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                     }
                     REAL ds_alpha = alpha;
 #if !IS_F64
-                    if (fast16) { /* dS scaled, then its pairs both ways: dK's along the rows, dQ's along the keys */
-                        if (alpha != 1)
-                            for (int64_t x = 0; x < nk * M; x++) dpt[x] *= alpha;
+                    if (fast16) { /* dS scaled (ds_by), then its pairs both ways: dK's along the rows, dQ's along the keys */
                         ds_alpha = 1;
                         if (!npattn_bf16_rows(dpt, nk, M, M, dsbf, m16) &&
                             !npattn_pairs_of_rows(dpt, nk, M, M, dsk, ldm2)) {
