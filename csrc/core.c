@@ -190,6 +190,24 @@ int npattn_pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64
     return !sub;
 }
 
+int npattn_word_pairs(const struct npattn_tensor *t, int64_t off, int64_t h0, int64_t i0, int64_t nq, int64_t M,
+                      int64_t w, uint32_t *out, int64_t ldo) {
+    const struct npattn_kernels *kn = npattn_kernels();
+    const int64_t ld = t->row_stride;
+    if (t->dtype != NPATTN_DTYPE_BF16 || t->col_stride != 1 || ld % 2 != 0 || w % 2 != 0 || nq < 8 ||
+        !kn->transpose_f32 || !kn->pair_bf16)
+        return 0;
+    for (int64_t r0 = 0; r0 < M; r0 += nq) {
+        const uint16_t *rows = (const uint16_t *)npattn_elem(t, 2, off, h0 + r0 / nq, i0);
+        if ((uintptr_t)rows % 4 != 0) return 0;
+        for (int64_t i = 0; i < nq; i++)
+            if (kn->pair_bf16(rows + i * ld, NULL, w, NULL)) return 0;
+        kn->transpose_f32((const float *)rows, ld / 2, nq, w / 2, (float *)out + r0, ldo);
+    }
+    for (int64_t c = 0; c < w / 2; c++) memset(out + c * ldo + M, 0, (size_t)(ldo - M) * sizeof *out);
+    return 1;
+}
+
 /* npattn_narrow_f32's blocks: 2^18 elements, 1.5 MiB read and written. */
 #define NARROW_BLOCK ((int64_t)1 << 18)
 struct narrow_job {

@@ -256,30 +256,6 @@ static int rows_normal(_Atomic signed char *state, const struct npattn_kv *kv, c
     return known == 1;
 }
 
-/* Q's pairs for the bfloat16 dot products, qp[p * ldq + r] = values 2p and
- * 2p + 1 of stacked row r, zeros for M <= r < ldq: a bfloat16 q's pairs as
- * stored, transposed as 32-bit words, a head's rows at a time, where its
- * rows are whole words and a head has a block of the transpose's 8 rows.
- * Returns 0 (qp unspecified) when q is not so laid out or a value is
- * subnormal: the caller then rounds Q's rows as floats. Loading, rounding
- * and pairing the rows as floats was 7% of a bfloat16 prefill. */
-static int q_pairs(const struct npattn_problem *p, const struct unit *u, uint32_t *qp, int64_t ldq) {
-    const struct npattn_tensor *t = &p->q;
-    const int64_t D = p->n_embd_k, ld = t->row_stride, M = u->M;
-    const struct npattn_kernels *kn = npattn_kernels();
-    if (t->dtype != NPATTN_DTYPE_BF16 || t->col_stride != 1 || ld % 2 != 0 || D % 2 != 0 || u->nq < 8 || !kn->transpose_f32)
-        return 0;
-    for (int64_t r0 = 0; r0 < M; r0 += u->nq) {
-        const uint16_t *rows = (const uint16_t *)npattn_elem(t, 2, u->off_q, u->h0 + r0 / u->nq, u->i0);
-        if ((uintptr_t)rows % 4 != 0) return 0;
-        for (int64_t i = 0; i < u->nq; i++)
-            if (kn->pair_bf16(rows + i * ld, NULL, D, NULL)) return 0;
-        kn->transpose_f32((const float *)rows, ld / 2, u->nq, D / 2, (float *)qp + r0, ldq);
-    }
-    for (int64_t c = 0; c < D / 2; c++) memset(qp + c * ldq + M, 0, (size_t)(ldq - M) * sizeof *qp);
-    return 1;
-}
-
 #define TASK "tile_fwd.h"
 #include "reals.h"
 

@@ -185,8 +185,10 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                 int fast16 = 0;
                 tile16 = chunk16 && !careful;
                 if (tile16) /* Q's and dO's values are bfloat16: their pairs are exact */
-                    tile16 = !npattn_pairs_across(qrows, M, D, D, qp, ldm2) &&
-                             !npattn_pairs_across(dorows, M, Dv, Dv, dop, ldm2);
+                    tile16 = (npattn_word_pairs(&p->q, off_q, h0, i0, nq, M, D, qp, ldm2) ||
+                              !npattn_pairs_across(qrows, M, D, D, qp, ldm2)) &&
+                             (npattn_word_pairs(&bp->dout, off_do, h0, i0, nq, M, Dv, dop, ldm2) ||
+                              !npattn_pairs_across(dorows, M, Dv, Dv, dop, ldm2));
                 if (tile16 && pl->bf16_fast) { /* and their pairs along the rows, zeros to m16 */
                     fast16 = 1;
                     /* dS scaled whole before its pairs: one of ds_scale and alpha is 1,

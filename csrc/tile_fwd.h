@@ -182,7 +182,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     s.qk16 = s.pv16 = s.q_tiles = 0;
 #else
     s.qk16 = pl->bf16_qk && n_ktile > 0 && rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D);
-    if (s.qk16 && !q_pairs(p, u, s.qp, pl->ldq2)) { /* through Q's rows as floats */
+    if (s.qk16 && !npattn_word_pairs(&p->q, u->off_q, h0, i0, nq, M, D, s.qp, pl->ldq2)) { /* through floats */
         CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
         s.qk16 = !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
     }
