@@ -379,7 +379,7 @@ static void test_finish_rows(void) {
                 for (int64_t i = 0; i < N; i++) {
                     const float inv = l[i] == 0.0f ? 0.0f : 1.0f / l[i];
                     for (int64_t e = 0; e < LD; e++) {
-                        const float y = inv == 0.0f ? 0.0f : o[i * w + e] * inv;
+                        const float y = inv == 0.0f || e >= w ? 0.0f : o[i * w + e] * inv;
                         if (dt == NPATTN_DTYPE_F32) {
                             float g;
                             memcpy(&g, (float *)got + i * LD + e, sizeof g);
@@ -395,8 +395,8 @@ static void test_finish_rows(void) {
                 ok &= kt->finish_rows(o, N, w, NULL, dt, got, LD) == 0;
                 for (int64_t i = 0; i < N * LD; i++) {
                     const int64_t e = i % LD;
-                    const float y = o[i / LD * w + e];
                     if (e >= w) continue;
+                    const float y = o[i / LD * w + e];
                     if (dt == NPATTN_DTYPE_F32) ok &= memcmp((float *)got + i, &y, sizeof y) == 0;
                     else
                         ok &= ((uint16_t *)got)[i] == (dt == NPATTN_DTYPE_F16 ? npattn_f32_to_f16(y) : npattn_f32_to_bf16(y));
