@@ -194,7 +194,7 @@ int npattn_word_pairs(const struct npattn_tensor *t, int64_t off, int64_t h0, in
                       int64_t w, uint32_t *out, int64_t ldo) {
     const struct npattn_kernels *kn = npattn_kernels();
     const int64_t ld = t->row_stride;
-    if (t->dtype != NPATTN_DTYPE_BF16 || t->col_stride != 1 || ld % 2 != 0 || w % 2 != 0 || nq < 8 ||
+    if (t->dtype != NPATTN_DTYPE_BF16 || t->col_stride != 1 || ld % 2 != 0 || w % 2 != 0 || nq < NPATTN_TRANSPOSE_ROWS ||
         !kn->transpose_f32 || !kn->pair_bf16)
         return 0;
     for (int64_t r0 = 0; r0 < M; r0 += nq) {

@@ -93,7 +93,7 @@ int npattn_pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64
  * dO^T: out[c * ldo + r] = values 2c and 2c + 1 of row r, zeros for M <= r
  * < ldo. A bfloat16 t's 32-bit words transposed as stored, a head's rows at
  * a time; returns 0 (out unspecified) unless t is bfloat16 with rows of
- * whole words, a head has a block of the transpose's 8 rows, and no value
+ * whole words, a head has a block of the transpose's rows, and no value
  * is subnormal: the caller then pairs the rows as rounded floats. Loading,
  * rounding and pairing them was 7% of a bfloat16 prefill. */
 int npattn_word_pairs(const struct npattn_tensor *t, int64_t off, int64_t h0, int64_t i0, int64_t nq, int64_t M,

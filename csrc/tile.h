@@ -74,11 +74,11 @@ static void CAT(stacked_rows_, SFX)(const struct npattn_tensor *t, int64_t off, 
 
 /* Their transpose, rowsT (w, M): read in place, a head's nq rows at a time,
  * where the operand holds REAL with its elements adjacent and a head has a
- * whole block of the transposes' (8 rows); else through rows (M, w). The
+ * whole block of the transposes' rows; else through rows (M, w). The
  * copy that this saves was 8% of a small prefill (Qwen2-0.5B L = S = 32). */
 static inline void CAT(stacked_transposed_, SFX)(const struct npattn_tensor *t, int64_t off, int64_t h0, int64_t i0,
                                                  int64_t nq, int64_t M, int64_t w, REAL *rows, REAL *rowsT) {
-    if (t->dtype != (IS_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32) || t->col_stride != 1 || nq < 8) {
+    if (t->dtype != (IS_F64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32) || t->col_stride != 1 || nq < NPATTN_TRANSPOSE_ROWS) {
         CAT(stacked_rows_, SFX)(t, off, h0, i0, nq, M, w, rows);
         CAT(transpose_, SFX)(rows, w, M, w, rowsT, M);
         return;

@@ -485,7 +485,7 @@ AVX2 static int finish_rows_avx2(const float *o, int64_t n, int64_t w, const flo
     __m256 bad = zero;
     int tail_bad = 0;
     for (int64_t i = 0; i < n; i++) {
-        const float inv = !l ? 1.0f : l[i] == 0.0f ? 0.0f : 1.0f / l[i];
+        const float inv = npattn_finish_factor(l, i);
         const __m256 by = _mm256_set1_ps(inv), seen = _mm256_castsi256_ps(_mm256_set1_epi32(inv == 0.0f ? 0 : -1));
         const float *x = o + i * w;
         void *row = (char *)dst + i * ld * npattn_stream_size(dt);

@@ -537,7 +537,7 @@ AVX512 static int finish_rows_avx512(const float *o, int64_t n, int64_t w, const
     const __m512i inf = _mm512_set1_epi32(0x7F800000), quiet = _mm512_set1_epi32(0x400000);
     __m512 bad = zero;
     for (int64_t i = 0; i < n; i++) {
-        const float inv = !l ? 1.0f : l[i] == 0.0f ? 0.0f : 1.0f / l[i];
+        const float inv = npattn_finish_factor(l, i);
         const __m512 by = _mm512_set1_ps(inv);
         const __mmask16 seen = inv == 0.0f ? 0 : 0xFFFF;
         for (int64_t c = 0; 16 * c < w; c++) {

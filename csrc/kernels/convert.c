@@ -115,7 +115,7 @@ int npattn_finish_rows(const float *o, int64_t n, int64_t w, const float *l, enu
                        int64_t ld) {
     int bad = 0;
     for (int64_t i = 0; i < n; i++)
-        bad |= npattn_finish_columns(o + i * w, 0, w, !l ? 1.0f : l[i] == 0.0f ? 0.0f : 1.0f / l[i], dt,
+        bad |= npattn_finish_columns(o + i * w, 0, w, npattn_finish_factor(l, i), dt,
                                      (char *)dst + i * ld * npattn_stream_size(dt));
     return bad;
 }
@@ -196,6 +196,10 @@ void npattn_load_f64(enum npattn_dtype dtype, const void *src, int64_t stride, i
 }
 
 void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst, int64_t stride) {
+    if (stride == 1 && (dtype == NPATTN_DTYPE_F16 || dtype == NPATTN_DTYPE_BF16)) { /* the table's SIMD */
+        npattn_kernels()->finish_rows(src, 1, n, NULL, dtype, dst, n);
+        return;
+    }
     switch (dtype) {
     case NPATTN_DTYPE_F32: {
         float *d = dst;
@@ -210,14 +214,12 @@ void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void
     }
     case NPATTN_DTYPE_BF16: {
         uint16_t *d = dst;
-        if (stride == 1) npattn_kernels()->finish_rows(src, 1, n, NULL, dtype, dst, n);
-        else for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16(src[j]);
+        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_bf16(src[j]);
         return;
     }
     case NPATTN_DTYPE_F16: {
         uint16_t *d = dst;
-        if (stride == 1) npattn_kernels()->finish_rows(src, 1, n, NULL, dtype, dst, n);
-        else for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_f16(src[j]);
+        for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_f16(src[j]);
         return;
     }
     }

@@ -203,6 +203,15 @@ int npattn_softmax_f32_columns(float *st, const struct npattn_score_tile *t, int
 void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT, int64_t ldt);
 #endif
 
+/* finish_rows' factor for row i: 1 / l[i], 0 where l[i] is 0, 1 without l. */
+static inline float npattn_finish_factor(const float *l, int64_t i) {
+    return !l ? 1.0f : l[i] == 0.0f ? 0.0f : 1.0f / l[i];
+}
+
+/* The rows of the transposes' register blocks (x86; NEON's are 4): a
+ * transpose read in place a head at a time wants a whole block per head. */
+#define NPATTN_TRANSPOSE_ROWS 8
+
 /* finish_rows in portable C, row after row: the portable and NEON tables'
  * kernel; npattn_finish_columns does one row's columns e0 .. w - 1 (inv =
  * 1 / l, or 0), the SIMD kernels' tails. */
