@@ -1,8 +1,9 @@
 /* test_backward.c: the backward pass of the core alone, no Python, against
  * the chain rule in long double (from the naive forward loop's weights):
  * every mask, windows and positions, softcap, sinks, GQA groups, rows with
- * no key, split key blocks, float64, float32, float16 and bfloat16, under
- * every kernel table this CPU runs; gradients written over garbage, the same
+ * no key, split key blocks, float64, float32, float16 and bfloat16 (the
+ * halves under "fast" too), under every kernel table this CPU runs;
+ * gradients written over garbage, the same
  * bits for the same threads, allocation failure at each allocation,
  * cancellation, and problems that break a rule.
  *
@@ -121,7 +122,9 @@ static void run_case(const struct case_ *c, const char *table) {
     /* The gradients are sums of up to S (or group * L) terms of size <= 2 |g||v||k|
      * <= 4 D: float64 to 1e-11 relative; float32 (and the halves, computed in float32
      * from inputs rounded to them) to 2e-4 relative, D_i read from an output rounded to
-     * float16 (2^-11) or bfloat16 (2^-8) adding that much more. */
+     * float16 (2^-11) or bfloat16 (2^-8) adding that much more; "fast", which rounds
+     * P and dS to the half type before their products (half an ulp of each term),
+     * as much again. The worst case of every table here uses 10-16% of it. */
     static const double tol[N_DTYPES] = {1e-11, 2e-4, 2e-3, 2e-2};
     const int64_t sizes[3] = {nq, nk, nv};
     static const char *grad_names[3] = {"dq", "dk", "dv"};
@@ -138,38 +141,44 @@ static void run_case(const struct case_ *c, const char *table) {
         naive(c, q, k, v, bmask, amask, sk, out, lse, w);
         naive_backward(c, q, k, v, g, w, lse, sk, want[0], want[1], want[2], want_s);
 
-        struct npattn_problem p;
-        struct npattn_backward_problem bp, bp2;
-        int64_t bshape[1];
-        fill_problem(&p, c, test_dtypes[t], &x, sk, bshape);
-        enum npattn_status st = npattn_sdpa(&p);
-        /* written over garbage: nothing is accumulated into what was there */
-        memset(gr.dq, 0xff, 8 * (size_t)(nq + 1)), memset(gr.dk, 0xff, 8 * (size_t)(nk + 1));
-        memset(gr.dv, 0xff, 8 * (size_t)(nv + 1)), memset(got_s, 0xff, sizeof got_s);
-        fill_backward(&bp, &p, c, test_dtypes[t], &gr);
-        if (st == NPATTN_STATUS_OK) st = npattn_sdpa_backward(&bp);
-        char msg[420];
-        snprintf(msg, sizeof msg, "%s %s: status", what, dtype_names[t]);
-        expect(st == NPATTN_STATUS_OK, msg);
-        void *const dst[3] = {gr.dq, gr.dk, gr.dv};
-        for (int i = 0; i < 3; i++) {
-            to_double(wide, dst[i], sizes[i], got);
-            snprintf(msg, sizeof msg, "%s %s: %s", what, dtype_names[t], grad_names[i]);
-            expect(close_to(want[i], got, sizes[i], tol[t]), msg);
+        /* the half types under "fast" too (SPEC section 11) */
+        const int half = test_dtypes[t] == NPATTN_DTYPE_F16 || test_dtypes[t] == NPATTN_DTYPE_BF16;
+        for (int fast = 0; fast < 1 + half; fast++) {
+            const char *how = fast ? " fast" : "";
+            struct npattn_problem p;
+            struct npattn_backward_problem bp, bp2;
+            int64_t bshape[1];
+            fill_problem(&p, c, test_dtypes[t], &x, sk, bshape);
+            p.precision = fast ? NPATTN_PRECISION_FAST : NPATTN_PRECISION_HIGHEST;
+            enum npattn_status st = npattn_sdpa(&p);
+            /* written over garbage: nothing is accumulated into what was there */
+            memset(gr.dq, 0xff, 8 * (size_t)(nq + 1)), memset(gr.dk, 0xff, 8 * (size_t)(nk + 1));
+            memset(gr.dv, 0xff, 8 * (size_t)(nv + 1)), memset(got_s, 0xff, sizeof got_s);
+            fill_backward(&bp, &p, c, test_dtypes[t], &gr);
+            if (st == NPATTN_STATUS_OK) st = npattn_sdpa_backward(&bp);
+            char msg[420];
+            snprintf(msg, sizeof msg, "%s %s%s: status", what, dtype_names[t], how);
+            expect(st == NPATTN_STATUS_OK, msg);
+            void *const dst[3] = {gr.dq, gr.dk, gr.dv};
+            for (int i = 0; i < 3; i++) {
+                to_double(wide, dst[i], sizes[i], got);
+                snprintf(msg, sizeof msg, "%s %s%s: %s", what, dtype_names[t], how, grad_names[i]);
+                expect(close_to(want[i], got, sizes[i], tol[t]), msg);
+            }
+            if (sk) {
+                snprintf(msg, sizeof msg, "%s %s%s: dsinks", what, dtype_names[t], how);
+                expect(close_to(want_s, got_s, ns, tol[t] * (double)(c->L + 1)), msg);
+            }
+            /* the same threads: the same bits */
+            fill_backward(&bp2, &p, c, test_dtypes[t], &gr2);
+            st = npattn_sdpa_backward(&bp2);
+            snprintf(msg, sizeof msg, "%s %s%s: bitwise again", what, dtype_names[t], how);
+            const size_t wsz = wide == NPATTN_DTYPE_F64 ? 8 : 4;
+            expect(st == NPATTN_STATUS_OK && !memcmp(gr.dq, gr2.dq, wsz * (size_t)nq) &&
+                       !memcmp(gr.dk, gr2.dk, wsz * (size_t)nk) && !memcmp(gr.dv, gr2.dv, wsz * (size_t)nv) &&
+                       (!sk || !memcmp(got_s, again_s, sizeof(double) * (size_t)ns)),
+                   msg);
         }
-        if (sk) {
-            snprintf(msg, sizeof msg, "%s %s: dsinks", what, dtype_names[t]);
-            expect(close_to(want_s, got_s, ns, tol[t] * (double)(c->L + 1)), msg);
-        }
-        /* the same threads: the same bits */
-        fill_backward(&bp2, &p, c, test_dtypes[t], &gr2);
-        st = npattn_sdpa_backward(&bp2);
-        snprintf(msg, sizeof msg, "%s %s: bitwise again", what, dtype_names[t]);
-        const size_t wsz = wide == NPATTN_DTYPE_F64 ? 8 : 4;
-        expect(st == NPATTN_STATUS_OK && !memcmp(gr.dq, gr2.dq, wsz * (size_t)nq) &&
-                   !memcmp(gr.dk, gr2.dk, wsz * (size_t)nk) && !memcmp(gr.dv, gr2.dv, wsz * (size_t)nv) &&
-                   (!sk || !memcmp(got_s, again_s, sizeof(double) * (size_t)ns)),
-               msg);
     }
     free(q), free(k), free(v), free(g), free(out), free(lse), free(w), free(amask), free(bmask), free(got);
     for (int i = 0; i < 3; i++) free(want[i]);
@@ -411,6 +420,8 @@ int main(void) {
         /* one unit, many key blocks: split across threads, dQ summed from parts */
         {1, 2, 1, 3, 3000, 16, 8, 1, U, U, BR, 0, MASK_NONE, 0, 1, 2},
         {1, 2, 1, 40, 1500, 8, 8, 0, 200, 30, BR, 0, MASK_BOOL, 0, 0, 3},
+        /* rows as wide as the AMX tiles' (the bfloat16 products' paths, "fast" too) */
+        {1, 4, 2, 70, 90, 64, 64, 1, U, U, BR, 0, MASK_NONE, 0, 1, 2},
         /* wide rows: fewer keys per block */
         {1, 2, 1, 9, 40, 300, 200, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
         /* q_offset - k_offset past +-2^63, a window side bringing the band back within the keys */
