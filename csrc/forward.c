@@ -31,6 +31,7 @@
 #define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
 #define MERGE_PARTS 8             /* split-K over several kv heads per unit: at most this many parts */
 #define HEAD_RUN_BYTES 32768      /* a kv head's rows read at about the memory's streaming rate when this many lie together */
+#define SHARED_PAIRS_MAX ((size_t)1 << 30) /* bytes of V's pairs shared by a call's units (v_pairs_of), at most */
 #define ROUND_KEYS 64             /* keys per round of a paged unit's kv heads (kv_rounds): rounds of 32, 64, 128 and 256
                                      keys (the tile) ran Qwen3-4B heads over pages of 16 rows at 0.95, 0.99, 0.97 and
                                      0.79 of the dense call (float32, 8 requests, 2 threads) */
@@ -58,6 +59,9 @@ struct fwd_plan {
     int q_tiles;                  /* streamed scores of a bfloat16 K: the table's q_tiles, once per task */
     int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
     _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
+    uint32_t *v_pairs;            /* bfloat16 P @ V, a kv head's keys met by several units: V's pairs per key tile, once */
+    _Atomic signed char *v_paired; /* then, per such tile: 0 not yet, 1 being paired, 2 ready */
+    int64_t n_vtile;              /* then: key tiles per request and kv head */
     int64_t ldk, ldv;             /* their leading dimensions then */
     int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
     int64_t out_size;             /* bytes per element of out */
@@ -254,6 +258,32 @@ static int rows_normal(_Atomic signed char *state, const struct npattn_kv *kv, c
         atomic_store_explicit(state, known, memory_order_relaxed);
     }
     return known == 1;
+}
+
+/* The pairs of V for the key tile [j0, j0 + nk) of unit u's kv head (rows
+ * vv): the call's copy of the tile, paired by the first unit to reach it,
+ * where the tile lies on its request's grid of bk keys and its last pair is
+ * the copy's (nk even, or the whole tile); else paired into vp. Either way
+ * the same pairs. Every query block of a causal bfloat16 prefill reads the
+ * tiles below it: paired once, not once per block (Qwen3-4B heads, L = S =
+ * 2048, "fast": 3-4% of the call on one and on two threads). */
+static const uint32_t *v_pairs_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *vv, int64_t j0,
+                                  int64_t nk, uint32_t *vp) {
+    const int64_t bk = pl->bk, Dv = pl->p->n_embd_v, whole = min64(bk, u->k1 - j0);
+    if (pl->v_pairs && (j0 - u->k0) % bk == 0 && (nk % 2 == 0 || nk == whole)) {
+        const int64_t tile = (u->b * pl->p->n_head_kv + u->g) * pl->n_vtile + (j0 - u->k0) / bk;
+        uint32_t *copy = pl->v_pairs + (size_t)tile * (size_t)((bk + 1) / 2 * pl->ldv2);
+        _Atomic signed char *state = pl->v_paired + tile;
+        signed char none = 0;
+        if (atomic_load_explicit(state, memory_order_acquire) == 2) return copy;
+        if (atomic_compare_exchange_strong_explicit(state, &none, 1, memory_order_relaxed, memory_order_relaxed)) {
+            npattn_pairs_of_kv(vv, j0, whole, Dv, copy, pl->ldv2);
+            atomic_store_explicit(state, 2, memory_order_release);
+            return copy;
+        } /* another unit is pairing it: pair it here too rather than wait */
+    }
+    npattn_pairs_of_kv(vv, j0, nk, Dv, vp, pl->ldv2);
+    return vp;
 }
 
 #define TASK "tile_fwd.h"
@@ -515,6 +545,19 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         memset((void *)pl.k_normal, 0, 2 * n);
         pl.v_normal = pl.k_normal + n;
     }
+    /* V's pairs shared by the units of a kv head, where there are several
+     * and the copy is at most SHARED_PAIRS_MAX bytes */
+    if (pl.bf16_pv && pl.n_qblock * pl.n_hblock > 1) {
+        const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)((S + pl.bk - 1) / pl.bk);
+        const size_t tile_bytes = (size_t)((pl.bk + 1) / 2 * pl.ldv2) * 4;
+        if (n <= SHARED_PAIRS_MAX / tile_bytes) {
+            pl.v_pairs = npattn_alloc(n * tile_bytes + n);
+            if (!pl.v_pairs) goto done;
+            pl.v_paired = (_Atomic signed char *)((char *)pl.v_pairs + n * tile_bytes);
+            memset((void *)pl.v_paired, 0, n);
+            pl.n_vtile = (S + pl.bk - 1) / pl.bk;
+        }
+    }
     if (pl.n_split > 1) {
         /* n_task < 64 * threads + n_unit here: small */
         /* and after them, the units' counts of tasks left */
@@ -533,6 +576,7 @@ done:
     npattn_free(pl.rank);
     npattn_free(pl.partials);
     npattn_free((void *)pl.k_normal);
+    npattn_free(pl.v_pairs);
     npattn_slots_free(&pl.slots);
     return status;
 }

@@ -233,14 +233,14 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 #if !IS_F64
         if (s.pv16) { /* bfloat16 dot products */
             const struct npattn_kernels *kn = npattn_kernels();
-            npattn_pairs_of_kv(&s.vv, j0, nk, Dv, s.vp, pl->ldv2);
+            const uint32_t *vp = v_pairs_of(pl, u, &s.vv, j0, nk, s.vp);
             /* a subnormal weight, below 2^-126, may read as 0 */
             if (kn->accumulate_weights_bf16) {
-                kn->accumulate_weights_bf16(s.st, M, M, nk, s.vp, pl->ldv2, Dv, ot);
+                kn->accumulate_weights_bf16(s.st, M, M, nk, vp, pl->ldv2, Dv, ot);
                 continue;
             }
             npattn_pairs_of_rows(s.st, nk, M, M, s.pp, pl->ldq2);
-            kn->accumulate_bf16(s.pp, pl->ldq2, M, (nk + 1) / 2, s.vp, pl->ldv2, Dv, ot);
+            kn->accumulate_bf16(s.pp, pl->ldq2, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
             continue;
         }
 #endif
