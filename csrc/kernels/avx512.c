@@ -18,12 +18,13 @@ AVX512 INLINE __mmask16 lanes(int64_t n, int64_t c) {
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
+/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. The
+ * lanes below (-inf among them, whose polynomial is NaN) are zeroed by the
+ * scaling's mask, so y needs no clamp. */
 AVX512 INLINE __m512 exp_nonpos(__m512 x) {
     const __m512 vmin = _mm512_set1_ps(NPATTN_EXP2_MIN);
     __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E));
     __mmask16 keep = _mm512_cmp_ps_mask(y, vmin, _CMP_GE_OQ);
-    y = _mm512_max_ps(y, vmin);
     __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(y, n);
     __m512 p = _mm512_set1_ps(NPATTN_EXP2_C6);
