@@ -62,16 +62,26 @@ AVX2 static int softmax_avx2(float *st, const struct npattn_score_tile *t, float
             vlo = _mm256_loadu_si256((const __m256i *)(t->lo + r));
             vhi = _mm256_loadu_si256((const __m256i *)(t->hi + r));
         }
-        if (plain) { /* pass 1: the column max of the raw scores, times scale */
-            __m256 raw = _mm256_set1_ps(-FLT_MAX);
-            for (int64_t j = 0; j < nk; j++) {
-                __m256 x = _mm256_loadu_ps(st + j * ld + r);
-                nf = _mm256_add_ps(nf, x);
-                raw = _mm256_max_ps(raw, x);
+        if (plain) { /* pass 1: the column max of the raw scores, times scale; four chains of keys */
+            __m256 raw[4], sums[4];
+            for (int c = 0; c < 4; c++) raw[c] = _mm256_set1_ps(-FLT_MAX), sums[c] = zero;
+            int64_t j = 0;
+            for (; j + 4 <= nk; j += 4)
+                for (int c = 0; c < 4; c++) {
+                    const __m256 x = _mm256_loadu_ps(st + (j + c) * ld + r);
+                    sums[c] = _mm256_add_ps(sums[c], x);
+                    raw[c] = _mm256_max_ps(raw[c], x);
+                }
+            for (; j < nk; j++) {
+                const __m256 x = _mm256_loadu_ps(st + j * ld + r);
+                sums[0] = _mm256_add_ps(sums[0], x);
+                raw[0] = _mm256_max_ps(raw[0], x);
             }
-            raw = _mm256_mul_ps(raw, scale);
-            nf = _mm256_add_ps(nf, raw);
-            mx = _mm256_max_ps(mx, raw);
+            const __m256 most = _mm256_max_ps(_mm256_max_ps(raw[0], raw[1]), _mm256_max_ps(raw[2], raw[3]));
+            const __m256 top = _mm256_mul_ps(most, scale);
+            nf = _mm256_add_ps(nf, _mm256_add_ps(_mm256_add_ps(sums[0], sums[1]), _mm256_add_ps(sums[2], sums[3])));
+            nf = _mm256_add_ps(nf, top);
+            mx = _mm256_max_ps(mx, top);
         }
         /* pass 1: final scores written back, the column max */
         for (int64_t j = 0; j < nk && !plain; j++) {

@@ -71,16 +71,26 @@ AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, f
             vlo = _mm512_maskz_loadu_epi32(live, t->lo + r);
             vhi = _mm512_maskz_loadu_epi32(live, t->hi + r);
         }
-        if (plain) { /* pass 1: the column max of the raw scores, times scale */
-            __m512 raw = _mm512_set1_ps(-FLT_MAX);
-            for (int64_t j = 0; j < nk; j++) {
-                __m512 x = _mm512_maskz_loadu_ps(live, st + j * ld + r);
-                nf = _mm512_add_ps(nf, x);
-                raw = _mm512_max_ps(raw, x);
+        if (plain) { /* pass 1: the column max of the raw scores, times scale; four chains of keys */
+            __m512 raw[4], sums[4];
+            for (int c = 0; c < 4; c++) raw[c] = _mm512_set1_ps(-FLT_MAX), sums[c] = zero;
+            int64_t j = 0;
+            for (; j + 4 <= nk; j += 4)
+                for (int c = 0; c < 4; c++) {
+                    const __m512 x = _mm512_maskz_loadu_ps(live, st + (j + c) * ld + r);
+                    sums[c] = _mm512_add_ps(sums[c], x);
+                    raw[c] = _mm512_max_ps(raw[c], x);
+                }
+            for (; j < nk; j++) {
+                const __m512 x = _mm512_maskz_loadu_ps(live, st + j * ld + r);
+                sums[0] = _mm512_add_ps(sums[0], x);
+                raw[0] = _mm512_max_ps(raw[0], x);
             }
-            raw = _mm512_mul_ps(raw, scale);
-            nf = _mm512_add_ps(nf, raw);
-            mx = _mm512_max_ps(mx, raw);
+            const __m512 most = _mm512_max_ps(_mm512_max_ps(raw[0], raw[1]), _mm512_max_ps(raw[2], raw[3]));
+            const __m512 top = _mm512_mul_ps(most, scale);
+            nf = _mm512_add_ps(nf, _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), _mm512_add_ps(sums[2], sums[3])));
+            nf = _mm512_add_ps(nf, top);
+            mx = _mm512_max_ps(mx, top);
         }
         /* pass 1: final scores written back, the column max */
         for (int64_t j = 0; j < nk && !plain; j++) {

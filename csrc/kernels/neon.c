@@ -72,16 +72,26 @@ static int softmax_neon(float *st, const struct npattn_score_tile *t, float *m, 
             vlo = vld1q_s32(t->lo + r);
             vhi = vld1q_s32(t->hi + r);
         }
-        if (plain) { /* pass 1: the column max of the raw scores, times scale */
-            float32x4_t raw = vdupq_n_f32(-FLT_MAX);
-            for (int64_t j = 0; j < nk; j++) {
-                float32x4_t x = vld1q_f32(st + j * ld + r);
-                nf = vaddq_f32(nf, x);
-                raw = vmaxq_f32(raw, x);
+        if (plain) { /* pass 1: the column max of the raw scores, times scale; four chains of keys */
+            float32x4_t raw[4], sums[4];
+            for (int c = 0; c < 4; c++) raw[c] = vdupq_n_f32(-FLT_MAX), sums[c] = zero;
+            int64_t j = 0;
+            for (; j + 4 <= nk; j += 4)
+                for (int c = 0; c < 4; c++) {
+                    const float32x4_t x = vld1q_f32(st + (j + c) * ld + r);
+                    sums[c] = vaddq_f32(sums[c], x);
+                    raw[c] = vmaxq_f32(raw[c], x);
+                }
+            for (; j < nk; j++) {
+                const float32x4_t x = vld1q_f32(st + j * ld + r);
+                sums[0] = vaddq_f32(sums[0], x);
+                raw[0] = vmaxq_f32(raw[0], x);
             }
-            raw = vmulq_f32(raw, scale);
-            nf = vaddq_f32(nf, raw);
-            mx = vmaxq_f32(mx, raw);
+            const float32x4_t most = vmaxq_f32(vmaxq_f32(raw[0], raw[1]), vmaxq_f32(raw[2], raw[3]));
+            const float32x4_t top = vmulq_f32(most, scale);
+            nf = vaddq_f32(nf, vaddq_f32(vaddq_f32(sums[0], sums[1]), vaddq_f32(sums[2], sums[3])));
+            nf = vaddq_f32(nf, top);
+            mx = vmaxq_f32(mx, top);
         }
         /* pass 1: final scores written back, the column max */
         for (int64_t j = 0; j < nk && !plain; j++) {
