@@ -265,7 +265,13 @@ AMX static void p_tiles(const uint32_t *pp, int64_t ldp, const float *st, int64_
     const __mmask16 live = M - r0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (M - r0)) - 1);
     for (int64_t p0 = 0; p0 < n16; p0 += 16) {
         __m512i x[16];
-        for (int i = 0; i < 16; i++) {
+        const int whole = st && 2 * (p0 + 16) <= nk; /* 32 keys of floats: no checks per pair */
+        for (int i = 0; i < 16 && whole; i++) {
+            const float *row = st + 2 * (p0 + i) * ldst + r0;
+            const __m512 a = _mm512_maskz_loadu_ps(live, row), b = _mm512_maskz_loadu_ps(live, row + ldst);
+            x[i] = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* a's 16 values, then b's: paired */
+        }
+        for (int i = 0; i < 16 && !whole; i++) {
             const int64_t p = p0 + i, j = 2 * p;
             if (!st) {
                 x[i] = p < np ? _mm512_loadu_si512(pp + p * ldp + r0) : _mm512_setzero_si512();
@@ -273,7 +279,7 @@ AMX static void p_tiles(const uint32_t *pp, int64_t ldp, const float *st, int64_
             }
             const __m512 a = j < nk ? _mm512_maskz_loadu_ps(live, st + j * ldst + r0) : _mm512_setzero_ps();
             const __m512 b = j + 1 < nk ? _mm512_maskz_loadu_ps(live, st + (j + 1) * ldst + r0) : _mm512_setzero_ps();
-            x[i] = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* a's 16 values, then b's: paired */
+            x[i] = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
         }
         transpose16(x);
         for (int i = 0; i < 16; i++) _mm512_store_si512(pa + i * n16 + p0, x[i]);
