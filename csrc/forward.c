@@ -548,14 +548,14 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     /* V's pairs shared by the units of a kv head, where there are several
      * and the copy is at most SHARED_PAIRS_MAX bytes */
     if (pl.bf16_pv && pl.n_qblock * pl.n_hblock > 1) {
-        const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)((S + pl.bk - 1) / pl.bk);
+        pl.n_vtile = (S + pl.bk - 1) / pl.bk;
+        const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)pl.n_vtile;
         const size_t tile_bytes = (size_t)((pl.bk + 1) / 2 * pl.ldv2) * 4;
         if (n <= SHARED_PAIRS_MAX / tile_bytes) {
             pl.v_pairs = npattn_alloc(n * tile_bytes + n);
             if (!pl.v_pairs) goto done;
             pl.v_paired = (_Atomic signed char *)((char *)pl.v_pairs + n * tile_bytes);
             memset((void *)pl.v_paired, 0, n);
-            pl.n_vtile = (S + pl.bk - 1) / pl.bk;
         }
     }
     if (pl.n_split > 1) {
