@@ -62,7 +62,7 @@ def worker(spec: dict) -> dict:
     for c in spec["cases"]:
         case = Case(**{**c, "systems": tuple(c["systems"]), "window": tuple(c["window"]) if c["window"] else None})
         log(f"{case.label}  [{threads} thread(s)]")
-        results, reference = {}, None
+        results, prepared, reference = {}, {}, None
         for name in spec["systems"]:
             if name not in case.systems:
                 continue
@@ -70,7 +70,7 @@ def worker(spec: dict) -> dict:
                 results[name] = {"status": "skipped", "note": f"{case.score_bytes / 2**30:.1f} GiB of scores"}
                 continue
             try:
-                timing, result = measure.time_case(name, case, threads, spec["min_time"])
+                call, result, fewest = measure.prepare_case(name, case, threads)
             except Exception as exc:
                 results[name] = {"status": "error", "note": f"{type(exc).__name__}: {exc}"[:300]}
                 log(f"    {name:<8} ERROR {results[name]['note']}")
@@ -78,9 +78,22 @@ def worker(spec: dict) -> dict:
             if name == "npattn":
                 reference = result
             diff = measure.check_close(result, reference) if reference is not None else None
+            prepared[name] = (call, fewest, diff)
+            time.sleep(spec["settle"])  # let this system's spinning threads go to sleep
+        timings = measure.time_rounds(
+            {name: (call, fewest) for name, (call, fewest, _) in prepared.items()},
+            spec["min_time"],
+            rounds=spec["rounds"],
+            settle=spec["settle"],
+        )
+        for name, (_, _, diff) in prepared.items():
+            timing = timings[name]
+            if isinstance(timing, Exception):
+                results[name] = {"status": "error", "note": f"{type(timing).__name__}: {timing}"[:300]}
+                log(f"    {name:<8} ERROR {results[name]['note']}")
+                continue
             results[name] = {"status": "ok", **timing, "max_abs_diff_vs_npattn": diff}
             log(f"    {name:<8} {timing['ms']:10.4f} ms  x{timing['runs']}")
-            time.sleep(spec["settle"])  # let this system's spinning threads go to sleep
         out["cases"][case.id] = results
     if spec["loop"]:
         for name in ("npattn", "numpy", "torch"):
@@ -133,6 +146,9 @@ def main(argv=None) -> int:
         "--numpy-max-gib", type=float, default=2.0, help="skip the NumPy formula beyond this many GiB of scores"
     )
     parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds of a case's systems, its time shared among them"
+    )
+    parser.add_argument(
         "--settle", type=float, default=0.3, help="seconds between systems, so idle pools stop spinning"
     )
     args = parser.parse_args(argv)
@@ -172,6 +188,7 @@ def main(argv=None) -> int:
                 "min_time": args.min_time,
                 "numpy_max_bytes": args.numpy_max_gib * 2**30,
                 "settle": args.settle,
+                "rounds": max(1, args.rounds),
                 "loop": "loop" in chosen and threads == args.threads,
             },
         )

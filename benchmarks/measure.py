@@ -1,5 +1,5 @@
 """How the benchmark measures: threads pinned before anything is imported,
-warm-up then median of repeated calls, the sgemm ceiling through npattn's own
+warm-up then the median of calls timed in alternating rounds, the sgemm ceiling through npattn's own
 OpenBLAS, the memory's streaming-read bandwidth, peak memory in a fresh
 process, and a model's decode loop."""
 
@@ -242,8 +242,21 @@ def inputs(case: Case, seed: int = 0) -> tuple:
     return tuple(rng.standard_normal(s, dtype=np.float32) for s in shapes)
 
 
-def time_case(system_name: str, case: Case, threads: int, min_time: float) -> tuple[dict, np.ndarray]:
-    """One system on one case: its timing and its result (as NumPy, for the check)."""
+def clocked(call: Callable) -> Callable[[], float]:
+    """`call`, returning the seconds it took."""
+
+    def run() -> float:
+        start = time.perf_counter()
+        call()
+        return time.perf_counter() - start
+
+    return run
+
+
+def prepare_case(system_name: str, case: Case, threads: int) -> tuple[Callable[[], float], np.ndarray, int]:
+    """One system on one case, set up and run once: a call that runs it again and
+    returns its seconds, its result (as NumPy, for the check), and the fewest calls
+    to time."""
     system = SYSTEMS[system_name]
     q, k, v = (system.native(x) for x in inputs(case))
     if case.backward:
@@ -251,37 +264,63 @@ def time_case(system_name: str, case: Case, threads: int, min_time: float) -> tu
         out, saved = forward(q, k, v)
         dout = system.native(np.random.default_rng(1).standard_normal(tuple(out.shape), dtype=np.float32))
         if system_name == "npattn":
-            call = partial(backward, dout, q, k, v, out, saved)
-        else:
+            return clocked(partial(backward, dout, q, k, v, out, saved)), np.asarray(out), 5
 
-            def call():  # autograd needs a fresh graph each time: the forward is outside the clock
-                fresh_out, fresh_saved = forward(q, k, v)
-                start = time.perf_counter()
-                backward(dout, q, k, v, fresh_out, fresh_saved)
-                return time.perf_counter() - start
+        def call() -> float:  # autograd needs a fresh graph each time: the forward is outside the clock
+            fresh_out, fresh_saved = forward(q, k, v)
+            start = time.perf_counter()
+            backward(dout, q, k, v, fresh_out, fresh_saved)
+            return time.perf_counter() - start
 
-            return timed_inner(call, min_time), np.asarray(out.detach().numpy())
-        t = time_calls(call, min_time=min_time)
-        return t, np.asarray(out)
+        return call, np.asarray(out.detach().numpy()), 5
     fn = system.attention(
         case.L, case.S, threads, window=case.window, softcap=case.softcap, causal=case.mask == "causal"
     )
     result = system.to_numpy(fn(q, k, v))  # first, so that a system that fails is never timed
+    fewest = 5 if case.flops > 1e9 else 11
     if hasattr(fn, "timed"):  # a call that sets up each run outside the clock and times the rest
-        t = timed_inner(partial(fn.timed, q, k, v), min_time)
-    else:
-        t = time_calls(partial(fn, q, k, v), min_time=min_time, repeats=5 if case.flops > 1e9 else 11)
-    return t, result
+        return partial(fn.timed, q, k, v), result, fewest
+    return clocked(partial(fn, q, k, v)), result, fewest
 
 
-def timed_inner(call: Callable, min_time: float) -> dict:
-    """Like time_calls, for a call that times its own inner part and returns seconds."""
-    call()
-    seconds = []
-    while len(seconds) < 5 or (sum(seconds) < min_time and len(seconds) < 50):
-        seconds.append(call())
-    ms = [1e3 * s for s in seconds]
-    return {"ms": statistics.median(ms), "min_ms": min(ms), "runs": len(ms), "times_ms": ms}
+def time_rounds(calls: dict, min_time: float, rounds: int = 3, settle: float = 0.0, max_calls: int = 2000) -> dict:
+    """Calls prepared by prepare_case ({name: (call, fewest)}), warmed up, then timed
+    in `rounds` alternating rounds, so that drift on a shared machine hits every
+    system alike: a round runs each call in turn until min_time / rounds seconds and
+    its share of the fewest calls are measured, then sleeps `settle` seconds (idle
+    pools stop spinning). Per name the median and all the times, in ms, or the
+    exception that stopped it."""
+    seconds: dict = {name: [] for name in calls}
+    failed: dict = {}
+    for r in range(rounds + 1):  # round 0 warms up
+        for name, (call, fewest) in calls.items():
+            if name in failed:
+                continue
+            n, spent = 0, 0.0
+            try:
+                while n < (1 if r == 0 else -(-fewest // rounds)) or (
+                    r > 0 and spent < min_time / rounds and n < max_calls // rounds
+                ):
+                    t = call()
+                    n, spent = n + 1, spent + t
+                    if r > 0:
+                        seconds[name].append(t)
+            except Exception as exc:
+                failed[name] = exc
+            time.sleep(settle)
+    out: dict = {}
+    for name, times in seconds.items():
+        if name in failed:
+            out[name] = failed[name]
+            continue
+        ms = [1e3 * t for t in times]
+        out[name] = {
+            "ms": statistics.median(ms),
+            "min_ms": min(ms),
+            "runs": len(ms),
+            "times_ms": ms if len(ms) <= 50 else [],
+        }
+    return out
 
 
 def decode_loop(system_name: str, threads: int, repeats: int = 3) -> dict:

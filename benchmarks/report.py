@@ -157,13 +157,19 @@ def markdown(data: dict) -> str:
             "",
         ]
     p = data["provenance"]
+    rounds = data.get("settings", {}).get("rounds")
+    timing = (
+        f"median of repeated calls after a warm-up, the systems of a case alternating in {rounds} rounds"
+        if rounds
+        else "median of repeated calls after a warm-up"
+    )
     ceil = ", ".join(f"{v['gflops']:.0f} GFLOP/s on {t}" for t, v in sorted(ceiling.items()))
     band = ", ".join(f"{v['gbs']:.1f} GB/s on {t}" for t, v in sorted(bw.items()))
     fma = main.get("fma", {})
     peak = ", ".join(f"{v['gflops']:.0f} GFLOP/s on {t}" for t, v in sorted(fma.items()))
     out.append(
-        f"float32, causal (bottom-right); every system on {threads} threads unless said; median of repeated calls "
-        f"after a warm-up. In the same run: the sgemm ceiling (4096³ through npattn's own OpenBLAS) {ceil} "
+        f"float32, causal (bottom-right); every system on {threads} threads unless said; {timing}. "
+        f"In the same run: the sgemm ceiling (4096³ through npattn's own OpenBLAS) {ceil} "
         f"thread(s); the streaming-read bandwidth (1 GiB) {band} thread(s)"
         + (f"; the FMA peak (a register-only loop of the kernels in use) {peak} thread(s)" if peak else "")
         + ". GFLOP/s counts the visible query/key "
