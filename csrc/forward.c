@@ -58,6 +58,7 @@ struct fwd_plan {
     int bf16_qk, bf16_pv;         /* gemm tiles' products as bfloat16 dot products (the table's scores_bf16, accumulate_bf16) */
     int q_tiles;                  /* streamed scores of a bfloat16 K: the table's q_tiles, once per task */
     int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
+    int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32): pairs per row */
     _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
     uint32_t *v_pairs;            /* bfloat16 P @ V, a kv head's keys met by several units: V's pairs per key tile, once */
     _Atomic signed char *v_paired; /* then, per such tile: 0 not yet, 1 being paired, 2 ready */
@@ -314,8 +315,11 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     s.qp = npattn_take(&at, pairs && pl->bf16_qk  ? D / 2 * (size_t)pl->ldq2 * 4
                             : pairs && pl->q_tiles ? (size_t)pl->bg * D / 2 * 16 * 4 /* per kv head of the unit */
                                                    : 0);
-    const int p_pairs = pairs && pl->bf16_pv && !npattn_kernels()->accumulate_weights_bf16; /* else paired in the kernel */
-    s.pp = npattn_take(&at, p_pairs ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4 : 0);
+    /* P's pairs: by keys (pairs of rows), or as A tiles (rows of pairs) where the softmax makes them */
+    const int p_tiles = pairs && pl->bf16_pv && npattn_kernels()->softmax_tiles_f32;
+    s.pp = npattn_take(&at, p_tiles ? (size_t)pl->ldq2 * (size_t)pl->ldpa * 4
+                            : pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4
+                                                   : 0);
     s.vp = npattn_take(&at, pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4 : 0);
     /* the streaming kernels' spans of a key tile: a page each, at most bk + 1 */
     s.spans = npattn_take(&at, pl->stream ? (bk + 1) * sizeof(struct npattn_span) : 0);
@@ -439,7 +443,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         const int64_t budget = pl.bf16_pv ? kn->bf16_tile : TILE_FLOPS_BUDGET / (pl.max_m * max64(Dv, 1));
         pl.bk = max64(32, min64(kn->bf16_tile, budget) / 32 * 32);
     }
-    pl.ldq2 = (pl.max_m + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
+    pl.ldq2 = (pl.max_m + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16, pl.ldpa = (pl.bk + 31) / 32 * 16;
     pl.q_tiles = pl.stream && kn->q_tiles && p->k.dtype == NPATTN_DTYPE_BF16 && pl.k_direct;
 
     /* The work, and the threads it repays (npattn_plan_threads). The same

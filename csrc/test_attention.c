@@ -880,6 +880,7 @@ static void test_bf16_kernels(void) {
     static uint16_t qh[MAX_M * MAX_D], kh[MAX_N * LD];
     static uint32_t qp[MAX_D / 2 * 80], pp[(MAX_N + 1) / 2 * 80], vp[(MAX_N + 1) / 2 * MAX_D];
     static float st[MAX_N * (MAX_M + 1)], o[MAX_M * MAX_D], o0[MAX_M * MAX_D], pf[MAX_N * MAX_M];
+    static uint32_t pa[80 * ((MAX_N + 31) / 32 * 16 + 16)];
     char msg[200];
     for (int t = 0; t < N_KERNEL_TABLES; t++) {
         if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
@@ -944,10 +945,14 @@ static void test_bf16_kernels(void) {
                         for (int64_t e = 0; e < ldv; e++)
                             vp[p * ldv + e] = e >= Dv ? 0 : kh[2 * p * LD + e] | (2 * p + 1 < nk ? (uint32_t)kh[(2 * p + 1) * LD + e] << 16 : 0);
                     }
-                    /* the weights as pairs, then (where the table has it) as floats */
-                    for (int as_floats = 0; as_floats < 1 + !!kt->accumulate_weights_bf16; as_floats++) {
+                    /* the weights as pairs by keys, then (where the table has them) as A tiles' rows */
+                    const int64_t ldpa = (nk + 31) / 32 * 16 + 16; /* a row's pairs and a gap */
+                    for (int64_t r = 0; r < (M + 15) / 16 * 16; r++)
+                        for (int64_t p = 0; p < ldpa; p++)
+                            pa[r * ldpa + p] = r >= M || 2 * p >= nk ? 0 : pp[p * ldq + r];
+                    for (int tiles = 0; tiles < 1 + !!kt->accumulate_tiles_bf16; tiles++) {
                         for (int64_t i = 0; i < M * Dv; i++) o[i] = o0[i] = (float)uniform();
-                        if (as_floats) kt->accumulate_weights_bf16(pf, M, M, nk, vp, ldv, Dv, o);
+                        if (tiles) kt->accumulate_tiles_bf16(pa, ldpa, M, npv, vp, ldv, Dv, o);
                         else kt->accumulate_bf16(pp, ldq, M, npv, vp, ldv, Dv, o);
                         close = 1;
                         for (int64_t r = 0; r < M; r++)
@@ -960,23 +965,49 @@ static void test_bf16_kernels(void) {
                                 close &= fabs(o[r * Dv + e] - want) <= size * (double)(nk + 2) * 0x1p-24;
                             }
                         snprintf(msg, sizeof msg, "%s accumulate_%sbf16 M=%lld nk=%lld Dv=%lld", kernel_tables[t],
-                                 as_floats ? "weights_" : "", (long long)M, (long long)nk, (long long)Dv);
+                                 tiles ? "tiles_" : "", (long long)M, (long long)nk, (long long)Dv);
                         expect(close, msg);
                     }
+                    if (!kt->softmax_tiles_f32) continue;
+                    /* softmax_tiles_f32 against softmax_f32 on the same scores (raw: K's rows against Q's, in
+                     * [0, 8)), plain or with a band, softcap and bias: the same max, sum and factor, and P's
+                     * pairs rounded to nearest even, zeros past nk and M, the row's gap untouched */
+                    for (int kind = 0; kind < 2; kind++) {
+                        static float s1[MAX_N * MAX_M], s2[MAX_N * MAX_M], bias[MAX_N * MAX_M];
+                        float m1[MAX_M], l1[MAX_M], a1[MAX_M], m2[MAX_M], l2[MAX_M], a2[MAX_M];
+                        int32_t lo[MAX_M], hi[MAX_M];
+                        for (int64_t i = 0; i < nk * M; i++) {
+                            s1[i] = s2[i] = (float)(uniform() * 8);
+                            bias[i] = i % 7 == 3 ? -INFINITY : (float)uniform();
+                        }
+                        for (int64_t r = 0; r < M; r++) {
+                            m1[r] = m2[r] = r % 3 == 0 ? -INFINITY : (float)(uniform() * 4);
+                            l1[r] = l2[r] = (float)uniform();
+                            lo[r] = (int32_t)(r % 5), hi[r] = (int32_t)(nk - 1 - r % 3);
+                        }
+                        struct npattn_score_tile tile = {.nk = nk, .M = M, .ld = M, .scale = 0.75f};
+                        if (kind) tile.softcap = 5.0f, tile.bias = bias, tile.lo = lo, tile.hi = hi;
+                        for (int64_t i = 0; i < (M + 15) / 16 * 16 * ldpa; i++) pa[i] = 0xdeadbeef;
+                        const int r1 = kt->softmax_f32(s1, &tile, m1, l1, a1);
+                        const int r2 = kt->softmax_tiles_f32(s2, &tile, m2, l2, a2, pa, ldpa);
+                        int same = r1 == 0 && r2 == 0, paired = 1;
+                        for (int64_t r = 0; r < M; r++)
+                            same &= memcmp(&m1[r], &m2[r], 4) == 0 && memcmp(&l1[r], &l2[r], 4) == 0 &&
+                                    memcmp(&a1[r], &a2[r], 4) == 0;
+                        for (int64_t r = 0; r < (M + 15) / 16 * 16; r++)
+                            for (int64_t p = 0; p < ldpa; p++) {
+                                const int64_t j = 2 * p;
+                                uint32_t want = 0;
+                                if (r < M && j < nk) want = npattn_f32_to_bf16(s1[j * M + r]);
+                                if (r < M && j + 1 < nk) want |= (uint32_t)npattn_f32_to_bf16(s1[(j + 1) * M + r]) << 16;
+                                if (p >= (nk + 31) / 32 * 16) want = 0xdeadbeef; /* the gap */
+                                paired &= pa[r * ldpa + p] == want;
+                            }
+                        snprintf(msg, sizeof msg, "%s softmax_tiles_f32 %s M=%lld nk=%lld", kernel_tables[t],
+                                 kind ? "band, softcap, bias" : "plain", (long long)M, (long long)nk);
+                        expect(same && paired, msg);
+                    }
                 }
-        if (kt->accumulate_weights_bf16) { /* more keys than one call's scratch: 1031 weights of 1, rounded from 1 + 2^-10 */
-            enum { NK = 1031, W = 16 };
-            static float w[NK * 3];
-            static uint32_t v1[(NK + 1) / 2 * W];
-            float acc[3 * W] = {0};
-            for (int64_t i = 0; i < NK * 3; i++) w[i] = 1.0009765625f;
-            for (int64_t i = 0; i < (NK + 1) / 2 * W; i++) v1[i] = 0x3f80u | (2 * (i / W) + 1 < NK ? 0x3f80u << 16 : 0);
-            kt->accumulate_weights_bf16(w, 3, 3, NK, v1, W, W, acc);
-            int all = 1;
-            for (int i = 0; i < 3 * W; i++) all &= acc[i] == (float)NK;
-            snprintf(msg, sizeof msg, "%s accumulate_weights_bf16 over %d keys", kernel_tables[t], NK);
-            expect(all, msg);
-        }
     }
     npattn_kernels_force("");
     /* without the OS's permission for the tile state, no amx table */

@@ -41,7 +41,7 @@ struct CAT(fwd_task_, SFX) {
  * column: st holds the probabilities exp(x - m), m, l and alpha are updated.
  * Returns 1 when a float tile met an extreme. */
 static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0,
-                                          int64_t nk) {
+                                          int64_t nk, int p_tiles) {
     const struct npattn_problem *p = pl->p;
     const struct unit *u = &s->u;
     const int64_t D = p->n_embd_k, M = u->M;
@@ -91,9 +91,12 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
     s->tile.lo = clipped ? s->lo : NULL;
     s->tile.hi = clipped ? s->hi : NULL;
 #if IS_F64
+    (void)p_tiles;
     npattn_softmax_f64(s->st, &s->tile, s->mt, s->lt, s->at);
     return 0;
 #else
+    if (p_tiles) /* P's pairs as the tiles take them, into pp */
+        return npattn_kernels()->softmax_tiles_f32(s->st, &s->tile, s->mt, s->lt, s->at, s->pp, pl->ldpa);
     return (s->stream ? npattn_kernels()->softmax_rows_f32 : npattn_kernels()->softmax_f32)(s->st, &s->tile, s->mt,
                                                                                              s->lt, s->at);
 #endif
@@ -129,7 +132,7 @@ __attribute__((noinline)) static int CAT(weights_, SFX)(struct fwd_plan *pl, str
     for (int64_t t = t_begin; t < t_end; t++) {
         if (npattn_run_stopped(&pl->run, s->slot)) return 0;
         const int64_t j0 = u->j0 + t * pl->bk, nk = min64(u->j1 - j0, pl->bk);
-        if (CAT(softmax_step_, SFX)(pl, s, j0, nk)) return 1;
+        if (CAT(softmax_step_, SFX)(pl, s, j0, nk, 0)) return 1;
         for (int64_t r = 0; r < M; r++) {
             for (int64_t j = 0; j < nk; j++) s->row[j] = s->st[j * s->sj + r * s->sr];
             STORE(p->weights.dtype, s->row, nk, weight_ptr(p, u, r, j0), p->weights.col_stride);
@@ -188,6 +191,8 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     }
     s.pv16 = pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
 #endif
+    /* the bfloat16 P @ V of a table whose softmax makes P's tiles */
+    const int p_tiles = s.pv16 && npattn_kernels()->softmax_tiles_f32;
     if (s.stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
     else if (!s.qk16) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
 #if !IS_F64
@@ -220,7 +225,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         const int64_t j0 = u->j0 + t * pl->bk, nk = min64(u->j1 - j0, pl->bk);
 
         /* the probabilities of this key tile, max and sum updated */
-        if (CAT(softmax_step_, SFX)(pl, &s, j0, nk)) return 1;
+        if (CAT(softmax_step_, SFX)(pl, &s, j0, nk, p_tiles)) return 1;
         if (t > t_begin) /* the rows whose max grew (O is zeros at the first tile) */
             for (int64_t r = 0; r < M; r++)
                 if (at[r] != (REAL)1)
@@ -235,8 +240,8 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             const struct npattn_kernels *kn = npattn_kernels();
             const uint32_t *vp = v_pairs_of(pl, u, &s.vv, j0, nk, s.vp);
             /* a subnormal weight, below 2^-126, may read as 0 */
-            if (kn->accumulate_weights_bf16) {
-                kn->accumulate_weights_bf16(s.st, M, M, nk, vp, pl->ldv2, Dv, ot);
+            if (p_tiles) {
+                kn->accumulate_tiles_bf16(s.pp, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
                 continue;
             }
             npattn_pairs_of_rows(s.st, nk, M, M, s.pp, pl->ldq2);

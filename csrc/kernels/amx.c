@@ -1,7 +1,7 @@
 /* kernels/amx.c: the bfloat16 products of gemm tiles on AMX-BF16 tiles
  * (Sapphire Rapids and newer), for the amx table, which is the avx512bf16
  * table with these entries (avx512.c). Same contracts as kernels.h's
- * scores_bf16, accumulate_bf16 and accumulate_weights_bf16 (which only
+ * scores_bf16, accumulate_bf16 and accumulate_tiles_bf16 (which only
  * this table has), and the same arithmetic: tdpbf16ps adds
  * the two products of each pair of bfloat16 lanes to a float accumulator,
  * one rounding each, subnormal inputs read as 0 and subnormal results
@@ -251,112 +251,95 @@ AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dty
     _tile_release();
 }
 
-/* ---- P @ V: o (M, Dv) += P V, P's pairs transposed into A tiles ---- */
+/* ---- P @ V: o (M, Dv) += P V, P's pairs as A tiles ---- */
 
-/* pa (16 rows, n16 apart) = P's pairs for 16 rows r0 .. r0 + 15 as A tiles,
- * pa[i * n16 + p] the pair p of row r0 + i, zeros for p >= np. P is given
- * either as pairs, pp[p * ldp + r] (st NULL), or as floats, st[j * ldst + r]
- * for nk keys, rounded here to nearest even bfloat16 (a subnormal weight
- * may read as 0; lanes r0 + i >= M are not read). */
-AMX static void p_tiles(const uint32_t *pp, int64_t ldp, const float *st, int64_t ldst, int64_t nk, int64_t M,
-                        int64_t r0, int64_t np, int64_t n16, uint32_t *pa) {
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
-                                         20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __mmask16 live = M - r0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (M - r0)) - 1);
+/* pa (16 rows, n16 apart) = P's pairs pp[p * ldp + r] for 16 rows r0 .. r0
+ * + 15 as A tiles, pa[i * n16 + p] the pair p of row r0 + i, zeros for p >=
+ * np. */
+AMX static void p_tiles(const uint32_t *pp, int64_t ldp, int64_t r0, int64_t np, int64_t n16, uint32_t *pa) {
     for (int64_t p0 = 0; p0 < n16; p0 += 16) {
         __m512i x[16];
-        const int whole = st && 2 * (p0 + 16) <= nk; /* 32 keys of floats: no checks per pair */
-        for (int i = 0; i < 16 && whole; i++) {
-            const float *row = st + 2 * (p0 + i) * ldst + r0;
-            const __m512 a = _mm512_maskz_loadu_ps(live, row), b = _mm512_maskz_loadu_ps(live, row + ldst);
-            x[i] = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* a's 16 values, then b's: paired */
-        }
-        for (int i = 0; i < 16 && !whole; i++) {
-            const int64_t p = p0 + i, j = 2 * p;
-            if (!st) {
-                x[i] = p < np ? _mm512_loadu_si512(pp + p * ldp + r0) : _mm512_setzero_si512();
-                continue;
-            }
-            const __m512 a = j < nk ? _mm512_maskz_loadu_ps(live, st + j * ldst + r0) : _mm512_setzero_ps();
-            const __m512 b = j + 1 < nk ? _mm512_maskz_loadu_ps(live, st + (j + 1) * ldst + r0) : _mm512_setzero_ps();
-            x[i] = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
-        }
+        for (int i = 0; i < 16; i++) x[i] = p0 + i < np ? _mm512_loadu_si512(pp + (p0 + i) * ldp + r0) : _mm512_setzero_si512();
         transpose16(x);
         for (int i = 0; i < 16; i++) _mm512_store_si512(pa + i * n16 + p0, x[i]);
     }
 }
 
-/* accumulate_bf16 and accumulate_weights_bf16: P as pairs (pp) or as floats (st). */
-AMX static void accumulate(const uint32_t *pp, int64_t ldp, const float *st, int64_t ldst, int64_t nk, int64_t M,
-                           int64_t np, const uint32_t *vp, int64_t ldv, int64_t Dv, float *o) {
-    const int64_t n16 = (np + 15) / 16 * 16;
-    uint32_t pa[32 * 256] __attribute__((aligned(64)));   /* 32 rows of P's pairs, as A tiles */
+/* o's nr <= 32 rows (Dv apart) += the product of their P's pairs, A tiles'
+ * rows at pa (lda apart, n16 pairs each, zeros past np; rows past nr are
+ * read only where nr > 16, and those results dropped), and V's pairs. */
+AMX static void accumulate_rows(const uint32_t *pa, int64_t lda, int64_t nr, int64_t np, int64_t n16, const uint32_t *vp,
+                                int64_t ldv, int64_t Dv, float *o) {
     uint32_t vpad[16 * 32] __attribute__((aligned(64))); /* V's last pairs (32 lanes), zeros past np and ldv */
     float spill[32 * 32] __attribute__((aligned(64)));   /* o's block when cut short, (32, 32) */
-    _tile_loadconfig(&config);
-    for (int64_t r = 0; r < M; r += 32) {
-        const int64_t nr = M - r < 32 ? M - r : 32;
-        p_tiles(pp, ldp, st, ldst, nk, M, r, np, n16, pa);
-        if (nr > 16) p_tiles(pp, ldp, st, ldst, nk, M, r + 16, np, n16, pa + 16 * n16);
-        else memset(pa + 16 * n16, 0, (size_t)(16 * n16) * sizeof *pa);
-        for (int64_t e = 0; e < Dv; e += 32) {
-            const int64_t ne = Dv - e < 32 ? Dv - e : 32;
-            const int whole = nr == 32 && ne == 32;
-            float *c = o + r * Dv + e;
-            int64_t ldc = Dv;
-            if (!whole) {
-                memset(spill, 0, sizeof spill);
-                for (int64_t i = 0; i < nr; i++) memcpy(spill + 32 * i, c + i * Dv, (size_t)ne * sizeof *c);
-                c = spill, ldc = 32;
-            }
-            BEFORE_TILE_LOAD();
-            _tile_loadd(0, c, ldc * 4);
-            _tile_loadd(1, c + 16, ldc * 4);
-            _tile_loadd(2, c + 16 * ldc, ldc * 4);
-            _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
-            for (int64_t p = 0; p < n16; p += 16) {
-                const uint32_t *b = vp + p * ldv + e;
-                int64_t ldb = ldv;
-                if (p + 16 > np || e + 32 > ldv) { /* pairs past np, or lanes past ldv: from a padded copy */
-                    memset(vpad, 0, sizeof vpad);
-                    for (int64_t i = 0; i < 16 && p + i < np; i++)
-                        memcpy(vpad + 32 * i, b + i * ldv, (size_t)(ldv - e < 32 ? ldv - e : 32) * sizeof *b);
-                    b = vpad, ldb = 32;
-                    BEFORE_TILE_LOAD();
-                }
-                _tile_loadd(4, pa + p, n16 * 4);
-                _tile_loadd(5, pa + 16 * n16 + p, n16 * 4);
-                _tile_loadd(6, b, ldb * 4);
-                _tile_loadd(7, b + 16, ldb * 4);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
-            _tile_stored(0, c, ldc * 4);
-            _tile_stored(1, c + 16, ldc * 4);
-            _tile_stored(2, c + 16 * ldc, ldc * 4);
-            _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
-            if (!whole)
-                for (int64_t i = 0; i < nr; i++) memcpy(o + (r + i) * Dv + e, spill + 32 * i, (size_t)ne * sizeof *o);
+    for (int64_t e = 0; e < Dv; e += 32) {
+        const int64_t ne = Dv - e < 32 ? Dv - e : 32;
+        const int whole = nr == 32 && ne == 32;
+        float *c = o + e;
+        int64_t ldc = Dv;
+        if (!whole) {
+            memset(spill, 0, sizeof spill);
+            for (int64_t i = 0; i < nr; i++) memcpy(spill + 32 * i, c + i * Dv, (size_t)ne * sizeof *c);
+            c = spill, ldc = 32;
         }
+        BEFORE_TILE_LOAD();
+        _tile_loadd(0, c, ldc * 4);
+        _tile_loadd(1, c + 16, ldc * 4);
+        _tile_loadd(2, c + 16 * ldc, ldc * 4);
+        _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+        _tile_zero(5);
+        for (int64_t p = 0; p < n16; p += 16) {
+            const uint32_t *b = vp + p * ldv + e;
+            int64_t ldb = ldv;
+            if (p + 16 > np || e + 32 > ldv) { /* pairs past np, or lanes past ldv: from a padded copy */
+                memset(vpad, 0, sizeof vpad);
+                for (int64_t i = 0; i < 16 && p + i < np; i++)
+                    memcpy(vpad + 32 * i, b + i * ldv, (size_t)(ldv - e < 32 ? ldv - e : 32) * sizeof *b);
+                b = vpad, ldb = 32;
+                BEFORE_TILE_LOAD();
+            }
+            _tile_loadd(4, pa + p, lda * 4);
+            if (nr > 16) _tile_loadd(5, pa + 16 * lda + p, lda * 4);
+            _tile_loadd(6, b, ldb * 4);
+            _tile_loadd(7, b + 16, ldb * 4);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, c, ldc * 4);
+        _tile_stored(1, c + 16, ldc * 4);
+        _tile_stored(2, c + 16 * ldc, ldc * 4);
+        _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+        if (!whole)
+            for (int64_t i = 0; i < nr; i++) memcpy(o + i * Dv + e, spill + 32 * i, (size_t)ne * sizeof *o);
     }
-    _tile_release();
 }
 
 AMX void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
                                     int64_t ldv, int64_t Dv, float *o) {
-    if (np > 256) /* more than 512 keys: not a tile of forward.c's */
+    if (np > 256) { /* more than 512 keys: not a tile of forward.c's */
         npattn_kernels_avx512bf16.accumulate_bf16(pp, ldp, M, np, vp, ldv, Dv, o);
-    else
-        accumulate(pp, ldp, NULL, 0, 0, M, np, vp, ldv, Dv, o);
+        return;
+    }
+    const int64_t n16 = (np + 15) / 16 * 16;
+    uint32_t pa[32 * 256] __attribute__((aligned(64))); /* 32 rows of P's pairs, as A tiles */
+    _tile_loadconfig(&config);
+    for (int64_t r = 0; r < M; r += 32) {
+        const int64_t nr = M - r < 32 ? M - r : 32;
+        p_tiles(pp, ldp, r, np, n16, pa);
+        if (nr > 16) p_tiles(pp, ldp, r + 16, np, n16, pa + 16 * n16);
+        accumulate_rows(pa, n16, nr, np, n16, vp, ldv, Dv, o + r * Dv);
+    }
+    _tile_release();
 }
 
-AMX void npattn_amx_accumulate_weights_bf16(const float *st, int64_t ldst, int64_t M, int64_t nk, const uint32_t *vp,
-                                            int64_t ldv, int64_t Dv, float *o) {
-    for (int64_t j = 0; j < nk; j += 512) { /* the pairs' scratch holds 512 keys */
-        const int64_t n = nk - j < 512 ? nk - j : 512;
-        accumulate(NULL, 0, st + j * ldst, ldst, n, M, (n + 1) / 2, vp + j / 2 * ldv, ldv, Dv, o);
-    }
+AMX void npattn_amx_accumulate_tiles_bf16(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
+                                          int64_t ldv, int64_t Dv, float *o) {
+    const int64_t n16 = (np + 15) / 16 * 16;
+    _tile_loadconfig(&config);
+    for (int64_t r = 0; r < M; r += 32)
+        accumulate_rows(pa + r * ldpa, ldpa, M - r < 32 ? M - r : 32, np, n16, vp, ldv, Dv, o + r * Dv);
+    _tile_release();
 }
 #endif

@@ -55,79 +55,105 @@ AVX512 INLINE __m512 tanh_approx(__m512 y) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(NPATTN_TANH_SPLIT), _CMP_LT_OQ), far, near);
 }
 
-AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
-    const int64_t nk = t->nk, M = t->M, ld = t->ld;
+/* Pass 1 of a softmax step for the 16 columns from r (live lanes): the
+ * columns' new max in *mx_out, pass 2's shift (the new max, or 0 for a
+ * column that saw nothing) and the factor exp(old max - shift) in *a_out;
+ * the scores (unless plain: only scaled) written back with scale, softcap,
+ * bias and band applied. Returns 1 where a score or max is NaN or
+ * infinite. */
+AVX512 INLINE int softmax_max(float *st, const struct npattn_score_tile *t, const float *m, int64_t r, __mmask16 live,
+                              int plain, __m512 *mx_out, __m512 *shift_out, __m512 *a_out) {
+    const int64_t nk = t->nk, ld = t->ld;
     const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
     const int capped = t->softcap > 0;
     const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
+    __m512 vm = _mm512_maskz_loadu_ps(live, m + r), mx = vm;
+    /* nf sums x - x over unhidden scores (plain: the scores): it stays finite unless one is NaN or infinite */
+    __m512 nf = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(vm, ninf, _CMP_NEQ_UQ), vm, vm);
+    __m512i vlo = _mm512_setzero_si512(), vhi = vlo;
+    if (t->lo) {
+        vlo = _mm512_maskz_loadu_epi32(live, t->lo + r);
+        vhi = _mm512_maskz_loadu_epi32(live, t->hi + r);
+    }
+    if (plain) { /* the column max of the raw scores, times scale; four chains of keys */
+        __m512 raw[4], sums[4];
+        for (int c = 0; c < 4; c++) raw[c] = _mm512_set1_ps(-FLT_MAX), sums[c] = zero;
+        int64_t j = 0;
+        for (; j + 4 <= nk; j += 4)
+            for (int c = 0; c < 4; c++) {
+                const __m512 x = _mm512_maskz_loadu_ps(live, st + (j + c) * ld + r);
+                sums[c] = _mm512_add_ps(sums[c], x);
+                raw[c] = _mm512_max_ps(raw[c], x);
+            }
+        for (; j < nk; j++) {
+            const __m512 x = _mm512_maskz_loadu_ps(live, st + j * ld + r);
+            sums[0] = _mm512_add_ps(sums[0], x);
+            raw[0] = _mm512_max_ps(raw[0], x);
+        }
+        const __m512 most = _mm512_max_ps(_mm512_max_ps(raw[0], raw[1]), _mm512_max_ps(raw[2], raw[3]));
+        const __m512 top = _mm512_mul_ps(most, scale);
+        nf = _mm512_add_ps(nf, _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), _mm512_add_ps(sums[2], sums[3])));
+        nf = _mm512_add_ps(nf, top);
+        mx = _mm512_max_ps(mx, top);
+    }
+    /* else the final scores written back, the column max */
+    for (int64_t j = 0; j < nk && !plain; j++) {
+        float *row = st + j * ld + r;
+        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row), scale);
+        __m512 check = _mm512_sub_ps(x, x);
+        __mmask16 vis = live;
+        if (capped) x = _mm512_mul_ps(cap, tanh_approx(_mm512_mul_ps(x, inv_cap)));
+        if (t->lo) {
+            __m512i vj = _mm512_set1_epi32((int32_t)j);
+            vis &= _mm512_cmp_epi32_mask(vlo, vj, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(vj, vhi, _MM_CMPINT_LE);
+        }
+        if (t->bias) {
+            __m512 b = _mm512_maskz_loadu_ps(live, t->bias + j * ld + r);
+            vis &= _mm512_cmp_ps_mask(b, ninf, _CMP_NEQ_UQ);
+            x = _mm512_add_ps(x, b);
+            check = _mm512_add_ps(check, _mm512_sub_ps(x, x));
+        }
+        nf = _mm512_mask_add_ps(nf, vis, nf, check);
+        x = _mm512_mask_blend_ps(vis, ninf, x);
+        _mm512_mask_storeu_ps(row, live, x);
+        mx = _mm512_max_ps(mx, x);
+    }
+    if (_mm512_cmp_ps_mask(_mm512_sub_ps(nf, nf), zero, _CMP_NEQ_UQ)) return 1;
+    *mx_out = mx;
+    *shift_out = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), mx, zero);
+    *a_out = exp_nonpos(_mm512_sub_ps(vm, *shift_out));
+    return 0;
+}
+
+/* A probability of pass 2: exp of the score (plain: times scale) less the shift. */
+AVX512 INLINE __m512 softmax_p(__m512 x, int plain, __m512 scale, __m512 shift) {
+    return exp_nonpos(_mm512_sub_ps(plain ? _mm512_mul_ps(x, scale) : x, shift));
+}
+
+/* The columns' new sum, max and factor, after pass 2. */
+AVX512 INLINE void softmax_done(float *m, float *l, float *alpha, int64_t r, __mmask16 live, __m512 mx, __m512 a,
+                                __m512 sum) {
+    _mm512_mask_storeu_ps(l + r, live, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l + r), a, sum));
+    _mm512_mask_storeu_ps(m + r, live, mx);
+    _mm512_mask_storeu_ps(alpha + r, live, a);
+}
+
+AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
+    const int64_t nk = t->nk, M = t->M, ld = t->ld;
+    const __m512 scale = _mm512_set1_ps(t->scale), zero = _mm512_setzero_ps();
     const int plain = npattn_tile_plain(t);
     for (int64_t r = 0; r < M; r += 16) {
         const __mmask16 live = lanes(M - r, 0);
-        __m512 vm = _mm512_maskz_loadu_ps(live, m + r), mx = vm;
-        /* nf sums x - x over unhidden scores (plain: the scores): it stays finite unless one is NaN or infinite */
-        __m512 nf = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(vm, ninf, _CMP_NEQ_UQ), vm, vm);
-        __m512i vlo = _mm512_setzero_si512(), vhi = vlo;
-        if (t->lo) {
-            vlo = _mm512_maskz_loadu_epi32(live, t->lo + r);
-            vhi = _mm512_maskz_loadu_epi32(live, t->hi + r);
-        }
-        if (plain) { /* pass 1: the column max of the raw scores, times scale; four chains of keys */
-            __m512 raw[4], sums[4];
-            for (int c = 0; c < 4; c++) raw[c] = _mm512_set1_ps(-FLT_MAX), sums[c] = zero;
-            int64_t j = 0;
-            for (; j + 4 <= nk; j += 4)
-                for (int c = 0; c < 4; c++) {
-                    const __m512 x = _mm512_maskz_loadu_ps(live, st + (j + c) * ld + r);
-                    sums[c] = _mm512_add_ps(sums[c], x);
-                    raw[c] = _mm512_max_ps(raw[c], x);
-                }
-            for (; j < nk; j++) {
-                const __m512 x = _mm512_maskz_loadu_ps(live, st + j * ld + r);
-                sums[0] = _mm512_add_ps(sums[0], x);
-                raw[0] = _mm512_max_ps(raw[0], x);
-            }
-            const __m512 most = _mm512_max_ps(_mm512_max_ps(raw[0], raw[1]), _mm512_max_ps(raw[2], raw[3]));
-            const __m512 top = _mm512_mul_ps(most, scale);
-            nf = _mm512_add_ps(nf, _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), _mm512_add_ps(sums[2], sums[3])));
-            nf = _mm512_add_ps(nf, top);
-            mx = _mm512_max_ps(mx, top);
-        }
-        /* pass 1: final scores written back, the column max */
-        for (int64_t j = 0; j < nk && !plain; j++) {
-            float *row = st + j * ld + r;
-            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row), scale);
-            __m512 check = _mm512_sub_ps(x, x);
-            __mmask16 vis = live;
-            if (capped) x = _mm512_mul_ps(cap, tanh_approx(_mm512_mul_ps(x, inv_cap)));
-            if (t->lo) {
-                __m512i vj = _mm512_set1_epi32((int32_t)j);
-                vis &= _mm512_cmp_epi32_mask(vlo, vj, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(vj, vhi, _MM_CMPINT_LE);
-            }
-            if (t->bias) {
-                __m512 b = _mm512_maskz_loadu_ps(live, t->bias + j * ld + r);
-                vis &= _mm512_cmp_ps_mask(b, ninf, _CMP_NEQ_UQ);
-                x = _mm512_add_ps(x, b);
-                check = _mm512_add_ps(check, _mm512_sub_ps(x, x));
-            }
-            nf = _mm512_mask_add_ps(nf, vis, nf, check);
-            x = _mm512_mask_blend_ps(vis, ninf, x);
-            _mm512_mask_storeu_ps(row, live, x);
-            mx = _mm512_max_ps(mx, x);
-        }
-        if (_mm512_cmp_ps_mask(_mm512_sub_ps(nf, nf), zero, _CMP_NEQ_UQ)) return 1;
+        __m512 mx, shift, a, sum = zero;
+        if (softmax_max(st, t, m, r, live, plain, &mx, &shift, &a)) return 1;
         /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
-        __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), mx, zero);
-        __m512 a = exp_nonpos(_mm512_sub_ps(vm, shift)), sum = zero;
         for (int64_t j = 0; j < nk; j++) {
             float *row = st + j * ld + r;
-            __m512 x = _mm512_maskz_loadu_ps(live, row);
-            __m512 p = exp_nonpos(_mm512_sub_ps(plain ? _mm512_mul_ps(x, scale) : x, shift));
+            __m512 p = softmax_p(_mm512_maskz_loadu_ps(live, row), plain, scale, shift);
             _mm512_mask_storeu_ps(row, live, p);
             sum = _mm512_add_ps(sum, p);
         }
-        _mm512_mask_storeu_ps(l + r, live, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l + r), a, sum));
-        _mm512_mask_storeu_ps(m + r, live, mx);
-        _mm512_mask_storeu_ps(alpha + r, live, a);
+        softmax_done(m, l, alpha, r, live, mx, a, sum);
     }
     return 0;
 }
@@ -646,20 +672,60 @@ AVX512BF16 INLINE __mmask16 subnormal_f32(__m512 x) {
                                        _mm512_set1_epi32(0x7fffffff));
 }
 
-/* Rounded by vcvtne2ps2bf16 (nearest even; a subnormal lane's result is
- * not used, the caller being told). */
-AVX512BF16 static int pair_f32_avx512(const float *a, const float *b, int64_t n, uint32_t *out) {
+/* The pairs (x[c], y[c]), each rounded by vcvtne2ps2bf16 (nearest even, a
+ * subnormal read as 0). */
+AVX512BF16 INLINE __m512i paired(__m512 x, __m512 y) {
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
                                          20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(y, x)); /* x's 16 values, then y's: paired */
+}
+
+/* Rounded by paired (a subnormal lane's result is not used, the caller
+ * being told). */
+AVX512BF16 static int pair_f32_avx512(const float *a, const float *b, int64_t n, uint32_t *out) {
     __mmask16 sub = 0;
     for (int64_t c = 0; c < n; c += 16) {
         const __mmask16 m = lanes(n, c / 16);
         const __m512 x = _mm512_maskz_loadu_ps(m, a + c), y = b ? _mm512_maskz_loadu_ps(m, b + c) : _mm512_setzero_ps();
         sub |= subnormal_f32(x) | subnormal_f32(y);
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(y, x); /* x's 16 values, then y's */
-        _mm512_mask_storeu_epi32(out + c, m, _mm512_permutexvar_epi16(idx, both));
+        _mm512_mask_storeu_epi32(out + c, m, paired(x, y));
     }
     return sub != 0;
+}
+
+/* softmax_f32 whose probabilities go to A tiles' rows of bfloat16 pairs
+ * (kernels.h's softmax_tiles_f32), rounded by paired: 32 keys of 16
+ * columns at a time, paired, then transposed so that each column's pairs
+ * lie together. */
+AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha,
+                                           uint32_t *pa, int64_t ldpa) {
+    const int64_t nk = t->nk, M = t->M, ld = t->ld, n16 = (nk + 31) / 32 * 16;
+    const __m512 scale = _mm512_set1_ps(t->scale), zero = _mm512_setzero_ps();
+    const int plain = npattn_tile_plain(t);
+    for (int64_t r = 0; r < M; r += 16) {
+        const __mmask16 live = lanes(M - r, 0);
+        __m512 mx, shift, a, sum = zero;
+        if (softmax_max(st, t, m, r, live, plain, &mx, &shift, &a)) return 1;
+        for (int64_t p0 = 0; p0 < n16; p0 += 16) {
+            __m512i x[16];
+            __m512 p[2];
+            const int whole = 2 * (p0 + 16) <= nk; /* 32 keys: no check per key */
+            for (int i = 0; i < 16; i++) {
+                for (int h = 0; h < 2; h++) { /* keys j and j + 1; zeros past nk, and in the lanes past M */
+                    const int64_t j = 2 * (p0 + i) + h;
+                    p[h] = whole || j < nk ? _mm512_maskz_mov_ps(live, softmax_p(_mm512_maskz_loadu_ps(live, st + j * ld + r),
+                                                                                 plain, scale, shift))
+                                           : zero;
+                    sum = _mm512_add_ps(sum, p[h]);
+                }
+                x[i] = paired(p[0], p[1]);
+            }
+            transpose16(x);
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(pa + (r + i) * ldpa + p0, x[i]);
+        }
+        softmax_done(m, l, alpha, r, live, mx, a, sum);
+    }
+    return 0;
 }
 
 /* Rounded by vcvtneps2bf16, as pair_f32. */
@@ -824,7 +890,8 @@ const struct npattn_kernels npattn_kernels_amx = {
     .pair_bf16 = pair_bf16_avx512,
     .scores_bf16 = npattn_amx_scores_bf16,
     .accumulate_bf16 = npattn_amx_accumulate_bf16,
-    .accumulate_weights_bf16 = npattn_amx_accumulate_weights_bf16,
+    .softmax_tiles_f32 = softmax_tiles_avx512,
+    .accumulate_tiles_bf16 = npattn_amx_accumulate_tiles_bf16,
 };
 #endif
 

@@ -98,11 +98,17 @@ struct npattn_kernels {
      * k[j * ldk + 2p + 1]), K's bfloat16 rows read in place (ldq a multiple
      * of 16 at least M, lanes past M ignored). accumulate_bf16: o (M, Dv)
      * row-major += sum over p < np of pp[p * ldp + r] . vp[p * ldv + e]
-     * (ldv a multiple of 16 at least Dv). accumulate_weights_bf16, where a
-     * table has it (NULL elsewhere): the same product with P given as the
-     * floats st (nk, ldst) columns r < M, rounded to nearest even bfloat16
-     * (a subnormal weight may read as 0), so that they need no pairs of
-     * rows first. scores_bf16 takes K's rows of D
+     * (ldv a multiple of 16 at least Dv). softmax_tiles_f32 and
+     * accumulate_tiles_bf16, where a table has them (NULL elsewhere): a
+     * softmax step as softmax_f32's whose probabilities go not to st
+     * (left unspecified) but to pa as A tiles' rows, rounded to nearest
+     * even bfloat16 (a subnormal weight may read as 0): pa[r * ldpa + p] =
+     * (P[r][2p], P[r][2p + 1]) for r below M rounded up to 16 (zeros past
+     * M) and p below (nk + 1) / 2 rounded up to 16 (zeros past nk); ldpa a
+     * multiple of 16. accumulate_tiles_bf16: o (M, Dv) += the product of
+     * those pairs (np = (nk + 1) / 2) and vp's, as accumulate_bf16; P
+     * leaves the softmax as the tiles take it, with no pass of its own.
+     * scores_bf16 takes K's rows of D
      * = 2 np values when D is a multiple of bf16_d_step. bf16_tile: the
      * keys per tile and the most stacked rows that suit them (0: the
      * float32 gemms' tile sizes). */
@@ -114,8 +120,10 @@ struct npattn_kernels {
                         int64_t nk, float *st, int64_t ldst);
     void (*accumulate_bf16)(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp, int64_t ldv,
                             int64_t Dv, float *o);
-    void (*accumulate_weights_bf16)(const float *st, int64_t ldst, int64_t M, int64_t nk, const uint32_t *vp,
-                                    int64_t ldv, int64_t Dv, float *o);
+    int (*softmax_tiles_f32)(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha,
+                             uint32_t *pa, int64_t ldpa);
+    void (*accumulate_tiles_bf16)(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
+                                  int64_t ldv, int64_t Dv, float *o);
 
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
@@ -158,8 +166,8 @@ void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype k
 int npattn_amx_q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb);
 void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
                                 int64_t ldv, int64_t Dv, float *o);
-void npattn_amx_accumulate_weights_bf16(const float *st, int64_t ldst, int64_t M, int64_t nk, const uint32_t *vp,
-                                        int64_t ldv, int64_t Dv, float *o);
+void npattn_amx_accumulate_tiles_bf16(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
+                                      int64_t ldv, int64_t Dv, float *o);
 /* Asks the OS for the tile data state (once per process is enough);
  * returns whether it was granted. */
 int npattn_amx_request_permission(void);
