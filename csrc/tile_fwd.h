@@ -201,8 +201,8 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         s.q_tiles = npattn_kernels()->q_tiles((const float *)qrows + gi * s.mg * D, s.mg, D, s.qp + gi * D / 2 * 16);
 #endif
     if (s.stream) {
-        kv_rounds(pl, &s.kk, u->ng, s.q_tiles, &s.k_keys, &s.k_dist);
-        kv_rounds(pl, &s.vv, u->ng, 0, &s.v_keys, &s.v_dist);
+        kv_rounds(pl, &s.kk, u->ng, s.q_tiles, 0, &s.k_keys, &s.k_dist);
+        kv_rounds(pl, &s.vv, u->ng, 0, s.mg, &s.v_keys, &s.v_dist);
     }
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
      * with split-K only the first split carries it. */

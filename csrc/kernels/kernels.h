@@ -84,6 +84,10 @@ struct npattn_kernels {
     int (*q_tiles)(const float *q, int64_t M, int64_t D, uint32_t *qb);
     void (*accumulate)(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans, int64_t n_span,
                        enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o);
+    /* How many rows ahead accumulate wants its value rows' `ahead` for M
+     * rows of Dv columns, given `rows`, the distance for one pass over each
+     * value row, and the tile's keys (NULL: rows). */
+    int64_t (*accumulate_ahead)(int64_t M, int64_t Dv, int64_t rows, int64_t tile);
 
     /* bfloat16 dot products (vdpbf16ps, AMX tiles, BFDOT), in the tables
      * that have them (NULL elsewhere). Operands come in pairs: a uint32
