@@ -25,9 +25,10 @@
 #define npattn_blas_get_corename openblas_get_corename
 #endif
 
-/* The tiles' products: through the pool (pool.c), which first makes sure
- * that OpenBLAS has room for the work buffer a product needs, and else fails
- * the run with NPATTN_STATUS_NO_MEMORY (skipping the product). */
+/* The tiles' products: through the pool (pool.c), which runs a float one
+ * on the kernel table's gemm_f32 where it has one, and else first makes
+ * sure that OpenBLAS has room for the work buffer a product needs, failing
+ * the run with NPATTN_STATUS_NO_MEMORY (skipping the product) without it. */
 struct npattn_run;
 void npattn_pool_sgemm(struct npattn_run *run, enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb,
                        int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);

@@ -19,7 +19,9 @@
  * - Memory: OpenBLAS keeps a table of work buffers, one per product running
  *   at once, maps a new one when every buffer it has is in use, and ends the
  *   process when that map fails. The tiles' products go through
- *   npattn_pool_sgemm / dgemm, which count them: one that would run beside
+ *   npattn_pool_sgemm / dgemm, which count those that reach OpenBLAS (a
+ *   float product goes to the kernel table's gemm_f32 where it has one,
+ *   which needs no buffer): one that would run beside
  *   more products than ever before first makes sure there is room for one
  *   more buffer, and without it fails the call (NPATTN_STATUS_NO_MEMORY)
  *   instead of reaching OpenBLAS.
@@ -35,6 +37,7 @@
 
 #include "blas.h"
 #include "internal.h"
+#include "kernels/kernels.h"
 
 #define POLL_NS 50000000LL      /* the calling thread polls cancel every 50 ms */
 #ifndef NPATTN_SPIN_NS
@@ -249,6 +252,12 @@ static int product_begin(struct npattn_run *run) {
 void npattn_pool_sgemm(struct npattn_run *run, enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb,
                        int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
                        float *C, int ldc) {
+    const struct npattn_kernels *kn = npattn_kernels();
+    if (kn->gemm_f32 && order == CblasRowMajor && tb == CblasNoTrans) { /* the kernel table's own */
+        const int64_t a_rs = ta == CblasNoTrans ? lda : 1, a_ps = ta == CblasNoTrans ? 1 : lda;
+        kn->gemm_f32(M, N, K, alpha, A, a_rs, a_ps, B, ldb, beta, C, ldc);
+        return;
+    }
     if (!product_begin(run)) return;
     npattn_cblas_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     atomic_fetch_sub(&n_products, 1);

@@ -351,6 +351,58 @@ static void test_transpose(void) {
     npattn_kernels_force("");
 }
 
+/* Every table's gemm_f32 (where it has one) against the product in double:
+ * rows around its blocks of 6, columns around its vectors and column
+ * blocks, k past its blocks of b's packed rows, a as stored and
+ * transposed, leading dimensions past the widths, alpha and beta. Within
+ * (k + 3) units of float's rounding of the terms' magnitudes (one rounding
+ * a term and the scaling's two); c untouched past n, and not read where
+ * beta is 0 (NaN there). */
+static void test_gemm(void) {
+    enum { MAX_M = 40, MAX_N = 131, MAX_K = 300, PAD = 3 };
+    static const int64_t ms[] = {1, 5, 6, 7, 13, 40}, ns[] = {1, 7, 8, 9, 16, 17, 48, 63, 64, 65, 131},
+                         ks[] = {0, 1, 3, 127, 128, 129, 300};
+    static float a[(MAX_M + PAD) * (MAX_K + PAD)], b[MAX_K * (MAX_N + PAD)], c[MAX_M * (MAX_N + PAD)], c0[MAX_M * (MAX_N + PAD)];
+    char msg[160];
+    for (int64_t i = 0; i < (MAX_M + PAD) * (MAX_K + PAD); i++) a[i] = (float)uniform();
+    for (int64_t i = 0; i < MAX_K * (MAX_N + PAD); i++) b[i] = (float)uniform();
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0 || !npattn_kernels()->gemm_f32) continue;
+        for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+                for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+                    for (int form = 0; form < 4; form++) {
+                        const int64_t m = ms[mi], n = ns[ni], k = ks[ki], ldb = n + PAD, ldc = n + PAD;
+                        const int trans = form & 1;
+                        const float alpha = form & 2 ? 0.5f : 1.0f, beta = form == 1 || form == 2 ? 1.0f : 0.0f;
+                        /* a (m, k) stored with rows lda apart, or its transpose (k, m) */
+                        const int64_t lda = (trans ? m : k) + PAD, a_rs = trans ? 1 : lda, a_ps = trans ? lda : 1;
+                        for (int64_t i = 0; i < m * ldc; i++) c0[i] = i % ldc < n ? (float)uniform() : 7.0f;
+                        for (int64_t i = 0; i < m * ldc; i++) c[i] = beta == 0.0f && i % ldc < n ? NAN : c0[i];
+                        npattn_kernels()->gemm_f32(m, n, k, alpha, a, a_rs, a_ps, b, ldb, beta, c, ldc);
+                        int ok = 1;
+                        for (int64_t i = 0; i < m; i++) {
+                            for (int64_t j = 0; j < n; j++) {
+                                double want = 0, mag = 0;
+                                for (int64_t p = 0; p < k; p++) {
+                                    const double x = (double)a[i * a_rs + p * a_ps] * (double)b[p * ldb + j];
+                                    want += x, mag += fabs(x);
+                                }
+                                const double cw = beta == 0.0f ? 0.0 : (double)c0[i * ldc + j];
+                                const double tol = (double)(k + 3) * 0x1p-24 * (alpha * mag + fabs(cw)) + 0x1p-140;
+                                ok &= fabs((double)c[i * ldc + j] - (alpha * want + beta * cw)) <= tol;
+                            }
+                            for (int64_t j = n; j < ldc; j++) ok &= c[i * ldc + j] == 7.0f;
+                        }
+                        snprintf(msg, sizeof msg, "%s: gemm_f32 %s m=%lld n=%lld k=%lld alpha=%g beta=%g",
+                                 kernel_tables[t], trans ? "a^T" : "a", (long long)m, (long long)n, (long long)k,
+                                 (double)alpha, (double)beta);
+                        expect(ok, msg);
+                    }
+    }
+    npattn_kernels_force("");
+}
+
 /* Every table's finish_rows against the scalar rounding of x * (1 / l):
  * float32, float16 and bfloat16 rows of widths around the vectors' 8 and
  * 16, a row with l = 0 (zeros), results that round to subnormals or to
@@ -1084,6 +1136,7 @@ int main(void) {
     test_pool_concurrent();
     test_extremes();
     test_transpose();
+    test_gemm();
     test_finish_rows();
     test_narrow();
     test_add_f32();

@@ -600,8 +600,11 @@ UNDER_AN_ADDRESS_SPACE_LIMIT = r"""
 import hashlib, resource, sys
 import numpy as np
 import npattn
-from npattn import reference
+from npattn import _core, reference
 
+# the portable kernels: every product of theirs is OpenBLAS's (the SIMD tables
+# run float products on their own kernels, which need no buffer)
+_core.debug_force_simd("portable")
 rng = np.random.default_rng(5)
 q, k, v, dout = (rng.standard_normal((1, h, 256, 64), dtype=np.float32) for h in (8, 2, 2, 8))
 # the forward pass's results from the reference: no product of npattn's runs before the limit
@@ -636,7 +639,8 @@ print(digest(call()), flush=True)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 @pytest.mark.parametrize("function", ["sdpa", "sdpa_backward", "attention_weights"])
 def test_an_address_space_limit_gives_memory_error(function):
-    """RLIMIT_AS 16 MiB above the process size, threads=2: the call raises MemoryError,
+    """RLIMIT_AS 16 MiB above the process size, threads=2, the portable kernels (whose
+    products are all OpenBLAS's): the call raises MemoryError,
     prints nothing to stderr, and once the limit is lifted computes what an unlimited
     process computes. (0.2 exited with status 1 and "OpenBLAS error: Memory allocation
     still failed after 10 retries, giving up." when a helper thread's product needed a

@@ -129,6 +129,16 @@ struct npattn_kernels {
     void (*accumulate_tiles_bf16)(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
                                   int64_t ldv, int64_t Dv, float *o);
 
+    /* The tiles' float products, where a table has them (NULL elsewhere:
+     * OpenBLAS's sgemm): c (m, n) = alpha * a @ b + beta * c (beta 0: c
+     * not read), a's element (i, p) at a[i * a_rs + p * a_ps] (a row-major
+     * matrix or its transpose, read in place), b (k, n) and c row-major
+     * with leading dimensions ldb and ldc. Each c element's sum runs over p
+     * in order, one FMA a term. Not packed: b's rows are read where they
+     * lie, a's elements broadcast, blocks of c held in registers. */
+    void (*gemm_f32)(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs, int64_t a_ps,
+                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
     /* dst[j] = src[j] for j < n, float16 to float. */
     void (*f16_to_f32)(const uint16_t *src, int64_t n, float *dst);
     /* rowsT (w, M) = the transpose of rows (M, w): rowsT[d * ldt + r] =
