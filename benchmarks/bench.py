@@ -30,6 +30,10 @@ from cases import MEMORY_CASE, PEERS, Case, suites  # noqa: E402
 
 SUITES = ("per-call", "prefill", "features", "backward")
 EXTRAS = ("loop", "memory")
+# timed in a worker of their own, after the others: with MLX among a case's
+# systems, the calls after its calls ran slower in the same process (a 32-token
+# prefill of npattn's 30.2 against 19.6 us, whatever the pause between them)
+ALONE = ("mlx",)
 
 
 def log(text: str) -> None:
@@ -37,7 +41,9 @@ def log(text: str) -> None:
 
 
 def worker(spec: dict) -> dict:
-    """Runs in a process pinned to spec["threads"] CPUs: ceilings, bandwidth, cases, loop."""
+    """Runs in a process pinned to spec["threads"] CPUs: ceilings, bandwidth, cases, loop.
+    Only the systems in spec["timed"] are timed; npattn's result is the one the others
+    are checked against in any case."""
     import measure
 
     threads = spec["threads"]
@@ -64,7 +70,7 @@ def worker(spec: dict) -> dict:
         log(f"{case.label}  [{threads} thread(s)]")
         results, prepared, reference = {}, {}, None
         for name in spec["systems"]:
-            if name not in case.systems:
+            if name not in case.systems or (name not in spec["timed"] and name != "npattn"):
                 continue
             if name == "numpy" and case.score_bytes > spec["numpy_max_bytes"]:
                 results[name] = {"status": "skipped", "note": f"{case.score_bytes / 2**30:.1f} GiB of scores"}
@@ -77,6 +83,8 @@ def worker(spec: dict) -> dict:
                 continue
             if name == "npattn":
                 reference = result
+            if name not in spec["timed"]:
+                continue
             diff = measure.check_close(result, reference) if reference is not None else None
             prepared[name] = (call, fewest, diff)
             time.sleep(spec["settle"])  # let this system's spinning threads go to sleep
@@ -176,22 +184,29 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()  # other work on the machine shows up in every number
     workers = {}
     for threads in sorted(groups, reverse=True):
+        spec = {
+            "threads": threads,
+            "systems": systems,
+            "timed": [s for s in systems if s not in ALONE],
+            "cases": [asdict(c) for c in groups[threads]],
+            "ceiling_threads": sorted({1, threads}),
+            "ceiling_n": 2048 if args.quick else 4096,
+            "min_time": args.min_time,
+            "numpy_max_bytes": args.numpy_max_gib * 2**30,
+            "settle": args.settle,
+            "rounds": max(1, args.rounds),
+            "loop": "loop" in chosen and threads == args.threads,
+        }
         log(f"\n== {threads} thread(s), in a pinned worker process ==")
-        workers[threads] = run_child(
-            "--_worker",
-            {
-                "threads": threads,
-                "systems": systems,
-                "cases": [asdict(c) for c in groups[threads]],
-                "ceiling_threads": sorted({1, threads}),
-                "ceiling_n": 2048 if args.quick else 4096,
-                "min_time": args.min_time,
-                "numpy_max_bytes": args.numpy_max_gib * 2**30,
-                "settle": args.settle,
-                "rounds": max(1, args.rounds),
-                "loop": "loop" in chosen and threads == args.threads,
-            },
-        )
+        workers[threads] = run_child("--_worker", spec)
+        for name in (s for s in systems if s in ALONE):
+            log(f"\n== {threads} thread(s), {name} in a pinned worker process of its own ==")
+            alone = run_child("--_worker", {**spec, "timed": [name], "ceiling_threads": [], "loop": False})
+            for case_id, results in alone.get("cases", {}).items():
+                if name in results:
+                    workers[threads]["cases"][case_id][name] = results[name]
+            if alone.get("status") == "error":
+                workers[threads] = alone
         if workers[threads].get("status") == "error":
             log(f"worker failed: {workers[threads]['note']}")
             return 1
@@ -214,7 +229,7 @@ def main(argv=None) -> int:
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
         },
-        "settings": {**vars(args), "systems": systems, "missing": missing},
+        "settings": {**vars(args), "systems": systems, "missing": missing, "alone": [s for s in systems if s in ALONE]},
         "suites": [
             {"name": s.name, "title": s.title, "cases": [asdict(c) for c in s.cases if args.only in c.id]}
             for s in picked

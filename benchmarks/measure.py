@@ -74,22 +74,13 @@ def time_calls(call: Callable, warmup: int = 1, repeats: int = 5, min_time: floa
 
 
 def interleaved(calls: dict, rounds: int = 7, min_time: float = 0.3) -> dict:
-    """Median ms of each call, timed in alternating rounds (each round: every call
-    repeated until min_time / rounds has passed)."""
-    for call in calls.values():
-        call()
-    times: dict = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            n, start = 0, time.perf_counter()
-            while True:
-                call()
-                n += 1
-                elapsed = time.perf_counter() - start
-                if elapsed > min_time / rounds:
-                    break
-            times[name].append(1e3 * elapsed / n)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median ms of each plain call, timed by time_rounds in `rounds` alternating
+    rounds (at least one call a round); the first exception is raised."""
+    timed = time_rounds({name: (clocked(call), rounds) for name, call in calls.items()}, min_time, rounds=rounds)
+    for t in timed.values():
+        if isinstance(t, Exception):
+            raise t
+    return {name: t["ms"] for name, t in timed.items()}
 
 
 def suite_args(doc: str | None):

@@ -158,11 +158,12 @@ def markdown(data: dict) -> str:
         ]
     p = data["provenance"]
     rounds = data.get("settings", {}).get("rounds")
+    alone = [LABELS[n] for n in data.get("settings", {}).get("alone", [])]
     timing = (
         f"median of repeated calls after a warm-up, the systems of a case alternating in {rounds} rounds"
         if rounds
         else "median of repeated calls after a warm-up"
-    )
+    ) + (f" ({' and '.join(alone)} in a process of its own after the others)" if alone else "")
     ceil = ", ".join(f"{v['gflops']:.0f} GFLOP/s on {t}" for t, v in sorted(ceiling.items()))
     band = ", ".join(f"{v['gbs']:.1f} GB/s on {t}" for t, v in sorted(bw.items()))
     fma = main.get("fma", {})
