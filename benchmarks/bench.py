@@ -67,6 +67,8 @@ def worker(spec: dict) -> dict:
     out["knobs"] = {name: SYSTEMS[name].set_threads(threads) for name in spec["systems"]}
     for c in spec["cases"]:
         case = Case(**{**c, "systems": tuple(c["systems"]), "window": tuple(c["window"]) if c["window"] else None})
+        if not any(name in case.systems for name in spec["timed"]):
+            continue
         log(f"{case.label}  [{threads} thread(s)]")
         results, prepared, reference = {}, {}, None
         for name in spec["systems"]:
