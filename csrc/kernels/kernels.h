@@ -134,8 +134,10 @@ struct npattn_kernels {
      * not read), a's element (i, p) at a[i * a_rs + p * a_ps] (a row-major
      * matrix or its transpose, read in place), b (k, n) and c row-major
      * with leading dimensions ldb and ldc. Each c element's sum runs over p
-     * in order, one FMA a term. Not packed: b's rows are read where they
-     * lie, a's elements broadcast, blocks of c held in registers. */
+     * in order, one FMA a term, from zero for each block of the table's
+     * packed rows of b, then scaled and added to c. Blocks of c are held in
+     * registers, a's elements broadcast where they lie; only b's column
+     * block is packed, where blocks of c's rows reuse it. */
     void (*gemm_f32)(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs, int64_t a_ps,
                      const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
