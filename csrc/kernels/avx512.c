@@ -684,6 +684,20 @@ AVX512BF16 INLINE __mmask16 subnormal_f32(__m512 x) {
                                        _mm512_set1_epi32(0x7fffffff));
 }
 
+/* exp2(y) for y <= 0 (or -inf) to 2.7e-6 relative (NPATTN_EXP2_FAST_*),
+ * 0 below 2^-126: the "fast" tiles' weights, rounded to bfloat16 next. */
+AVX512 INLINE __m512 exp2_fast(__m512 y) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(y, _mm512_set1_ps(NPATTN_EXP2_MIN), _CMP_GE_OQ);
+    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(y, n);
+    __m512 p = _mm512_set1_ps(NPATTN_EXP2_FAST_C4);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C0));
+    return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n */
+}
+
 /* The pairs (x[c], y[c]), each rounded by vcvtne2ps2bf16 (nearest even, a
  * subnormal read as 0). */
 AVX512BF16 INLINE __m512i paired(__m512 x, __m512 y) {
@@ -712,12 +726,15 @@ AVX512BF16 static int pair_f32_avx512(const float *a, const float *b, int64_t n,
 AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha,
                                            uint32_t *pa, int64_t ldpa) {
     const int64_t nk = t->nk, M = t->M, ld = t->ld, n16 = (nk + 31) / 32 * 16;
-    const __m512 scale = _mm512_set1_ps(t->scale), zero = _mm512_setzero_ps();
+    const __m512 zero = _mm512_setzero_ps();
     const int plain = npattn_tile_plain(t);
+    /* exp(x - shift) as exp2 of one FMA, x (plain: x * scale) times log2(e) less shift's multiple */
+    const __m512 to2 = _mm512_set1_ps((float)((plain ? (double)t->scale : 1.0) * 1.4426950408889634));
     for (int64_t r = 0; r < M; r += 16) {
         const __mmask16 live = lanes(M - r, 0);
         __m512 mx, shift, a, sum = zero;
         if (softmax_max(st, t, m, r, live, plain, &mx, &shift, &a)) return 1;
+        const __m512 from = _mm512_mul_ps(shift, _mm512_set1_ps(-NPATTN_LOG2E));
         for (int64_t p0 = 0; p0 < n16; p0 += 16) {
             __m512i x[16];
             __m512 p[2];
@@ -725,9 +742,10 @@ AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_
             for (int i = 0; i < 16; i++) {
                 for (int h = 0; h < 2; h++) { /* keys j and j + 1; zeros past nk, and in the lanes past M */
                     const int64_t j = 2 * (p0 + i) + h;
-                    p[h] = whole || j < nk ? _mm512_maskz_mov_ps(live, softmax_p(_mm512_maskz_loadu_ps(live, st + j * ld + r),
-                                                                                 plain, scale, shift))
-                                           : zero;
+                    p[h] = whole || j < nk
+                               ? _mm512_maskz_mov_ps(live, exp2_fast(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, st + j * ld + r),
+                                                                                     to2, from)))
+                               : zero;
                     sum = _mm512_add_ps(sum, p[h]);
                 }
                 x[i] = paired(p[0], p[1]);

@@ -104,9 +104,11 @@ struct npattn_kernels {
      * row-major += sum over p < np of pp[p * ldp + r] . vp[p * ldv + e]
      * (ldv a multiple of 16 at least Dv). softmax_tiles_f32 and
      * accumulate_tiles_bf16, where a table has them (NULL elsewhere): a
-     * softmax step as softmax_f32's whose probabilities go not to st
-     * (left unspecified) but to pa as A tiles' rows, rounded to nearest
-     * even bfloat16 (a subnormal weight may read as 0): pa[r * ldpa + p] =
+     * softmax step as softmax_f32's (the same max and factor) whose
+     * probabilities, from the faster exp of NPATTN_EXP2_FAST_* (their sum
+     * too), go not to st (left unspecified) but to pa as A tiles' rows,
+     * rounded to nearest even bfloat16 (a subnormal weight may read as 0):
+     * pa[r * ldpa + p] =
      * (P[r][2p], P[r][2p + 1]) for r below M rounded up to 16 (zeros past
      * M) and p below (nk + 1) / 2 rounded up to 16 (zeros past nk); ldpa a
      * multiple of 16. accumulate_tiles_bf16: o (M, Dv) += the product of
@@ -377,6 +379,14 @@ static inline int64_t npattn_span_rows(const struct npattn_span *spans, int64_t 
 #define NPATTN_EXP2_C1 6.931472028550421e-1f
 #define NPATTN_EXP2_MIN -126.0f
 #define NPATTN_LOG2E 1.44269504088896341f
+/* The weights of the "fast" bfloat16 prefill's tiles (softmax_tiles_f32),
+ * which are rounded to bfloat16 (2^-9) next: exp2 on [-0.5, 0.5] to 2.7e-6
+ * relative, a near-minimax polynomial of degree 4, its argument one FMA. */
+#define NPATTN_EXP2_FAST_C4 9.570101276040077e-3f
+#define NPATTN_EXP2_FAST_C3 5.591785907745361e-2f
+#define NPATTN_EXP2_FAST_C2 2.40247443318367e-1f
+#define NPATTN_EXP2_FAST_C1 6.931217908859253e-1f
+#define NPATTN_EXP2_FAST_C0 9.999992847442627e-1f
 
 /* tanh(y) for |y| < 0.625: y + y^3 P(y^2), P a least-squares fit of degree
  * 4, within 1.4 half-ulps in float; beyond, (1 - e) / (1 + e) with
