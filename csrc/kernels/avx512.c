@@ -18,24 +18,36 @@ AVX512 INLINE __mmask16 lanes(int64_t n, int64_t c) {
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. The
- * lanes below (-inf among them, whose polynomial is NaN) are zeroed by the
- * scaling's mask, so y needs no clamp. */
-AVX512 INLINE __m512 exp_nonpos(__m512 x) {
-    const __m512 vmin = _mm512_set1_ps(NPATTN_EXP2_MIN);
-    __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E));
-    __mmask16 keep = _mm512_cmp_ps_mask(y, vmin, _CMP_GE_OQ);
-    __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(y, n);
-    __m512 p = _mm512_set1_ps(NPATTN_EXP2_C6);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C5));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C4));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C3));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C2));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C1));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+/* 2^y for y <= 0 (or -inf), 0 below 2^-126: 2^n p(y - n), n the nearest
+ * integer, p Cephes's polynomial (NPATTN_EXP2_C*) or, `fast`, the degree-4
+ * one of the "fast" tiles' weights (NPATTN_EXP2_FAST_*). The lanes below
+ * (-inf among them, whose polynomial is NaN) are zeroed by the scaling's
+ * mask, so y needs no clamp. */
+AVX512 INLINE __m512 exp2_nonpos(__m512 y, const int fast) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(y, _mm512_set1_ps(NPATTN_EXP2_MIN), _CMP_GE_OQ);
+    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(y, n);
+    __m512 p;
+    if (fast) {
+        p = _mm512_set1_ps(NPATTN_EXP2_FAST_C4);
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C3));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C2));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C1));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C0));
+    } else {
+        p = _mm512_set1_ps(NPATTN_EXP2_C6);
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C5));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C4));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C3));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C2));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C1));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    }
     return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n */
 }
+
+/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e). */
+AVX512 INLINE __m512 exp_nonpos(__m512 x) { return exp2_nonpos(_mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E)), 0); }
 
 /* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
 AVX512 INLINE __m512 tanh_approx(__m512 y) {
@@ -684,20 +696,6 @@ AVX512BF16 INLINE __mmask16 subnormal_f32(__m512 x) {
                                        _mm512_set1_epi32(0x7fffffff));
 }
 
-/* exp2(y) for y <= 0 (or -inf) to 2.7e-6 relative (NPATTN_EXP2_FAST_*),
- * 0 below 2^-126: the "fast" tiles' weights, rounded to bfloat16 next. */
-AVX512 INLINE __m512 exp2_fast(__m512 y) {
-    const __mmask16 keep = _mm512_cmp_ps_mask(y, _mm512_set1_ps(NPATTN_EXP2_MIN), _CMP_GE_OQ);
-    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(y, n);
-    __m512 p = _mm512_set1_ps(NPATTN_EXP2_FAST_C4);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C3));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C2));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C1));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C0));
-    return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n */
-}
-
 /* The pairs (x[c], y[c]), each rounded by vcvtne2ps2bf16 (nearest even, a
  * subnormal read as 0). */
 AVX512BF16 INLINE __m512i paired(__m512 x, __m512 y) {
@@ -743,8 +741,8 @@ AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_
                 for (int h = 0; h < 2; h++) { /* keys j and j + 1; zeros past nk, and in the lanes past M */
                     const int64_t j = 2 * (p0 + i) + h;
                     p[h] = whole || j < nk
-                               ? _mm512_maskz_mov_ps(live, exp2_fast(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, st + j * ld + r),
-                                                                                     to2, from)))
+                               ? _mm512_maskz_mov_ps(live, exp2_nonpos(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, st + j * ld + r),
+                                                                                       to2, from), 1))
                                : zero;
                     sum = _mm512_add_ps(sum, p[h]);
                 }
@@ -889,7 +887,6 @@ AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, i
     }
 }
 
-/* The float32 kernels but scores, shared by the three AVX-512 tables. */
 /* ---- the tiles' float products (gemm_f32) ---- */
 
 #define GEMM_ROWS 6     /* rows of c in a block */
@@ -965,6 +962,7 @@ AVX512 static void gemm_f32_avx512(int64_t m, int64_t n, int64_t k, float alpha,
     }
 }
 
+/* The float32 kernels but scores, shared by the three AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
     .softmax_f32 = softmax_avx512, .softmax_rows_f32 = softmax_rows_avx512,                                          \
     .accumulate = accumulate_avx512, .accumulate_ahead = accumulate_ahead_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
