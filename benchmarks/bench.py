@@ -185,11 +185,12 @@ def main(argv=None) -> int:
 
     load_before = os.getloadavg()  # other work on the machine shows up in every number
     workers = {}
+    apart = [s for s in systems if s in ALONE]  # each timed in a worker of its own
     for threads in sorted(groups, reverse=True):
         spec = {
             "threads": threads,
             "systems": systems,
-            "timed": [s for s in systems if s not in ALONE],
+            "timed": [s for s in systems if s not in apart],
             "cases": [asdict(c) for c in groups[threads]],
             "ceiling_threads": sorted({1, threads}),
             "ceiling_n": 2048 if args.quick else 4096,
@@ -201,7 +202,7 @@ def main(argv=None) -> int:
         }
         log(f"\n== {threads} thread(s), in a pinned worker process ==")
         workers[threads] = run_child("--_worker", spec)
-        for name in (s for s in systems if s in ALONE):
+        for name in apart:
             log(f"\n== {threads} thread(s), {name} in a pinned worker process of its own ==")
             alone = run_child("--_worker", {**spec, "timed": [name], "ceiling_threads": [], "loop": False})
             for case_id, results in alone.get("cases", {}).items():
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
         },
-        "settings": {**vars(args), "systems": systems, "missing": missing, "alone": [s for s in systems if s in ALONE]},
+        "settings": {**vars(args), "systems": systems, "missing": missing, "alone": apart},
         "suites": [
             {"name": s.name, "title": s.title, "cases": [asdict(c) for c in s.cases if args.only in c.id]}
             for s in picked
