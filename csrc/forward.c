@@ -33,7 +33,7 @@
 #define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
 #define MERGE_PARTS 8             /* split-K over several kv heads per unit: at most this many parts */
 #define HEAD_RUN_BYTES 32768      /* a kv head's rows read at about the memory's streaming rate when this many lie together */
-#define SHARED_PAIRS_MAX ((size_t)1 << 30) /* bytes of V's pairs shared by a call's units (v_pairs_of), at most */
+#define SHARED_TILES_MAX ((size_t)1 << 30) /* bytes of a call's shared copies of K or V (shared_tile), at most */
 #define ROUND_KEYS 64             /* keys per round of a paged unit's kv heads (kv_rounds): rounds of 32, 64, 128 and 256
                                      keys (the tile) ran Qwen3-4B heads over pages of 16 rows at 0.95, 0.99, 0.97 and
                                      0.79 of the dense call (float32, 8 requests, 2 threads) */
@@ -41,6 +41,14 @@
 /* Byte offsets of one slot's scratch regions. */
 struct layout {
     size_t qt, qrows, st, ot, m, l, alpha, row, kt, vt, bias, lo, hi, qp, pp, vp, spans, size;
+};
+
+/* The call's copies of the key tiles of each request's kv heads: n tiles of
+ * `bytes`, then a state per tile: 0 not made, 1 being made, 2 ready. */
+struct shared_tiles {
+    char *data;
+    _Atomic signed char *state;
+    size_t bytes;
 };
 
 struct fwd_plan {
@@ -58,13 +66,16 @@ struct fwd_plan {
     int stream;                   /* decode-sized float tiles: the streaming kernels */
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
     int bf16_qk, bf16_pv;         /* gemm tiles' products as bfloat16 dot products (the table's scores_bf16, accumulate_bf16) */
+    int qk_split;                 /* bf16_qk of float16 q and k, each value split in two (npattn_split_f16_row) */
     int q_tiles;                  /* streamed scores of a bfloat16 K: the table's q_tiles, once per task */
     int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
     int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32): pairs per row */
     _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
-    uint32_t *v_pairs;            /* bfloat16 P @ V, a kv head's keys met by several units: V's pairs per key tile, once */
-    _Atomic signed char *v_paired; /* then, per such tile: 0 not yet, 1 being paired, 2 ready */
-    int64_t n_vtile;              /* then: key tiles per request and kv head */
+    /* a kv head's keys met by several units: per key tile, made once
+     * (shared_tile), V's pairs for bfloat16 P @ V, K's split rows for
+     * qk_split, V's rows as float where the float gemm cannot read them in place */
+    struct shared_tiles v_pairs, k_split, v_rows;
+    int64_t n_ktile;              /* then: key tiles per request and kv head */
     int64_t ldk, ldv;             /* their leading dimensions then */
     int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
     int64_t out_size;             /* bytes per element of out */
@@ -267,30 +278,104 @@ static int rows_normal(_Atomic signed char *state, const struct npattn_kv *kv, c
     return known == 1;
 }
 
+/* Allocates t's n tiles of `bytes` and their states, unless they would take
+ * more than SHARED_TILES_MAX bytes (t->data stays NULL: no copies). */
+static int shared_alloc(struct shared_tiles *t, size_t n, size_t bytes) {
+    t->bytes = bytes;
+    if (n > SHARED_TILES_MAX / bytes) return 1;
+    t->data = npattn_alloc(n * bytes + n);
+    if (!t->data) return 0;
+    t->state = (_Atomic signed char *)(t->data + n * bytes);
+    memset((void *)t->state, 0, n);
+    return 1;
+}
+
+/* The call's copy of unit u's key tile at j0 in t, where t has copies and
+ * the tile lies on its request's grid of bk keys; else NULL. *make: the
+ * caller is the first to reach it and makes it now, then calls
+ * tile_made. A tile another unit is making is NULL too: the caller makes
+ * its own rather than wait. */
+static char *shared_tile(const struct fwd_plan *pl, const struct shared_tiles *t, const struct unit *u, int64_t j0,
+                         int *make) {
+    *make = 0;
+    if (!t->data || (j0 - u->k0) % pl->bk != 0) return NULL;
+    const int64_t tile = (u->b * pl->p->n_head_kv + u->g) * pl->n_ktile + (j0 - u->k0) / pl->bk;
+    _Atomic signed char *state = t->state + tile;
+    signed char none = 0;
+    if (atomic_load_explicit(state, memory_order_acquire) == 2) return t->data + (size_t)tile * t->bytes;
+    if (!atomic_compare_exchange_strong_explicit(state, &none, 1, memory_order_relaxed, memory_order_relaxed))
+        return NULL;
+    *make = 1;
+    return t->data + (size_t)tile * t->bytes;
+}
+
+static void tile_made(const struct shared_tiles *t, const char *copy) {
+    atomic_store_explicit(t->state + (copy - t->data) / (ptrdiff_t)t->bytes, 2, memory_order_release);
+}
+
 /* The pairs of V for the key tile [j0, j0 + nk) of unit u's kv head (rows
- * vv): the call's copy of the tile, paired by the first unit to reach it,
- * where the tile lies on its request's grid of bk keys and its last pair is
- * the copy's (nk even, or the whole tile); else paired into vp. Either way
- * the same pairs. Every query block of a causal bfloat16 prefill reads the
- * tiles below it: paired once, not once per block (Qwen3-4B heads, L = S =
- * 2048, "fast": 3-4% of the call on one and on two threads). */
+ * vv): the call's copy of the tile (the whole tile's pairs), where its last
+ * pair is the copy's (nk even, or the whole tile); else paired into vp.
+ * Either way the same pairs. Every query block of a causal bfloat16
+ * prefill reads the tiles below it: paired once, not once per block
+ * (Qwen3-4B heads, L = S = 2048, "fast": 3-4% of the call on one and on
+ * two threads). */
 static const uint32_t *v_pairs_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *vv, int64_t j0,
                                   int64_t nk, uint32_t *vp) {
-    const int64_t bk = pl->bk, Dv = pl->p->n_embd_v, whole = min64(bk, u->k1 - j0);
-    if (pl->v_pairs && (j0 - u->k0) % bk == 0 && (nk % 2 == 0 || nk == whole)) {
-        const int64_t tile = (u->b * pl->p->n_head_kv + u->g) * pl->n_vtile + (j0 - u->k0) / bk;
-        uint32_t *copy = pl->v_pairs + (size_t)tile * (size_t)((bk + 1) / 2 * pl->ldv2);
-        _Atomic signed char *state = pl->v_paired + tile;
-        signed char none = 0;
-        if (atomic_load_explicit(state, memory_order_acquire) == 2) return copy;
-        if (atomic_compare_exchange_strong_explicit(state, &none, 1, memory_order_relaxed, memory_order_relaxed)) {
-            npattn_pairs_of_kv(vv, j0, whole, Dv, copy, pl->ldv2);
-            atomic_store_explicit(state, 2, memory_order_release);
-            return copy;
-        } /* another unit is pairing it: pair it here too rather than wait */
+    const int64_t Dv = pl->p->n_embd_v, whole = min64(pl->bk, u->k1 - j0);
+    int make;
+    uint32_t *copy = nk % 2 == 0 || nk == whole ? (uint32_t *)shared_tile(pl, &pl->v_pairs, u, j0, &make) : NULL;
+    if (copy && make) {
+        npattn_pairs_of_kv(vv, j0, whole, Dv, copy, pl->ldv2);
+        tile_made(&pl->v_pairs, (char *)copy);
     }
+    if (copy) return copy;
     npattn_pairs_of_kv(vv, j0, nk, Dv, vp, pl->ldv2);
     return vp;
+}
+
+/* V's rows of the key tile at j0 of unit u's kv head as float (Dv apart):
+ * the call's copy of the whole tile, where there is one; else NULL. */
+static const float *v_rows_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *vv, int64_t j0) {
+    const struct npattn_tensor *v = &pl->p->v;
+    const int64_t Dv = pl->p->n_embd_v;
+    int make;
+    float *copy = (float *)shared_tile(pl, &pl->v_rows, u, j0, &make);
+    for (int64_t j = 0, nk = min64(pl->bk, u->k1 - j0), run; make && j < nk; j += run) {
+        const char *at = npattn_kv_row(vv, j0 + j, &run);
+        run = min64(run, nk - j);
+        for (int64_t i = 0; i < run; i++)
+            npattn_load_f32(v->dtype, at + i * vv->row_bytes, v->col_stride, Dv, copy + (j + i) * Dv);
+    }
+    if (make) tile_made(&pl->v_rows, (char *)copy);
+    return copy;
+}
+
+/* out (nk rows of 2 D pairs) = K's rows j0 .. j0 + nk - 1 (kk), float16,
+ * split as npattn_split_f16_row. */
+static void split_rows(const struct npattn_kv *kk, int64_t j0, int64_t nk, int64_t D, uint32_t *out) {
+    for (int64_t j = 0, run; j < nk; j += run) {
+        const char *at = npattn_kv_row(kk, j0 + j, &run);
+        run = min64(run, nk - j);
+        for (int64_t i = 0; i < run; i++)
+            npattn_split_f16_row((const uint16_t *)(at + i * kk->row_bytes), D, out + (j + i) * 2 * D);
+    }
+}
+
+/* K's split rows for the key tile [j0, j0 + nk) of unit u's kv head: the
+ * call's copy of the whole tile, where there is one, else split into kp. */
+static const uint32_t *k_split_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *kk, int64_t j0,
+                                  int64_t nk, uint32_t *kp) {
+    const int64_t D = pl->p->n_embd_k;
+    int make;
+    uint32_t *copy = (uint32_t *)shared_tile(pl, &pl->k_split, u, j0, &make);
+    if (copy && make) {
+        split_rows(kk, j0, min64(pl->bk, u->k1 - j0), D, copy);
+        tile_made(&pl->k_split, (char *)copy);
+    }
+    if (copy) return copy;
+    split_rows(kk, j0, nk, D, kp);
+    return kp;
 }
 
 #define TASK "tile_fwd.h"
@@ -302,6 +387,7 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     const size_t D = (size_t)p->n_embd_k, Dv = (size_t)p->n_embd_v, M = (size_t)pl->max_m, bk = (size_t)pl->bk;
     struct layout s;
     size_t at = 0;
+    const int pairs = real == sizeof(float); /* the bfloat16 dot products' operands: float tasks' */
     s.qt = npattn_take(&at, M * D * real);   /* Q^T (D, M) for the gemm, Q's rows when streaming */
     s.qrows = npattn_take(&at, pl->stream ? 0 : M * D * real); /* Q's rows, before the transpose */
     s.st = npattn_take(&at, bk * M * real);  /* scores^T (bk, M) */
@@ -311,14 +397,16 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
     s.alpha = npattn_take(&at, M * real);    /* rescale factors */
     s.row = npattn_take(&at, (size_t)max64(max64(p->n_embd_k, p->n_embd_v), pl->bk) * real); /* one row, converted */
     /* a K or V tile, converted (or gathered from pages for a gemm) */
-    s.kt = npattn_take(&at, k_direct && !p->pages ? 0 : bk * D * real);
+    s.kt = npattn_take(&at, pairs && pl->qk_split ? bk * D * 8 /* its rows split, 4 D bfloat16 values */
+                            : k_direct && !p->pages ? 0
+                                                    : bk * D * real);
     s.vt = npattn_take(&at, v_direct && !p->pages ? 0 : bk * Dv * real);
     s.bias = npattn_take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0); /* the mask's tile */
     s.lo = npattn_take(&at, M * sizeof(int32_t)); /* the band's cut, per row */
     s.hi = npattn_take(&at, M * sizeof(int32_t));
-    /* the bfloat16 dot products' pairs: Q^T's, P's and V's */
-    const int pairs = real == sizeof(float);
-    s.qp = npattn_take(&at, pairs && pl->bf16_qk  ? D / 2 * (size_t)pl->ldq2 * 4
+    /* the pairs of Q^T, P and V */
+    s.qp = npattn_take(&at, pairs && pl->qk_split ? 2 * D * (size_t)pl->ldq2 * 4
+                            : pairs && pl->bf16_qk ? D / 2 * (size_t)pl->ldq2 * 4
                             : pairs && pl->q_tiles ? (size_t)pl->bg * D / 2 * 16 * 4 /* per kv head of the unit */
                                                    : 0);
     /* P's pairs: by keys (pairs of rows), or as A tiles (rows of pairs) where the softmax makes them */
@@ -433,10 +521,18 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     }
     /* bfloat16 q and k: their products are exact in float, so QK^T may be
      * the table's bfloat16 dot products (K's rows read in place); under
-     * "fast", P @ V of bfloat16 v too, the weights rounded to bfloat16 */
+     * "fast", P @ V of bfloat16 v too, the weights rounded to bfloat16.
+     * float16 q and k on tiles: each value the sum of two bfloat16 ones, so
+     * the four dot products of the parts are QK^T, each product exact
+     * (K's rows split per tile): a quarter of the tiles' speed, and still
+     * several times the float32 FMAs' */
     const struct npattn_kernels *kn = npattn_kernels();
     const int bf16_in = p->q.dtype == NPATTN_DTYPE_BF16 && p->k.dtype == NPATTN_DTYPE_BF16;
-    pl.bf16_qk = !pl.f64 && !pl.stream && kn->scores_bf16 && bf16_in && p->k.col_stride == 1 && D % kn->bf16_d_step == 0;
+    pl.qk_split = !pl.f64 && !pl.stream && kn->scores_bf16 && kn->bf16_tile && p->q.dtype == NPATTN_DTYPE_F16 &&
+                  p->k.dtype == NPATTN_DTYPE_F16 && p->k.col_stride == 1 && D > 0 && 4 * D <= kn->bf16_tile_width &&
+                  4 * D % kn->bf16_d_step == 0;
+    pl.bf16_qk = pl.qk_split ||
+                 (!pl.f64 && !pl.stream && kn->scores_bf16 && bf16_in && p->k.col_stride == 1 && D % kn->bf16_d_step == 0);
     pl.bf16_pv = !pl.f64 && !pl.stream && kn->accumulate_bf16 && bf16_in && p->precision == NPATTN_PRECISION_FAST &&
                  p->v.dtype == NPATTN_DTYPE_BF16 && p->v.col_stride == 1 && Dv > 0;
     if ((pl.bf16_qk || pl.bf16_pv) && kn->bf16_tile) {
@@ -555,18 +651,16 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         memset((void *)pl.k_normal, 0, 2 * n);
         pl.v_normal = pl.k_normal + n;
     }
-    /* V's pairs shared by the units of a kv head, where there are several
-     * and the copy is at most SHARED_PAIRS_MAX bytes */
-    if (pl.bf16_pv && pl.n_qblock * pl.n_hblock > 1) {
-        pl.n_vtile = (S + pl.bk - 1) / pl.bk;
-        const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)pl.n_vtile;
-        const size_t tile_bytes = (size_t)((pl.bk + 1) / 2 * pl.ldv2) * 4;
-        if (n <= SHARED_PAIRS_MAX / tile_bytes) {
-            pl.v_pairs = npattn_alloc(n * tile_bytes + n);
-            if (!pl.v_pairs) goto done;
-            pl.v_paired = (_Atomic signed char *)((char *)pl.v_pairs + n * tile_bytes);
-            memset((void *)pl.v_paired, 0, n);
-        }
+    /* V's pairs, K's split rows, V's rows as float, shared by the units of
+     * a kv head where there are several */
+    const int v_rows = !pl.f64 && !pl.stream && !pl.v_direct && !pl.bf16_pv && Dv > 0;
+    if ((pl.bf16_pv || pl.qk_split || v_rows) && pl.n_qblock * pl.n_hblock > 1) {
+        pl.n_ktile = (S + pl.bk - 1) / pl.bk;
+        const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)pl.n_ktile;
+        if ((pl.bf16_pv && !shared_alloc(&pl.v_pairs, n, (size_t)((pl.bk + 1) / 2 * pl.ldv2) * 4)) ||
+            (pl.qk_split && !shared_alloc(&pl.k_split, n, (size_t)(pl.bk * D) * 8)) ||
+            (v_rows && !shared_alloc(&pl.v_rows, n, (size_t)(pl.bk * Dv) * 4)))
+            goto done;
     }
     if (pl.n_split > 1) {
         /* n_task < 64 * threads + n_unit here: small */
@@ -586,7 +680,9 @@ done:
     npattn_free(pl.rank);
     npattn_free(pl.partials);
     npattn_free((void *)pl.k_normal);
-    npattn_free(pl.v_pairs);
+    npattn_free(pl.v_pairs.data);
+    npattn_free(pl.k_split.data);
+    npattn_free(pl.v_rows.data);
     npattn_slots_free(&pl.slots);
     return status;
 }

@@ -1083,19 +1083,64 @@ static void test_bf16_kernels(void) {
  * (and, under "fast", P @ V with the weights rounded to bfloat16); the
  * result in float32 against the double formula of the same inputs: within
  * float32's sums under "highest", the weights' rounding (2^-9) under "fast". */
-static void test_bf16_prefill(void) {
+/* Prefill tiles of half q, K and V: bfloat16's dot products, and float16's
+ * split into two bfloat16 values each (D 64 and 40; 38 is no multiple of
+ * the tiles' step and takes the float32 gemms). */
+static void test_half_prefill(void) {
     const int64_t U = NPATTN_UNBOUNDED, BR = INT64_MIN;
     static const struct case_ cases[] = {
         {1, 4, 2, 70, 70, 64, 64, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
         {2, 3, 1, 33, 90, 38, 20, 0, 17, 3, BR, 0, MASK_NONE, 0, 1, 1},
+        {1, 8, 2, 90, 100, 40, 24, 1, U, U, BR, 0, MASK_NONE, 2.0, 0, 3},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
-        for (int fast = 0; fast < 2; fast++) {
-            char what[100];
-            snprintf(what, sizeof what, "bfloat16 prefill, case %zu, %s", ci, fast ? "fast" : "highest");
-            half_case(&cases[ci], NPATTN_DTYPE_BF16, NPATTN_DTYPE_BF16,
-                      fast ? NPATTN_PRECISION_FAST : NPATTN_PRECISION_HIGHEST, fast ? 4e-3 : 2e-5, what);
+        for (int t = 0; t < 2; t++)
+            for (int fast = 0; fast < 2; fast++) {
+                const enum npattn_dtype dt = t ? NPATTN_DTYPE_F16 : NPATTN_DTYPE_BF16;
+                char what[100];
+                snprintf(what, sizeof what, "%s prefill, case %zu, %s", t ? "float16" : "bfloat16", ci,
+                         fast ? "fast" : "highest");
+                half_case(&cases[ci], dt, dt, fast ? NPATTN_PRECISION_FAST : NPATTN_PRECISION_HIGHEST,
+                          fast && !t ? 4e-3 : 2e-5, what);
+            }
+}
+
+/* float16 values split into bfloat16 pairs: hi + lo is the value exactly,
+ * neither part subnormal; K's rows twice over, Q's his then los across. */
+static void test_split(void) {
+    static uint16_t h[150];
+    static uint32_t row[300], across[2 * 20 * 16];
+    static float x[150];
+    for (int i = 0; i < 150; i++) h[i] = (uint16_t)((i * 40503u) & 0xFFFF);
+    h[0] = 0x0001, h[1] = 0x8001, h[2] = 0x7BFF, h[3] = 0x03FF, h[4] = 0x0000, h[5] = 0x8000;
+    for (int i = 0; i < 150; i++)
+        if ((h[i] & 0x7C00) == 0x7C00) h[i] &= 0xBFFF; /* no infinity or NaN */
+    int bad = 0;
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+        npattn_split_f16_row(h, 150, row);
+        for (int c = 0; c < 150; c++) {
+            const uint16_t hi = (uint16_t)row[c], lo = (uint16_t)(row[c] >> 16);
+            x[c] = npattn_f16_to_f32(h[c]);
+            bad += npattn_bf16_to_f32(hi) + npattn_bf16_to_f32(lo) != x[c] || row[150 + c] != row[c] ||
+                   npattn_bf16_subnormal(hi) || npattn_bf16_subnormal(lo);
         }
+    }
+    npattn_kernels_force("");
+    expect(bad == 0, "split_f16_row: hi + lo exact, no part subnormal, the row twice");
+    memset(across, 0xAB, sizeof across);
+    npattn_split_across(x, 7, 20, 21, across, 16); /* 7 rows of 20, 21 apart */
+    for (int c = 0; c < 20; c++)
+        for (int r = 0; r < 16; r++) {
+            const uint32_t hi = across[c * 16 + r], lo = across[(20 + c) * 16 + r];
+            if (r >= 7) {
+                bad += hi != 0 || lo != 0;
+                continue;
+            }
+            bad += (hi & 0xFFFF) != hi >> 16 || (lo & 0xFFFF) != lo >> 16 ||
+                   npattn_bf16_to_f32((uint16_t)hi) + npattn_bf16_to_f32((uint16_t)lo) != x[r * 21 + c];
+        }
+    expect(bad == 0, "split_across: (hi, hi) then (lo, lo) in each row's lane, zeros past the rows");
 }
 
 int main(void) {
@@ -1152,7 +1197,8 @@ int main(void) {
     test_stream_kernels();
     test_half_cache();
     test_bf16_kernels();
-    test_bf16_prefill();
+    test_half_prefill();
+    test_split();
     test_conversions();
     test_pairs_across();
     test_invalid();

@@ -48,7 +48,10 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
     /* K in place where BLAS, or the streaming kernels in K's own type, can
      * read it; else converted here */
 #if !IS_F64
-    if (s->qk16) { /* bfloat16 dot products, page by page */
+    if (s->qk16 && pl->qk_split) { /* float16 rows split, then their dot products */
+        const uint32_t *kp = k_split_of(pl, u, &s->kk, j0, nk, (uint32_t *)s->kt);
+        npattn_kernels()->scores_bf16(s->qp, pl->ldq2, M, 2 * D, (const uint16_t *)kp, 4 * D, nk, s->st, M);
+    } else if (s->qk16) { /* bfloat16 dot products, page by page */
         for (int64_t j = 0, run; j < nk; j += run) {
             const uint16_t *at = (const uint16_t *)npattn_kv_row(&s->kk, j0 + j, &run);
             run = min64(run, nk - j);
@@ -184,8 +187,12 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 #if IS_F64
     s.qk16 = s.pv16 = s.q_tiles = 0;
 #else
-    s.qk16 = pl->bf16_qk && n_ktile > 0 && rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D);
-    if (s.qk16 && !npattn_word_pairs(&p->q, u->off_q, h0, i0, nq, M, D, s.qp, pl->ldq2)) { /* through floats */
+    s.qk16 = pl->bf16_qk && n_ktile > 0 &&
+             (pl->qk_split || rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D));
+    if (s.qk16 && pl->qk_split) { /* float16: split, never subnormal */
+        CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
+        npattn_split_across(qrows, M, D, D, s.qp, pl->ldq2);
+    } else if (s.qk16 && !npattn_word_pairs(&p->q, u->off_q, h0, i0, nq, M, D, s.qp, pl->ldq2)) { /* through floats */
         CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
         s.qk16 = !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
     }
@@ -263,7 +270,11 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             const struct npattn_kv kv = kv_head(s.vv, gi, s.v_head);
             int64_t ldv;
             int in_place;
-            const void *vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
+            const void *vtile = NULL;
+#if !IS_F64
+            if (!s.stream && u->ng == 1 && (vtile = v_rows_of(pl, u, &s.vv, j0))) ldv = Dv;
+#endif
+            if (!vtile) vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
             if (s.stream) { /* converted: nothing to prefetch */
                 const struct npattn_span span = {vtile, vtile, nk};
                 npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld, s.sld, s.mg, &span, 1,

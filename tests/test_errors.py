@@ -9,13 +9,14 @@ exception, never a crash), and allocation failures inside the core
 (npattn._core.debug_fail_alloc_after), which become MemoryError.
 """
 
+import contextlib
 import re
 
 import numpy as np
 import pytest
 
 import npattn
-from helpers import assert_raises_naming, dtype_of, failing_allocations
+from helpers import assert_raises_naming, dtype_of, failing_allocations, kernels
 
 Q_SHAPE, K_SHAPE, V_SHAPE = (1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 6)
 OUT_SHAPE = (1, 4, 3, 6)
@@ -666,17 +667,20 @@ def extreme_values(q, k, v):
 
 
 @pytest.mark.parametrize(
-    "description, dtype, L, S, threads, n_alloc, alter",
+    "description, dtype, L, S, threads, n_alloc, alter, table",
     [
-        ("float64 prefill, one thread", np.float64, 40, 50, 1, 1, None),  # scratch
-        ("float64 prefill, two threads", np.float64, 200, 300, 2, 1, None),
-        ("float64 decode with split-K", np.float64, 1, 40000, 2, 2, None),  # scratch, partials
-        ("float32 prefill", np.float32, 200, 300, 2, 2, None),  # scratch, the exact path's table
-        ("float32 decode with split-K", np.float32, 1, 40000, 2, 3, None),  # and the partials
-        ("float32 redone in double", np.float32, 5, 7, 1, 3, extreme_values),  # and its scratch
+        ("float64 prefill, one thread", np.float64, 40, 50, 1, 1, None, None),  # scratch
+        ("float64 prefill, two threads", np.float64, 200, 300, 2, 1, None, None),
+        ("float64 decode with split-K", np.float64, 1, 40000, 2, 2, None, None),  # scratch, partials
+        ("float32 prefill", np.float32, 200, 300, 2, 2, None, None),  # scratch, the exact path's table
+        ("float32 decode with split-K", np.float32, 1, 40000, 2, 3, None, None),  # and the partials
+        ("float32 redone in double", np.float32, 5, 7, 1, 3, extreme_values, None),  # and its scratch
+        ("float16 prefill", np.float16, 200, 300, 2, 3, None, "avx2"),  # and V's rows as float, shared
+        # and the split rows of K, shared, with the record of subnormal values
+        ("float16 prefill on tiles", np.float16, 200, 300, 2, 5, None, "amx"),
     ],
 )
-def test_core_allocation_failure_is_memory_error(capfd, description, dtype, L, S, threads, n_alloc, alter):
+def test_core_allocation_failure_is_memory_error(capfd, description, dtype, L, S, threads, n_alloc, alter, table):
     """Every allocation in the core, made to fail in turn, gives MemoryError; the next call
     works; with exactly enough allocations the call succeeds."""
     rng = np.random.default_rng(5)
@@ -685,11 +689,12 @@ def test_core_allocation_failure_is_memory_error(capfd, description, dtype, L, S
     v = rng.standard_normal((1, 1, S, 8)).astype(dtype)
     if alter:
         q, k, v = alter(q, k, v)
-    want = npattn.sdpa(q, k, v, threads=threads)
-    for n in range(n_alloc):
-        with failing_allocations(n), pytest.raises(MemoryError, match=r"^sdpa: could not allocate"):
-            npattn.sdpa(q, k, v, threads=threads)
-        np.testing.assert_array_equal(npattn.sdpa(q, k, v, threads=threads), want)
-    with failing_allocations(n_alloc):  # exactly enough allocations
-        np.testing.assert_array_equal(npattn.sdpa(q, k, v, threads=threads), want)
+    with kernels(table) if table else contextlib.nullcontext():
+        want = npattn.sdpa(q, k, v, threads=threads)
+        for n in range(n_alloc):
+            with failing_allocations(n), pytest.raises(MemoryError, match=r"^sdpa: could not allocate"):
+                npattn.sdpa(q, k, v, threads=threads)
+            np.testing.assert_array_equal(npattn.sdpa(q, k, v, threads=threads), want)
+        with failing_allocations(n_alloc):  # exactly enough allocations
+            np.testing.assert_array_equal(npattn.sdpa(q, k, v, threads=threads), want)
     assert capfd.readouterr().err == ""

@@ -274,6 +274,39 @@ def test_bfloat16_gemm_tiles_and_subnormal_values(variant, rng, precision, H_q, 
     assert np.abs(got.astype(np.float32)).max() > 0  # read as 0, the result would be
 
 
+@pytest.mark.parametrize("precision", ["highest", "fast"])
+@pytest.mark.parametrize("v_name", ["float16", "float32"])
+@pytest.mark.parametrize("mask", ["causal", None, "bool", "additive"])
+@pytest.mark.parametrize(
+    "H_q, H_kv, L, S, D, D_v", [(8, 2, 150, 150, 64, 64), (3, 1, 70, 130, 128, 40), (4, 2, 90, 90, 40, 24)]
+)
+def test_float16_gemm_tiles_and_extreme_values(variant, rng, precision, v_name, mask, H_q, H_kv, L, S, D, D_v):
+    """float16 prefill tiles (on the amx table, each value split into two bfloat16
+    values whose four dot products are QK^T) match the reference; a float32 v makes the
+    result float32, whose tolerance a lost part of a product would exceed. The same
+    bits on 1, 2 and 3 threads (the tiles' shared copies are made by whichever unit
+    comes first); subnormal, largest and infinite values."""
+    f16 = np.dtype(np.float16)
+    q, k, v = qkv(rng, (1,), H_q, H_kv, L, S, D, D_v, dtypes=(f16, f16, dtype_of(v_name)))
+    m = make_mask(rng, mask, (H_q, L, S))
+    first = check(q, k, v, mask=m, precision=precision, threads=1)
+    for threads in (2, 3):
+        np.testing.assert_array_equal(npattn.sdpa(q, k, v, mask=m, precision=precision, threads=threads), first)
+    info = np.finfo(f16)
+    units = rng.integers(1, 2 ** int(info.nmant), size=k.shape) * rng.choice([-1, 1], size=k.shape)
+    sub = (units * float(info.smallest_subnormal)).astype(f16)
+    big = lambda x: (x * 2.0**12).astype(f16)  # noqa: E731
+    check(big(q), sub, v, mask=m, precision=precision)
+    check(q, np.where(rng.random(k.shape) < 0.3, sub, big(k)), v, mask=m, precision=precision)
+    extreme = np.where(rng.random(k.shape) < 0.5, info.max, -info.max).astype(f16)
+    check(q, extreme, v, mask=m, precision=precision, scale=1.0 / float(info.max))
+    if mask in (None, "causal"):  # (a key an array mask hides: test_safety's)
+        k_inf = k.copy()
+        k_inf[..., 3, 0] = np.inf
+        with np.errstate(invalid="ignore"):
+            check(q, k_inf, v, mask=m, precision=precision)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("q_name, kv_name", [("float32", "float16"), ("bfloat16", "bfloat16"), ("float16", "float16")])
 def test_half_cache_streamed_repeats_bitwise(variant, rng, q_name, kv_name, threads):

@@ -25,9 +25,6 @@
  * stores to a buffer must be done before one. */
 #define BEFORE_TILE_LOAD() __asm__ __volatile__("" ::: "memory")
 
-/* The widest rows of K the tiles take from scratch (wider ones: avx512bf16's kernel). */
-#define AMX_MAX_D 512
-
 struct tile_config {
     uint8_t palette, start_row, reserved[14];
     uint16_t bytes_per_row[16];
@@ -87,11 +84,11 @@ AMX static void scores_block(const uint16_t *k, int64_t ldk_b, const uint32_t *q
 
 AMX void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k,
                                 int64_t ldk, int64_t nk, float *st, int64_t ldst) {
-    if (2 * np > AMX_MAX_D) {
+    if (2 * np > NPATTN_AMX_MAX_D) {
         npattn_kernels_avx512bf16.scores_bf16(qp, ldq, M, np, k, ldk, nk, st, ldst);
         return;
     }
-    uint16_t kpad[32 * AMX_MAX_D] __attribute__((aligned(64))); /* the last keys, 32 rows padded with zeros */
+    uint16_t kpad[32 * NPATTN_AMX_MAX_D] __attribute__((aligned(64))); /* the last keys, 32 rows padded with zeros */
     float spill[32 * 32] __attribute__((aligned(64)));          /* a block cut short, (32, 32) */
     _tile_loadconfig(&config);
     for (int64_t j = 0; j < nk; j += 32) {

@@ -989,6 +989,7 @@ const struct npattn_kernels npattn_kernels_amx = {
     .q_tiles = npattn_amx_q_tiles,
     .bf16_d_step = 32,
     .bf16_tile = 256,
+    .bf16_tile_width = NPATTN_AMX_MAX_D,
     .pair_f32 = pair_f32_avx512,
     .bf16_f32 = bf16_f32_avx512,
     .pair_bf16 = pair_bf16_avx512,

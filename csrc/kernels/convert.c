@@ -100,6 +100,44 @@ int npattn_pairs_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint3
     return sub;
 }
 
+/* A float x that is a float16 value as the pair hi | lo << 16 of bfloat16
+ * values with x = hi + lo exactly: hi is x cut to bfloat16's 8 significant
+ * bits, lo (x - hi, exact) holds the 3 left, so it is a bfloat16 value too;
+ * and neither is subnormal, a float16 value's bits lying above 2^-24. An
+ * infinity or NaN gives lo NaN. */
+static uint32_t split_pair(float x) {
+    uint32_t bits, lo_bits;
+    memcpy(&bits, &x, sizeof bits);
+    const uint32_t hi_bits = bits & 0xFFFF0000u;
+    float hi;
+    memcpy(&hi, &hi_bits, sizeof hi);
+    const float lo = x - hi;
+    memcpy(&lo_bits, &lo, sizeof lo_bits);
+    return hi_bits >> 16 | (lo_bits & 0xFFFF0000u);
+}
+
+void npattn_split_f16_row(const uint16_t *h, int64_t w, uint32_t *out) {
+    float x[128];
+    for (int64_t c0 = 0; c0 < w; c0 += 128) {
+        const int64_t nc = w - c0 < 128 ? w - c0 : 128;
+        npattn_kernels()->f16_to_f32(h + c0, nc, x);
+        for (int64_t c = 0; c < nc; c++) out[c0 + c] = out[w + c0 + c] = split_pair(x[c]);
+    }
+}
+
+void npattn_split_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo) {
+    for (int64_t c = 0; c < w; c++) {
+        uint32_t *hi = out + c * ldo, *lo = out + (w + c) * ldo;
+        for (int64_t r = 0; r < n; r++) {
+            const uint32_t s = split_pair(x[r * ldx + c]);
+            hi[r] = (s & 0xFFFFu) * 0x10001u;
+            lo[r] = (s >> 16) * 0x10001u;
+        }
+        memset(hi + n, 0, (size_t)(ldo - n) * sizeof *out);
+        memset(lo + n, 0, (size_t)(ldo - n) * sizeof *out);
+    }
+}
+
 int npattn_finish_columns(const float *x, int64_t e0, int64_t w, float inv, enum npattn_dtype dt, void *row) {
     int bad = 0;
     for (int64_t e = e0; e < w; e++) {

@@ -117,8 +117,9 @@ struct npattn_kernels {
      * scores_bf16 takes K's rows of D
      * = 2 np values when D is a multiple of bf16_d_step. bf16_tile: the
      * keys per tile and the most stacked rows that suit them (0: the
-     * float32 gemms' tile sizes). */
-    int64_t bf16_d_step, bf16_tile;
+     * float32 gemms' tile sizes), and bf16_tile_width the widest rows of K
+     * (values) it takes on them (wider ones: slower code). */
+    int64_t bf16_d_step, bf16_tile, bf16_tile_width;
     int (*pair_bf16)(const uint16_t *a, const uint16_t *b, int64_t n, uint32_t *out);
     int (*pair_f32)(const float *a, const float *b, int64_t n, uint32_t *out);
     int (*bf16_f32)(const float *x, int64_t n, uint16_t *out);
@@ -177,6 +178,7 @@ extern const struct npattn_kernels npattn_kernels_avx512bf16; /* avx512 with AVX
 #if defined(__linux__)
 #define NPATTN_HAVE_AMX 1
 extern const struct npattn_kernels npattn_kernels_amx;        /* avx512bf16 with AMX-BF16 tiles (amx.c) */
+#define NPATTN_AMX_MAX_D 512 /* the widest rows of K the tiles take from scratch (wider ones: avx512bf16's kernel) */
 void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k, int64_t ldk,
                             int64_t nk, float *st, int64_t ldst);
 void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
@@ -286,6 +288,16 @@ void npattn_store_f64(enum npattn_dtype dtype, const double *src, int64_t n, voi
 int npattn_pairs_of_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo);
 int npattn_pairs_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo);
 int npattn_bf16_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint16_t *out, int64_t ldo);
+
+/* float16 operands of scores_bf16, each value x split into bfloat16 values
+ * hi + lo = x exactly (neither subnormal), so that the four products of a
+ * q and a k value, summed, are their product: a row of K as 2w pairs
+ * (K's rows of 4w values), split_f16_row: out[c] = out[w + c] = (hi, lo)
+ * of h[c] for c < w; and Q's, split_across: out[c * ldo + r] = (hi, hi)
+ * and out[(w + c) * ldo + r] = (lo, lo) of x[r][c] (n rows of w float16
+ * values as float, ldx apart), zeros for n <= r < ldo. */
+void npattn_split_f16_row(const uint16_t *h, int64_t w, uint32_t *out);
+void npattn_split_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo);
 
 /* ---- shared by the tables ---- */
 
