@@ -67,13 +67,15 @@ struct fwd_plan {
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
     int bf16_qk, bf16_pv;         /* gemm tiles' products as bfloat16 dot products (the table's scores_bf16, accumulate_bf16) */
     int qk_split;                 /* bf16_qk of float16 q and k, each value split in two (npattn_split_f16_row) */
+    int pv_split;                 /* then, under "fast", P @ V of float16 v too, P and V split (the table's split_tiles) */
     int q_tiles;                  /* streamed scores of a bfloat16 K: the table's q_tiles, once per task */
     int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
-    int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32): pairs per row */
+    int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32, split_tiles): pairs per row */
     _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
     /* a kv head's keys met by several units: per key tile, made once
-     * (shared_tile), V's pairs for bfloat16 P @ V, K's split rows for
-     * qk_split, V's rows as float where the float gemm cannot read them in place */
+     * (shared_tile), V's pairs for bfloat16 P @ V (its split rows for
+     * pv_split), K's split rows for qk_split, V's rows as float where the
+     * float gemm cannot read them in place */
     struct shared_tiles v_pairs, k_split, v_rows;
     int64_t n_ktile;              /* then: key tiles per request and kv head */
     int64_t ldk, ldv;             /* their leading dimensions then */
@@ -378,6 +380,28 @@ static const uint32_t *k_split_of(struct fwd_plan *pl, const struct unit *u, con
     return kp;
 }
 
+/* V's split rows for the key tile [j0, j0 + nk) of unit u's kv head (vv),
+ * as pv_split takes them: for key j, rows 2j and 2j + 1 of pairs (hi, hi)
+ * and (lo, lo) of its values, ldv2 apart. The call's copy of the whole tile,
+ * where there is one, else split into vp. */
+static const uint32_t *v_split_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *vv, int64_t j0,
+                                  int64_t nk, uint32_t *vp) {
+    int make;
+    uint32_t *copy = (uint32_t *)shared_tile(pl, &pl->v_pairs, u, j0, &make);
+    uint32_t *out = copy ? copy : vp;
+    if (copy && !make) return copy;
+    const int64_t n = copy ? min64(pl->bk, u->k1 - j0) : nk, ld = pl->ldv2;
+    for (int64_t j = 0, run; j < n; j += run) {
+        const char *at = npattn_kv_row(vv, j0 + j, &run);
+        run = min64(run, n - j);
+        for (int64_t i = 0; i < run; i++)
+            npattn_split_f16_twice((const uint16_t *)(at + i * vv->row_bytes), pl->p->n_embd_v,
+                                   out + 2 * (j + i) * ld, out + (2 * (j + i) + 1) * ld, ld);
+    }
+    if (copy) tile_made(&pl->v_pairs, (char *)copy);
+    return out;
+}
+
 #define TASK "tile_fwd.h"
 #include "reals.h"
 
@@ -410,11 +434,13 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
                             : pairs && pl->q_tiles ? (size_t)pl->bg * D / 2 * 16 * 4 /* per kv head of the unit */
                                                    : 0);
     /* P's pairs: by keys (pairs of rows), or as A tiles (rows of pairs) where the softmax makes them */
-    const int p_tiles = pairs && pl->bf16_pv && npattn_kernels()->softmax_tiles_f32;
+    const int p_tiles = pairs && ((pl->bf16_pv && npattn_kernels()->softmax_tiles_f32) || pl->pv_split);
     s.pp = npattn_take(&at, p_tiles ? (size_t)pl->ldq2 * (size_t)pl->ldpa * 4
                             : pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4
                                                    : 0);
-    s.vp = npattn_take(&at, pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4 : 0);
+    s.vp = npattn_take(&at, pairs && pl->pv_split  ? 2 * bk * (size_t)pl->ldv2 * 4
+                            : pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4
+                                                   : 0);
     /* the streaming kernels' spans of a key tile: a page each, at most bk + 1 */
     s.spans = npattn_take(&at, pl->stream ? (bk + 1) * sizeof(struct npattn_span) : 0);
     s.size = at;
@@ -535,17 +561,25 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
                  (!pl.f64 && !pl.stream && kn->scores_bf16 && bf16_in && p->k.col_stride == 1 && D % kn->bf16_d_step == 0);
     pl.bf16_pv = !pl.f64 && !pl.stream && kn->accumulate_bf16 && bf16_in && p->precision == NPATTN_PRECISION_FAST &&
                  p->v.dtype == NPATTN_DTYPE_BF16 && p->v.col_stride == 1 && Dv > 0;
-    if ((pl.bf16_qk || pl.bf16_pv) && kn->bf16_tile) {
-        /* the tile sizes that suit the table's dot products; with P @ V a
-         * float32 gemm, its keys within the small-gemm budget */
-        if (pl.bf16_pv) {
+    /* and float16 v under "fast" on tiles: P split in two (within 2^-15 of
+     * it, where "fast" allows rounding it to float16, 2^-11), V exactly */
+    pl.pv_split = pl.qk_split && kn->split_tiles && p->precision == NPATTN_PRECISION_FAST &&
+                  p->v.dtype == NPATTN_DTYPE_F16 && p->v.col_stride == 1 && Dv > 0;
+    const int pv_tiles = pl.bf16_pv || pl.pv_split;
+    if ((pl.bf16_qk || pv_tiles) && kn->bf16_tile) {
+        /* the tile sizes that suit the table's dot products (split: half
+         * the keys, each two pairs); with P @ V a float32 gemm, its keys
+         * within the small-gemm budget */
+        if (pv_tiles) {
             query_blocks(&pl, min64(p->n_query, max64(pl.bq, min64(TILE_QUERY_MAX, kn->bf16_tile / pl.bh / 16 * 16))),
                          n_batch);
         }
-        const int64_t budget = pl.bf16_pv ? kn->bf16_tile : TILE_FLOPS_BUDGET / (pl.max_m * max64(Dv, 1));
+        const int64_t budget = pv_tiles ? kn->bf16_tile / (pl.pv_split ? 2 : 1)
+                                        : TILE_FLOPS_BUDGET / (pl.max_m * max64(Dv, 1));
         pl.bk = max64(32, min64(kn->bf16_tile, budget) / 32 * 32);
     }
-    pl.ldq2 = (pl.max_m + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16, pl.ldpa = (pl.bk + 31) / 32 * 16;
+    pl.ldq2 = (pl.max_m + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
+    pl.ldpa = pl.pv_split ? (2 * pl.bk + 15) / 16 * 16 : (pl.bk + 31) / 32 * 16;
     pl.q_tiles = pl.stream && kn->q_tiles && p->k.dtype == NPATTN_DTYPE_BF16 && pl.k_direct;
 
     /* The work, and the threads it repays (npattn_plan_threads). The same
@@ -575,7 +609,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * of a causal one): query blocks of fewer rows, so that more threads
      * share it, and evenly. Qwen2-0.5B L = S = 32 on 16 threads: 4 blocks of
      * 16 rows, the last 37% of the work, or 8 of 8 rows, none over 22%. */
-    if (!pl.stream && !pl.bf16_qk && !pl.bf16_pv && plan_threads > 1 && pl.bq > QBLOCK_MIN) {
+    if (!pl.stream && !pl.bf16_qk && !pv_tiles && plan_threads > 1 && pl.bq > QBLOCK_MIN) {
         const double share = pairs * (double)(pl.n_unit / (n_request * pl.n_qblock)) / plan_threads;
         const double heaviest = (double)pl.bq * (double)most_keys;
         int64_t bq = pl.bq;
@@ -644,7 +678,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         return status;
     }
     status = NPATTN_STATUS_NO_MEMORY;
-    if (pl.bf16_qk || pl.bf16_pv) {
+    if ((pl.bf16_qk && !pl.qk_split) || pl.bf16_pv) { /* (split float16 values are never subnormal) */
         const size_t n = (size_t)(n_batch * p->n_head_kv);
         pl.k_normal = npattn_alloc(2 * n);
         if (!pl.k_normal) goto done;
@@ -653,11 +687,12 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     }
     /* V's pairs, K's split rows, V's rows as float, shared by the units of
      * a kv head where there are several */
-    const int v_rows = !pl.f64 && !pl.stream && !pl.v_direct && !pl.bf16_pv && Dv > 0;
-    if ((pl.bf16_pv || pl.qk_split || v_rows) && pl.n_qblock * pl.n_hblock > 1) {
+    const int v_rows = !pl.f64 && !pl.stream && !pl.v_direct && !pv_tiles && Dv > 0;
+    if ((pv_tiles || pl.qk_split || v_rows) && pl.n_qblock * pl.n_hblock > 1) {
         pl.n_ktile = (S + pl.bk - 1) / pl.bk;
         const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)pl.n_ktile;
-        if ((pl.bf16_pv && !shared_alloc(&pl.v_pairs, n, (size_t)((pl.bk + 1) / 2 * pl.ldv2) * 4)) ||
+        const size_t v_pair_rows = pl.pv_split ? 2 * (size_t)pl.bk : (size_t)(pl.bk + 1) / 2;
+        if ((pv_tiles && !shared_alloc(&pl.v_pairs, n, v_pair_rows * (size_t)pl.ldv2 * 4)) ||
             (pl.qk_split && !shared_alloc(&pl.k_split, n, (size_t)(pl.bk * D) * 8)) ||
             (v_rows && !shared_alloc(&pl.v_rows, n, (size_t)(pl.bk * Dv) * 4)))
             goto done;

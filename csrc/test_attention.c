@@ -1101,7 +1101,7 @@ static void test_half_prefill(void) {
                 snprintf(what, sizeof what, "%s prefill, case %zu, %s", t ? "float16" : "bfloat16", ci,
                          fast ? "fast" : "highest");
                 half_case(&cases[ci], dt, dt, fast ? NPATTN_PRECISION_FAST : NPATTN_PRECISION_HIGHEST,
-                          fast && !t ? 4e-3 : 2e-5, what);
+                          !fast ? 2e-5 : t ? 2e-5 + 0x1p-15 : 4e-3, what); /* float16 "fast": P within 2^-15 */
             }
 }
 
@@ -1141,6 +1141,46 @@ static void test_split(void) {
                    npattn_bf16_to_f32((uint16_t)hi) + npattn_bf16_to_f32((uint16_t)lo) != x[r * 21 + c];
         }
     expect(bad == 0, "split_across: (hi, hi) then (lo, lo) in each row's lane, zeros past the rows");
+    /* split_f16_twice: two rows of pairs, zeros past the row */
+    static uint32_t hi2[160], lo2[160];
+    memset(hi2, 0xAB, sizeof hi2), memset(lo2, 0xAB, sizeof lo2);
+    npattn_split_f16_twice(h, 150, hi2, lo2, 160);
+    for (int c = 0; c < 160; c++)
+        bad += c >= 150 ? hi2[c] != 0 || lo2[c] != 0
+                        : (hi2[c] & 0xFFFF) != hi2[c] >> 16 || (lo2[c] & 0xFFFF) != lo2[c] >> 16 ||
+                              npattn_bf16_to_f32((uint16_t)hi2[c]) + npattn_bf16_to_f32((uint16_t)lo2[c]) != x[c];
+    expect(bad == 0, "split_f16_twice: (hi, hi) and (lo, lo), exact, zeros past the row");
+    /* split_tiles, where a table has it: weights of every size as pairs
+     * (hi, lo) twice, hi + lo within 2^-15 of it, zeros past the rows and keys
+     * (to a multiple of 16 pairs) */
+    static float st[37 * 40];
+    static uint32_t pa[48 * 80];
+    for (int i = 0; i < 37 * 40; i++) st[i] = (float)ldexp(uniform() + 1.0, -(i % 140));
+    const int shapes[][2] = {{37, 33}, {16, 16}, {1, 40}, {33, 1}}; /* (keys, rows) */
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0 || !npattn_kernels()->split_tiles) continue;
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+            const int nk = shapes[k][0], M = shapes[k][1], rows = (M + 15) / 16 * 16, ldpa = 80;
+            memset(pa, 0xAB, sizeof pa);
+            npattn_kernels()->split_tiles(st, nk, M, 40, pa, ldpa, rows);
+            for (int r = 0; r < rows; r++)
+                for (int p = 0; p < (2 * nk + 15) / 16 * 16; p++) {
+                    const uint32_t got = pa[r * ldpa + p];
+                    if (r >= M || p >= 2 * nk) {
+                        bad += got != 0;
+                        continue;
+                    }
+                    const float w = st[p / 2 * 40 + r];
+                    const float hi = npattn_bf16_to_f32((uint16_t)got), lo = npattn_bf16_to_f32((uint16_t)(got >> 16));
+                    uint32_t bits;
+                    memcpy(&bits, &w, sizeof bits);
+                    bad += hi != npattn_bf16_to_f32((uint16_t)(bits >> 16)) ||
+                           (w >= 0x1p-100f && fabs((double)hi + lo - w) > 0x1p-15 * w) || got != pa[r * ldpa + (p ^ 1)];
+                }
+        }
+    }
+    npattn_kernels_force("");
+    expect(bad == 0, "split_tiles: (hi, lo) twice per weight, within 2^-15, zeros past the rows and keys");
 }
 
 int main(void) {

@@ -196,10 +196,11 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
         s.qk16 = !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
     }
-    s.pv16 = pl->bf16_pv && n_ktile > 0 && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv);
+    s.pv16 = n_ktile > 0 &&
+             (pl->pv_split || (pl->bf16_pv && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv)));
 #endif
     /* the bfloat16 P @ V of a table whose softmax makes P's tiles */
-    const int p_tiles = s.pv16 && npattn_kernels()->softmax_tiles_f32;
+    const int p_tiles = s.pv16 && !pl->pv_split && npattn_kernels()->softmax_tiles_f32;
     if (s.stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
     else if (!s.qk16) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
 #if !IS_F64
@@ -243,6 +244,12 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
          * read it, else converted here */
         if (Dv == 0) continue;
 #if !IS_F64
+        if (s.pv16 && pl->pv_split) { /* float16: P and V split, then their dot products */
+            const uint32_t *vp = v_split_of(pl, u, &s.vv, j0, nk, s.vp);
+            npattn_kernels()->split_tiles(s.st, nk, M, M, s.pp, pl->ldpa, pl->ldq2);
+            npattn_kernels()->accumulate_tiles_bf16(s.pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
+            continue;
+        }
         if (s.pv16) { /* bfloat16 dot products */
             const struct npattn_kernels *kn = npattn_kernels();
             const uint32_t *vp = v_pairs_of(pl, u, &s.vv, j0, nk, s.vp);

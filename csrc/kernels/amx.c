@@ -331,6 +331,40 @@ AMX void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, 
     _tile_release();
 }
 
+/* kernels.h's split_tiles: 16 rows by 16 keys at a time, each weight split
+ * in its lane, the block transposed, each pair then written twice. */
+AMX void npattn_amx_split_tiles(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
+                                int64_t rows) {
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000);
+    const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i second = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        const __mmask16 live = M - r0 >= 16 ? (__mmask16)0xFFFF : M > r0 ? (__mmask16)((1u << (M - r0)) - 1) : 0;
+        for (int64_t j0 = 0; j0 < nk; j0 += 16) {
+            __m512i x[16];
+            for (int i = 0; i < 16; i++) {
+                if (j0 + i >= nk) {
+                    x[i] = _mm512_setzero_si512();
+                    continue;
+                }
+                const __m512 f = _mm512_maskz_loadu_ps(live, st + (j0 + i) * ldst + r0);
+                const __m512i hi = _mm512_and_si512(_mm512_castps_si512(f), top);
+                const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(f, _mm512_castsi512_ps(hi)));
+                x[i] = _mm512_or_si512(_mm512_srli_epi32(hi, 16), _mm512_slli_epi32(_mm512_cvtepu16_epi32(lo), 16));
+            }
+            transpose16(x); /* x[r]: row r0 + r's pairs for keys j0 .. j0 + 15 */
+            const int64_t n = ldpa - 2 * j0 < 32 ? ldpa - 2 * j0 : 32; /* pairs to write: whole vectors */
+            const __mmask16 m0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+            const __mmask16 m1 = n >= 32 ? (__mmask16)0xFFFF : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
+            for (int r = 0; r < 16; r++) {
+                uint32_t *to = pa + (r0 + r) * ldpa + 2 * j0;
+                _mm512_mask_storeu_epi32(to, m0, _mm512_permutexvar_epi32(first, x[r]));
+                _mm512_mask_storeu_epi32(to + 16, m1, _mm512_permutexvar_epi32(second, x[r]));
+            }
+        }
+    }
+}
+
 AMX void npattn_amx_accumulate_tiles_bf16(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
                                           int64_t ldv, int64_t Dv, float *o) {
     const int64_t n16 = (np + 15) / 16 * 16;

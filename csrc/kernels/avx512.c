@@ -997,6 +997,7 @@ const struct npattn_kernels npattn_kernels_amx = {
     .accumulate_bf16 = npattn_amx_accumulate_bf16,
     .softmax_tiles_f32 = softmax_tiles_avx512,
     .accumulate_tiles_bf16 = npattn_amx_accumulate_tiles_bf16,
+    .split_tiles = npattn_amx_split_tiles,
 };
 #endif
 

@@ -100,20 +100,18 @@ int npattn_pairs_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint3
     return sub;
 }
 
-/* A float x that is a float16 value as the pair hi | lo << 16 of bfloat16
- * values with x = hi + lo exactly: hi is x cut to bfloat16's 8 significant
- * bits, lo (x - hi, exact) holds the 3 left, so it is a bfloat16 value too;
- * and neither is subnormal, a float16 value's bits lying above 2^-24. An
- * infinity or NaN gives lo NaN. */
+/* A float x as the pair hi | lo << 16 of bfloat16 values: hi is x cut to
+ * bfloat16's 8 significant bits, lo x - hi (exact in float) rounded to
+ * nearest even, so hi + lo is x within 2^-15 of it. For a float16 value lo
+ * holds the 3 bits left exactly, and neither part is subnormal, a float16
+ * value's bits lying above 2^-24. An infinity or NaN gives lo NaN. */
 static uint32_t split_pair(float x) {
-    uint32_t bits, lo_bits;
+    uint32_t bits;
     memcpy(&bits, &x, sizeof bits);
     const uint32_t hi_bits = bits & 0xFFFF0000u;
     float hi;
     memcpy(&hi, &hi_bits, sizeof hi);
-    const float lo = x - hi;
-    memcpy(&lo_bits, &lo, sizeof lo_bits);
-    return hi_bits >> 16 | (lo_bits & 0xFFFF0000u);
+    return hi_bits >> 16 | (uint32_t)npattn_f32_to_bf16(x - hi) << 16;
 }
 
 void npattn_split_f16_row(const uint16_t *h, int64_t w, uint32_t *out) {
@@ -136,6 +134,21 @@ void npattn_split_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint
         memset(hi + n, 0, (size_t)(ldo - n) * sizeof *out);
         memset(lo + n, 0, (size_t)(ldo - n) * sizeof *out);
     }
+}
+
+void npattn_split_f16_twice(const uint16_t *h, int64_t w, uint32_t *hi, uint32_t *lo, int64_t ld) {
+    float x[128];
+    for (int64_t c0 = 0; c0 < w; c0 += 128) {
+        const int64_t nc = w - c0 < 128 ? w - c0 : 128;
+        npattn_kernels()->f16_to_f32(h + c0, nc, x);
+        for (int64_t c = 0; c < nc; c++) {
+            const uint32_t s = split_pair(x[c]);
+            hi[c0 + c] = (s & 0xFFFFu) * 0x10001u;
+            lo[c0 + c] = (s >> 16) * 0x10001u;
+        }
+    }
+    memset(hi + w, 0, (size_t)(ld - w) * sizeof *hi);
+    memset(lo + w, 0, (size_t)(ld - w) * sizeof *lo);
 }
 
 int npattn_finish_columns(const float *x, int64_t e0, int64_t w, float inv, enum npattn_dtype dt, void *row) {

@@ -131,6 +131,16 @@ struct npattn_kernels {
                              uint32_t *pa, int64_t ldpa);
     void (*accumulate_tiles_bf16)(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
                                   int64_t ldv, int64_t Dv, float *o);
+    /* The amx table's (NULL elsewhere): the weights st (nk, M), ldst apart,
+     * as A tiles' rows for accumulate_tiles_bf16 against V's float16 values
+     * split in two (npattn_split_f16_twice): pa[r * ldpa + 2j] = pa[r *
+     * ldpa + 2j + 1] = (hi, lo), hi st[j][r] cut to bfloat16 and lo the
+     * rest rounded to it (nearest even; below 2^-126, 0), so hi + lo is
+     * within 2^-15 of the weight; zeros for M <= r < rows (a multiple of
+     * 16) and for pairs from 2 nk to a multiple of 16 (ldpa one too, at
+     * least that). */
+    void (*split_tiles)(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
+                        int64_t rows);
 
     /* The tiles' float products, where a table has them (NULL elsewhere:
      * OpenBLAS's sgemm): c (m, n) = alpha * a @ b + beta * c (beta 0: c
@@ -184,6 +194,8 @@ void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int64_t 
 void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
                        int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst);
 int npattn_amx_q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb);
+void npattn_amx_split_tiles(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
+                            int64_t rows);
 void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
                                 int64_t ldv, int64_t Dv, float *o);
 void npattn_amx_accumulate_tiles_bf16(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
@@ -295,9 +307,13 @@ int npattn_bf16_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint16_t
  * (K's rows of 4w values), split_f16_row: out[c] = out[w + c] = (hi, lo)
  * of h[c] for c < w; and Q's, split_across: out[c * ldo + r] = (hi, hi)
  * and out[(w + c) * ldo + r] = (lo, lo) of x[r][c] (n rows of w float16
- * values as float, ldx apart), zeros for n <= r < ldo. */
+ * values as float, ldx apart), zeros for n <= r < ldo. Under "fast", V's
+ * for accumulate_tiles_bf16 likewise: a row of w float16 values h as two
+ * rows of pairs, split_f16_twice: hi[c] = (hi, hi) and lo[c] = (lo, lo),
+ * zeros for w <= c < ld (P's: the table's split_tiles). */
 void npattn_split_f16_row(const uint16_t *h, int64_t w, uint32_t *out);
 void npattn_split_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo);
+void npattn_split_f16_twice(const uint16_t *h, int64_t w, uint32_t *hi, uint32_t *lo, int64_t ld);
 
 /* ---- shared by the tables ---- */
 
