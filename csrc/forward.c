@@ -74,9 +74,9 @@ struct fwd_plan {
     _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
     /* a kv head's keys met by several units: per key tile, made once
      * (shared_tile), V's pairs for bfloat16 P @ V (its split rows for
-     * pv_split), K's split rows for qk_split, V's rows as float where the
-     * float gemm cannot read them in place */
-    struct shared_tiles v_pairs, k_split, v_rows;
+     * pv_split), K's split rows for qk_split, K's and V's rows as float
+     * where the float gemms cannot read them in place */
+    struct shared_tiles v_pairs, k_split, k_rows, v_rows;
     int64_t n_ktile;              /* then: key tiles per request and kv head */
     int64_t ldk, ldv;             /* their leading dimensions then */
     int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
@@ -336,20 +336,20 @@ static const uint32_t *v_pairs_of(struct fwd_plan *pl, const struct unit *u, con
     return vp;
 }
 
-/* V's rows of the key tile at j0 of unit u's kv head as float (Dv apart):
- * the call's copy of the whole tile, where there is one; else NULL. */
-static const float *v_rows_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *vv, int64_t j0) {
-    const struct npattn_tensor *v = &pl->p->v;
-    const int64_t Dv = pl->p->n_embd_v;
+/* K's or V's rows (t, the unit's rows kv, w wide) of the key tile at j0 of
+ * unit u's kv head as float (w apart): the call's copy of the whole tile in
+ * rows, where there is one; else NULL. */
+static const float *rows_of(struct fwd_plan *pl, const struct shared_tiles *rows, const struct unit *u,
+                            const struct npattn_tensor *t, const struct npattn_kv *kv, int64_t w, int64_t j0) {
     int make;
-    float *copy = (float *)shared_tile(pl, &pl->v_rows, u, j0, &make);
+    float *copy = (float *)shared_tile(pl, rows, u, j0, &make);
     for (int64_t j = 0, nk = min64(pl->bk, u->k1 - j0), run; make && j < nk; j += run) {
-        const char *at = npattn_kv_row(vv, j0 + j, &run);
+        const char *at = npattn_kv_row(kv, j0 + j, &run);
         run = min64(run, nk - j);
         for (int64_t i = 0; i < run; i++)
-            npattn_load_f32(v->dtype, at + i * vv->row_bytes, v->col_stride, Dv, copy + (j + i) * Dv);
+            npattn_load_f32(t->dtype, at + i * kv->row_bytes, t->col_stride, w, copy + (j + i) * w);
     }
-    if (make) tile_made(&pl->v_rows, (char *)copy);
+    if (make) tile_made(rows, (char *)copy);
     return copy;
 }
 
@@ -687,13 +687,15 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     }
     /* V's pairs, K's split rows, V's rows as float, shared by the units of
      * a kv head where there are several */
+    const int k_rows = !pl.f64 && !pl.stream && !pl.k_direct && !pl.bf16_qk && D > 0;
     const int v_rows = !pl.f64 && !pl.stream && !pl.v_direct && !pv_tiles && Dv > 0;
-    if ((pv_tiles || pl.qk_split || v_rows) && pl.n_qblock * pl.n_hblock > 1) {
+    if ((pv_tiles || pl.qk_split || k_rows || v_rows) && pl.n_qblock * pl.n_hblock > 1) {
         pl.n_ktile = (S + pl.bk - 1) / pl.bk;
         const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)pl.n_ktile;
         const size_t v_pair_rows = pl.pv_split ? 2 * (size_t)pl.bk : (size_t)(pl.bk + 1) / 2;
         if ((pv_tiles && !shared_alloc(&pl.v_pairs, n, v_pair_rows * (size_t)pl.ldv2 * 4)) ||
             (pl.qk_split && !shared_alloc(&pl.k_split, n, (size_t)(pl.bk * D) * 8)) ||
+            (k_rows && !shared_alloc(&pl.k_rows, n, (size_t)(pl.bk * D) * 4)) ||
             (v_rows && !shared_alloc(&pl.v_rows, n, (size_t)(pl.bk * Dv) * 4)))
             goto done;
     }
@@ -717,6 +719,7 @@ done:
     npattn_free((void *)pl.k_normal);
     npattn_free(pl.v_pairs.data);
     npattn_free(pl.k_split.data);
+    npattn_free(pl.k_rows.data);
     npattn_free(pl.v_rows.data);
     npattn_slots_free(&pl.slots);
     return status;

@@ -73,7 +73,11 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
             const struct npattn_kv kv = kv_head(s->kk, gi, s->k_head);
             int64_t ldk;
             int in_place;
-            const void *ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
+            const void *ktile = NULL;
+#if !IS_F64
+            if (!s->stream && u->ng == 1 && (ktile = rows_of(pl, &pl->k_rows, u, &p->k, &s->kk, D, j0))) ldk = D;
+#endif
+            if (!ktile) ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
             if (s->stream) { /* converted: nothing to prefetch */
                 const struct npattn_span span = {ktile, ktile, nk};
                 npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, &span, 1,
@@ -279,7 +283,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             int in_place;
             const void *vtile = NULL;
 #if !IS_F64
-            if (!s.stream && u->ng == 1 && (vtile = v_rows_of(pl, u, &s.vv, j0))) ldv = Dv;
+            if (!s.stream && u->ng == 1 && (vtile = rows_of(pl, &pl->v_rows, u, &p->v, &s.vv, Dv, j0))) ldv = Dv;
 #endif
             if (!vtile) vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
             if (s.stream) { /* converted: nothing to prefetch */
