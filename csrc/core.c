@@ -24,18 +24,55 @@ static _Atomic int64_t fail_alloc_after = -1;
 
 void npattn_debug_fail_alloc_after(int64_t n) { atomic_store(&fail_alloc_after, n); }
 
-void *npattn_alloc(size_t n_bytes) {
+/* Whether the test hook makes this allocation fail. */
+static int fail_now(void) {
     int64_t left = atomic_load(&fail_alloc_after);
-    if (left >= 0) {
-        if (left == 0) return NULL;
-        atomic_store(&fail_alloc_after, left - 1);
-    }
+    if (left < 0) return 0;
+    if (left == 0) return 1;
+    atomic_store(&fail_alloc_after, left - 1);
+    return 0;
+}
+
+static void *aligned(size_t n_bytes) {
     if (n_bytes == 0) n_bytes = 64;
     if (n_bytes > SIZE_MAX - 63) return NULL;
     return aligned_alloc(64, (n_bytes + 63) / 64 * 64);
 }
 
+void *npattn_alloc(size_t n_bytes) { return fail_now() ? NULL : aligned(n_bytes); }
+
 void npattn_free(void *p) { free(p); }
+
+/* The block npattn_free_kept keeps: the largest given back, at most
+ * NPATTN_KEPT_MAX bytes; `busy` guards it (whoever finds it busy allocates
+ * or frees as usual rather than wait). */
+static struct {
+    atomic_flag busy;
+    void *p;
+    size_t size;
+} kept = {ATOMIC_FLAG_INIT, NULL, 0};
+
+void *npattn_alloc_kept(size_t n_bytes) {
+    if (fail_now()) return NULL;
+    void *p = NULL;
+    if (!atomic_flag_test_and_set_explicit(&kept.busy, memory_order_acquire)) {
+        if (kept.p && kept.size >= n_bytes) p = kept.p, kept.p = NULL, kept.size = 0;
+        atomic_flag_clear_explicit(&kept.busy, memory_order_release);
+    }
+    return p ? p : aligned(n_bytes);
+}
+
+void npattn_free_kept(void *p, size_t n_bytes) {
+    if (p && n_bytes <= NPATTN_KEPT_MAX && !atomic_flag_test_and_set_explicit(&kept.busy, memory_order_acquire)) {
+        if (n_bytes > kept.size) { /* keep the larger */
+            void *old = kept.p;
+            kept.p = p, kept.size = n_bytes;
+            p = old;
+        }
+        atomic_flag_clear_explicit(&kept.busy, memory_order_release);
+    }
+    free(p);
+}
 
 uint64_t npattn_memory_limit(void) {
 #if defined(__linux__)

@@ -77,6 +77,8 @@ struct fwd_plan {
      * pv_split), K's split rows for qk_split, K's and V's rows as float
      * where the float gemms cannot read them in place */
     struct shared_tiles v_pairs, k_split, k_rows, v_rows;
+    char *shared;                 /* their block (npattn_alloc_kept), shared_bytes long */
+    size_t shared_bytes;
     int64_t n_ktile;              /* then: key tiles per request and kv head */
     int64_t ldk, ldv;             /* their leading dimensions then */
     int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
@@ -280,16 +282,22 @@ static int rows_normal(_Atomic signed char *state, const struct npattn_kv *kv, c
     return known == 1;
 }
 
-/* Allocates t's n tiles of `bytes` and their states, unless they would take
- * more than SHARED_TILES_MAX bytes (t->data stays NULL: no copies). */
-static int shared_alloc(struct shared_tiles *t, size_t n, size_t bytes) {
+/* The bytes of n tiles of `bytes` and their states (a multiple of 64), or 0
+ * where that would be more than SHARED_TILES_MAX: no copies. */
+static size_t shared_size(size_t n, size_t bytes) {
+    return n > SHARED_TILES_MAX / bytes ? 0 : (n * bytes + n + 63) / 64 * 64;
+}
+
+/* t's n tiles of `bytes` and their states, at *at in the call's block,
+ * which then moves past them; none where shared_size is 0. */
+static void shared_place(struct shared_tiles *t, size_t n, size_t bytes, char **at) {
+    const size_t size = shared_size(n, bytes);
     t->bytes = bytes;
-    if (n > SHARED_TILES_MAX / bytes) return 1;
-    t->data = npattn_alloc(n * bytes + n);
-    if (!t->data) return 0;
-    t->state = (_Atomic signed char *)(t->data + n * bytes);
+    if (!size) return;
+    t->data = *at;
+    t->state = (_Atomic signed char *)(*at + n * bytes);
     memset((void *)t->state, 0, n);
-    return 1;
+    *at += size;
 }
 
 /* The call's copy of unit u's key tile at j0 in t, where t has copies and
@@ -693,11 +701,18 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.n_ktile = (S + pl.bk - 1) / pl.bk;
         const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)pl.n_ktile;
         const size_t v_pair_rows = pl.pv_split ? 2 * (size_t)pl.bk : (size_t)(pl.bk + 1) / 2;
-        if ((pv_tiles && !shared_alloc(&pl.v_pairs, n, v_pair_rows * (size_t)pl.ldv2 * 4)) ||
-            (pl.qk_split && !shared_alloc(&pl.k_split, n, (size_t)(pl.bk * D) * 8)) ||
-            (k_rows && !shared_alloc(&pl.k_rows, n, (size_t)(pl.bk * D) * 4)) ||
-            (v_rows && !shared_alloc(&pl.v_rows, n, (size_t)(pl.bk * Dv) * 4)))
-            goto done;
+        const size_t bytes[4] = {v_pair_rows * (size_t)pl.ldv2 * 4, (size_t)(pl.bk * D) * 8, (size_t)(pl.bk * D) * 4,
+                                 (size_t)(pl.bk * Dv) * 4};
+        struct shared_tiles *const tiles[4] = {&pl.v_pairs, &pl.k_split, &pl.k_rows, &pl.v_rows};
+        const int used[4] = {pv_tiles, pl.qk_split, k_rows, v_rows};
+        for (int i = 0; i < 4; i++) pl.shared_bytes += used[i] ? shared_size(n, bytes[i]) : 0;
+        if (pl.shared_bytes) {
+            pl.shared = npattn_alloc_kept(pl.shared_bytes);
+            if (!pl.shared) goto done;
+            char *at = pl.shared;
+            for (int i = 0; i < 4; i++)
+                if (used[i]) shared_place(tiles[i], n, bytes[i], &at);
+        }
     }
     if (pl.n_split > 1) {
         /* n_task < 64 * threads + n_unit here: small */
@@ -717,10 +732,7 @@ done:
     npattn_free(pl.rank);
     npattn_free(pl.partials);
     npattn_free((void *)pl.k_normal);
-    npattn_free(pl.v_pairs.data);
-    npattn_free(pl.k_split.data);
-    npattn_free(pl.k_rows.data);
-    npattn_free(pl.v_rows.data);
+    npattn_free_kept(pl.shared, pl.shared_bytes);
     npattn_slots_free(&pl.slots);
     return status;
 }

@@ -13,6 +13,15 @@
 
 void *npattn_alloc(size_t n_bytes); /* 64-byte aligned, NULL on failure */
 void npattn_free(void *p);
+/* The same for a large block a call uses and gives back (the tiles a
+ * prefill's units share): freed with npattn_free_kept(p, the size asked
+ * for), which keeps the largest such block of at most NPATTN_KEPT_MAX
+ * bytes for the next call, so that its pages need not be faulted in and
+ * zeroed again (glibc maps a block of 32 MiB or more afresh each time: on
+ * 16 threads that was a quarter to a third of a float16 prefill). */
+#define NPATTN_KEPT_MAX ((size_t)256 << 20)
+void *npattn_alloc_kept(size_t n_bytes);
+void npattn_free_kept(void *p, size_t n_bytes);
 
 /* Product of the batch shape (checked by npattn_check not to overflow). */
 int64_t npattn_n_batch(const struct npattn_problem *p);
