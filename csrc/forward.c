@@ -68,9 +68,10 @@ struct fwd_plan {
     int bf16_qk, bf16_pv;         /* gemm tiles' products as bfloat16 dot products (the table's scores_bf16, accumulate_bf16) */
     int qk_split;                 /* bf16_qk of float16 q and k, each value split in two (npattn_split_f16_row) */
     int pv_split;                 /* then, under "fast", P @ V of float16 v too, P and V split (the table's split_tiles) */
+    int pv_exact;                 /* bfloat16 P @ V under "highest": P as three bfloat16 parts (the table's exact_tiles) */
     int q_tiles;                  /* streamed scores of a bfloat16 K: the table's q_tiles, once per task */
     int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
-    int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32, split_tiles): pairs per row */
+    int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32, split_tiles, exact_tiles): pairs per row */
     _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
     /* a kv head's keys met by several units: per key tile, made once
      * (shared_tile), V's pairs for bfloat16 P @ V (its split rows for
@@ -443,12 +444,13 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
                                                    : 0);
     /* P's pairs: by keys (pairs of rows), or as A tiles (rows of pairs) where the softmax makes them */
     const int p_tiles = pairs && ((pl->bf16_pv && npattn_kernels()->softmax_tiles_f32) || pl->pv_split);
-    s.pp = npattn_take(&at, p_tiles ? (size_t)pl->ldq2 * (size_t)pl->ldpa * 4
+    s.pp = npattn_take(&at, pairs && pl->pv_exact ? 3 * (size_t)pl->ldq2 * (size_t)pl->ldpa * 4 /* three parts */
+                            : p_tiles             ? (size_t)pl->ldq2 * (size_t)pl->ldpa * 4
                             : pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4
                                                    : 0);
-    s.vp = npattn_take(&at, pairs && pl->pv_split  ? 2 * bk * (size_t)pl->ldv2 * 4
-                            : pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4
-                                                   : 0);
+    s.vp = npattn_take(&at, pairs && pl->pv_split                    ? 2 * bk * (size_t)pl->ldv2 * 4
+                            : pairs && (pl->bf16_pv || pl->pv_exact) ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4
+                                                                     : 0);
     /* the streaming kernels' spans of a key tile: a page each, at most bk + 1 */
     s.spans = npattn_take(&at, pl->stream ? (bk + 1) * sizeof(struct npattn_span) : 0);
     s.size = at;
@@ -573,7 +575,12 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * it, where "fast" allows rounding it to float16, 2^-11), V exactly */
     pl.pv_split = pl.qk_split && kn->split_tiles && p->precision == NPATTN_PRECISION_FAST &&
                   p->v.dtype == NPATTN_DTYPE_F16 && p->v.col_stride == 1 && Dv > 0;
-    const int pv_tiles = pl.bf16_pv || pl.pv_split;
+    /* and bfloat16 v under "highest" on tiles: each weight the sum of three
+     * bfloat16 values (exactly, unless a part is below 2^-126), their
+     * products with V's values exact */
+    pl.pv_exact = !pl.f64 && !pl.stream && kn->exact_tiles && bf16_in && p->precision == NPATTN_PRECISION_HIGHEST &&
+                  p->v.dtype == NPATTN_DTYPE_BF16 && p->v.col_stride == 1 && Dv > 0;
+    const int pv_tiles = pl.bf16_pv || pl.pv_split || pl.pv_exact;
     if ((pl.bf16_qk || pv_tiles) && kn->bf16_tile) {
         /* the tile sizes that suit the table's dot products (split: half
          * the keys, each two pairs); with P @ V a float32 gemm, its keys
@@ -686,7 +693,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         return status;
     }
     status = NPATTN_STATUS_NO_MEMORY;
-    if ((pl.bf16_qk && !pl.qk_split) || pl.bf16_pv) { /* (split float16 values are never subnormal) */
+    if ((pl.bf16_qk && !pl.qk_split) || pl.bf16_pv || pl.pv_exact) { /* (split float16 values are never subnormal) */
         const size_t n = (size_t)(n_batch * p->n_head_kv);
         pl.k_normal = npattn_alloc(2 * n);
         if (!pl.k_normal) goto done;
@@ -700,7 +707,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     if ((pv_tiles || pl.qk_split || k_rows || v_rows) && pl.n_qblock * pl.n_hblock > 1) {
         pl.n_ktile = (S + pl.bk - 1) / pl.bk;
         const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)pl.n_ktile;
-        const size_t v_pair_rows = pl.pv_split ? 2 * (size_t)pl.bk : (size_t)(pl.bk + 1) / 2;
+        const size_t v_pair_rows = pl.pv_split ? 2 * (size_t)pl.bk : (size_t)(pl.bk + 1) / 2; /* pv_tiles' V */
         const size_t bytes[4] = {v_pair_rows * (size_t)pl.ldv2 * 4, (size_t)(pl.bk * D) * 8, (size_t)(pl.bk * D) * 4,
                                  (size_t)(pl.bk * Dv) * 4};
         struct shared_tiles *const tiles[4] = {&pl.v_pairs, &pl.k_split, &pl.k_rows, &pl.v_rows};

@@ -1181,6 +1181,34 @@ static void test_split(void) {
     }
     npattn_kernels_force("");
     expect(bad == 0, "split_tiles: (hi, lo) twice per weight, within 2^-15, zeros past the rows and keys");
+    /* exact_tiles, where a table has it: three parts of bfloat16 values
+     * summing to each weight exactly (weights from 2^-100 on), keys paired */
+    static uint32_t pa3[3 * 48 * 32];
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0 || !npattn_kernels()->exact_tiles) continue;
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+            const int nk = shapes[k][0], M = shapes[k][1], rows = (M + 15) / 16 * 16, ldpa = 32;
+            const int n16 = (nk + 31) / 32 * 16;
+            memset(pa3, 0xAB, sizeof pa3);
+            npattn_kernels()->exact_tiles(st, nk, M, 40, pa3, ldpa, rows);
+            for (int r = 0; r < rows; r++)
+                for (int p = 0; p < n16; p++)
+                    for (int h = 0; h < 2; h++) {
+                        const int j = 2 * p + h;
+                        double sum = 0;
+                        int nonzero = 0;
+                        for (int part = 0; part < 3; part++) {
+                            const uint16_t b = (uint16_t)(pa3[(part * rows + r) * ldpa + p] >> (16 * h));
+                            sum += npattn_bf16_to_f32(b);
+                            nonzero |= b != 0;
+                        }
+                        if (r >= M || j >= nk) bad += nonzero;
+                        else bad += st[j * 40 + r] >= 0x1p-100f && sum != st[j * 40 + r];
+                    }
+        }
+    }
+    npattn_kernels_force("");
+    expect(bad == 0, "exact_tiles: three parts summing to each weight, keys paired, zeros past the rows and keys");
 }
 
 int main(void) {

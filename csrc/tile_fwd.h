@@ -201,10 +201,11 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         s.qk16 = !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
     }
     s.pv16 = n_ktile > 0 &&
-             (pl->pv_split || (pl->bf16_pv && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv)));
+             (pl->pv_split ||
+              ((pl->bf16_pv || pl->pv_exact) && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv)));
 #endif
     /* the bfloat16 P @ V of a table whose softmax makes P's tiles */
-    const int p_tiles = s.pv16 && !pl->pv_split && npattn_kernels()->softmax_tiles_f32;
+    const int p_tiles = s.pv16 && pl->bf16_pv && npattn_kernels()->softmax_tiles_f32;
     if (s.stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
     else if (!s.qk16) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
 #if !IS_F64
@@ -252,6 +253,14 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             const uint32_t *vp = v_split_of(pl, u, &s.vv, j0, nk, s.vp);
             npattn_kernels()->split_tiles(s.st, nk, M, M, s.pp, pl->ldpa, pl->ldq2);
             npattn_kernels()->accumulate_tiles_bf16(s.pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
+            continue;
+        }
+        if (s.pv16 && pl->pv_exact) { /* bfloat16 under "highest": P's three parts against V's pairs */
+            const struct npattn_kernels *kn = npattn_kernels();
+            const uint32_t *vp = v_pairs_of(pl, u, &s.vv, j0, nk, s.vp);
+            kn->exact_tiles(s.st, nk, M, M, s.pp, pl->ldpa, pl->ldq2);
+            for (int64_t k = 0; k < 3; k++)
+                kn->accumulate_tiles_bf16(s.pp + k * pl->ldq2 * pl->ldpa, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
             continue;
         }
         if (s.pv16) { /* bfloat16 dot products */

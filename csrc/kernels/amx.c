@@ -365,6 +365,38 @@ AMX void npattn_amx_split_tiles(const float *st, int64_t nk, int64_t M, int64_t 
     }
 }
 
+/* Part k (0, 1, 2) of weights f: the first 8 significant bits, the next 8,
+ * and the rest, each a bfloat16 value in the low half of its lane (the last
+ * rounded by vcvtneps2bf16: below 2^-126, 0). */
+AMX static inline __m512i weight_part(__m512 f, int k) {
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000);
+    for (int i = 0; i < k; i++) f = _mm512_sub_ps(f, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f), top)));
+    if (k == 2) return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(f));
+    return _mm512_srli_epi32(_mm512_and_si512(_mm512_castps_si512(f), top), 16);
+}
+
+/* kernels.h's exact_tiles: per part, 32 keys of 16 rows at a time, the
+ * parts of keys 2p and 2p + 1 paired in each row's lane, then transposed. */
+AMX void npattn_amx_exact_tiles(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
+                                int64_t rows) {
+    const int64_t n16 = (nk + 31) / 32 * 16;
+    for (int k = 0; k < 3; k++)
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+            const __mmask16 live = M - r0 >= 16 ? (__mmask16)0xFFFF : M > r0 ? (__mmask16)((1u << (M - r0)) - 1) : 0;
+            for (int64_t p0 = 0; p0 < n16; p0 += 16) {
+                __m512i x[16];
+                for (int i = 0; i < 16; i++) {
+                    const int64_t j = 2 * (p0 + i);
+                    const __m512 a = j < nk ? _mm512_maskz_loadu_ps(live, st + j * ldst + r0) : _mm512_setzero_ps();
+                    const __m512 b = j + 1 < nk ? _mm512_maskz_loadu_ps(live, st + (j + 1) * ldst + r0) : _mm512_setzero_ps();
+                    x[i] = _mm512_or_si512(weight_part(a, k), _mm512_slli_epi32(weight_part(b, k), 16));
+                }
+                transpose16(x); /* x[r]: row r0 + r's pairs p0 .. p0 + 15 */
+                for (int r = 0; r < 16; r++) _mm512_storeu_si512(pa + (k * rows + r0 + r) * ldpa + p0, x[r]);
+            }
+        }
+}
+
 AMX void npattn_amx_accumulate_tiles_bf16(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
                                           int64_t ldv, int64_t Dv, float *o) {
     const int64_t n16 = (np + 15) / 16 * 16;

@@ -998,6 +998,7 @@ const struct npattn_kernels npattn_kernels_amx = {
     .softmax_tiles_f32 = softmax_tiles_avx512,
     .accumulate_tiles_bf16 = npattn_amx_accumulate_tiles_bf16,
     .split_tiles = npattn_amx_split_tiles,
+    .exact_tiles = npattn_amx_exact_tiles,
 };
 #endif
 

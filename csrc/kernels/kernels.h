@@ -141,6 +141,17 @@ struct npattn_kernels {
      * least that). */
     void (*split_tiles)(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
                         int64_t rows);
+    /* The amx table's (NULL elsewhere): the weights st (nk, M), ldst apart,
+     * as three arrays of A tiles' rows for accumulate_tiles_bf16 against
+     * V's bfloat16 pairs, rows ldpa pairs apart, array k at pa + k * rows *
+     * ldpa: the weights' first 8 significant bits, the next 8, and the rest
+     * (rounded to nearest even; below 2^-126, 0), so that the three sum to
+     * the weight exactly where none is below 2^-126; pa_k[r * ldpa + p] =
+     * (part k of st[2p][r], of st[2p + 1][r]), zeros for M <= r < rows (a
+     * multiple of 16) and for pairs past the keys' to a multiple of 16 (at
+     * most ldpa). */
+    void (*exact_tiles)(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
+                        int64_t rows);
 
     /* The tiles' float products, where a table has them (NULL elsewhere:
      * OpenBLAS's sgemm): c (m, n) = alpha * a @ b + beta * c (beta 0: c
@@ -195,6 +206,8 @@ void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype k
                        int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst);
 int npattn_amx_q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb);
 void npattn_amx_split_tiles(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
+                            int64_t rows);
+void npattn_amx_exact_tiles(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
                             int64_t rows);
 void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np, const uint32_t *vp,
                                 int64_t ldv, int64_t Dv, float *o);
