@@ -43,7 +43,7 @@ void *npattn_alloc(size_t n_bytes) { return fail_now() ? NULL : aligned(n_bytes)
 
 void npattn_free(void *p) { free(p); }
 
-/* The block npattn_free_kept keeps: the largest given back, at most
+/* The block npattn_free_kept keeps: the largest given back, of at most
  * NPATTN_KEPT_MAX bytes; `busy` guards it (whoever finds it busy allocates
  * or frees as usual rather than wait). */
 static struct {
@@ -52,14 +52,14 @@ static struct {
     size_t size;
 } kept = {ATOMIC_FLAG_INIT, NULL, 0};
 
-void *npattn_alloc_kept(size_t n_bytes) {
+void *npattn_alloc_kept(size_t *n_bytes) {
     if (fail_now()) return NULL;
     void *p = NULL;
     if (!atomic_flag_test_and_set_explicit(&kept.busy, memory_order_acquire)) {
-        if (kept.p && kept.size >= n_bytes) p = kept.p, kept.p = NULL, kept.size = 0;
+        if (kept.p && kept.size >= *n_bytes) p = kept.p, *n_bytes = kept.size, kept.p = NULL, kept.size = 0;
         atomic_flag_clear_explicit(&kept.busy, memory_order_release);
     }
-    return p ? p : aligned(n_bytes);
+    return p ? p : aligned(*n_bytes);
 }
 
 void npattn_free_kept(void *p, size_t n_bytes) {

@@ -33,7 +33,6 @@
 #define SPLIT_MIN_KEYS 256        /* split-K gives each part at least this many keys */
 #define MERGE_PARTS 8             /* split-K over several kv heads per unit: at most this many parts */
 #define HEAD_RUN_BYTES 32768      /* a kv head's rows read at about the memory's streaming rate when this many lie together */
-#define SHARED_TILES_MAX ((size_t)1 << 30) /* bytes of a call's shared copies of K or V (shared_tile), at most */
 #define ROUND_KEYS 64             /* keys per round of a paged unit's kv heads (kv_rounds): rounds of 32, 64, 128 and 256
                                      keys (the tile) ran Qwen3-4B heads over pages of 16 rows at 0.95, 0.99, 0.97 and
                                      0.79 of the dense call (float32, 8 requests, 2 threads) */
@@ -74,11 +73,12 @@ struct fwd_plan {
     int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32, split_tiles, exact_tiles): pairs per row */
     _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
     /* a kv head's keys met by several units: per key tile, made once
-     * (shared_tile), V's pairs for bfloat16 P @ V (its split rows for
-     * pv_split), K's split rows for qk_split, K's and V's rows as float
-     * where the float gemms cannot read them in place */
-    struct shared_tiles v_pairs, k_split, k_rows, v_rows;
-    char *shared;                 /* their block (npattn_alloc_kept), shared_bytes long */
+     * (shared_tile) in one block of at most NPATTN_KEPT_MAX bytes (else
+     * none): V's pairs for bfloat16 P @ V (its split rows for pv_split),
+     * K's split rows for qk_split, K's and V's rows as float where the
+     * float gemms cannot read them in place */
+    struct shared_tiles v_tiles, k_split, k_rows, v_rows;
+    char *shared;                 /* their block (npattn_alloc_kept), shared_bytes long; NULL: none */
     size_t shared_bytes;
     int64_t n_ktile;              /* then: key tiles per request and kv head */
     int64_t ldk, ldv;             /* their leading dimensions then */
@@ -283,18 +283,17 @@ static int rows_normal(_Atomic signed char *state, const struct npattn_kv *kv, c
     return known == 1;
 }
 
-/* The bytes of n tiles of `bytes` and their states (a multiple of 64), or 0
- * where that would be more than SHARED_TILES_MAX: no copies. */
+/* The bytes of n tiles of `bytes` (> 0) and their states, a multiple of 64;
+ * SIZE_MAX past NPATTN_KEPT_MAX. */
 static size_t shared_size(size_t n, size_t bytes) {
-    return n > SHARED_TILES_MAX / bytes ? 0 : (n * bytes + n + 63) / 64 * 64;
+    return n > NPATTN_KEPT_MAX / (bytes + 1) ? SIZE_MAX : (n * bytes + n + 63) / 64 * 64;
 }
 
 /* t's n tiles of `bytes` and their states, at *at in the call's block,
- * which then moves past them; none where shared_size is 0. */
+ * which then moves past them. */
 static void shared_place(struct shared_tiles *t, size_t n, size_t bytes, char **at) {
     const size_t size = shared_size(n, bytes);
     t->bytes = bytes;
-    if (!size) return;
     t->data = *at;
     t->state = (_Atomic signed char *)(*at + n * bytes);
     memset((void *)t->state, 0, n);
@@ -335,30 +334,32 @@ static const uint32_t *v_pairs_of(struct fwd_plan *pl, const struct unit *u, con
                                   int64_t nk, uint32_t *vp) {
     const int64_t Dv = pl->p->n_embd_v, whole = min64(pl->bk, u->k1 - j0);
     int make;
-    uint32_t *copy = nk % 2 == 0 || nk == whole ? (uint32_t *)shared_tile(pl, &pl->v_pairs, u, j0, &make) : NULL;
+    uint32_t *copy = nk % 2 == 0 || nk == whole ? (uint32_t *)shared_tile(pl, &pl->v_tiles, u, j0, &make) : NULL;
     if (copy && make) {
         npattn_pairs_of_kv(vv, j0, whole, Dv, copy, pl->ldv2);
-        tile_made(&pl->v_pairs, (char *)copy);
+        tile_made(&pl->v_tiles, (char *)copy);
     }
     if (copy) return copy;
     npattn_pairs_of_kv(vv, j0, nk, Dv, vp, pl->ldv2);
     return vp;
 }
 
-/* K's or V's rows (t, the unit's rows kv, w wide) of the key tile at j0 of
- * unit u's kv head as float (w apart): the call's copy of the whole tile in
- * rows, where there is one; else NULL. */
-static const float *rows_of(struct fwd_plan *pl, const struct shared_tiles *rows, const struct unit *u,
+/* The rows of K or V (tensor t; kv, its rows of unit u's kv head; w wide)
+ * of the key tile at j0 as float (w apart): the call's copy of the whole
+ * tile in `copies`, where there is one; else NULL. */
+static const float *rows_of(struct fwd_plan *pl, const struct shared_tiles *copies, const struct unit *u,
                             const struct npattn_tensor *t, const struct npattn_kv *kv, int64_t w, int64_t j0) {
     int make;
-    float *copy = (float *)shared_tile(pl, rows, u, j0, &make);
-    for (int64_t j = 0, nk = min64(pl->bk, u->k1 - j0), run; make && j < nk; j += run) {
-        const char *at = npattn_kv_row(kv, j0 + j, &run);
-        run = min64(run, nk - j);
-        for (int64_t i = 0; i < run; i++)
-            npattn_load_f32(t->dtype, at + i * kv->row_bytes, t->col_stride, w, copy + (j + i) * w);
+    float *copy = (float *)shared_tile(pl, copies, u, j0, &make);
+    if (make) {
+        for (int64_t j = 0, nk = min64(pl->bk, u->k1 - j0), run; j < nk; j += run) {
+            const char *at = npattn_kv_row(kv, j0 + j, &run);
+            run = min64(run, nk - j);
+            for (int64_t i = 0; i < run; i++)
+                npattn_load_f32(t->dtype, at + i * kv->row_bytes, t->col_stride, w, copy + (j + i) * w);
+        }
+        tile_made(copies, (char *)copy);
     }
-    if (make) tile_made(rows, (char *)copy);
     return copy;
 }
 
@@ -396,7 +397,7 @@ static const uint32_t *k_split_of(struct fwd_plan *pl, const struct unit *u, con
 static const uint32_t *v_split_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *vv, int64_t j0,
                                   int64_t nk, uint32_t *vp) {
     int make;
-    uint32_t *copy = (uint32_t *)shared_tile(pl, &pl->v_pairs, u, j0, &make);
+    uint32_t *copy = (uint32_t *)shared_tile(pl, &pl->v_tiles, u, j0, &make);
     uint32_t *out = copy ? copy : vp;
     if (copy && !make) return copy;
     const int64_t n = copy ? min64(pl->bk, u->k1 - j0) : nk, ld = pl->ldv2;
@@ -407,7 +408,7 @@ static const uint32_t *v_split_of(struct fwd_plan *pl, const struct unit *u, con
             npattn_split_f16_twice((const uint16_t *)(at + i * vv->row_bytes), pl->p->n_embd_v,
                                    out + 2 * (j + i) * ld, out + (2 * (j + i) + 1) * ld, ld);
     }
-    if (copy) tile_made(&pl->v_pairs, (char *)copy);
+    if (copy) tile_made(&pl->v_tiles, (char *)copy);
     return out;
 }
 
@@ -710,14 +711,22 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         const size_t v_pair_rows = pl.pv_split ? 2 * (size_t)pl.bk : (size_t)(pl.bk + 1) / 2; /* pv_tiles' V */
         const size_t bytes[4] = {v_pair_rows * (size_t)pl.ldv2 * 4, (size_t)(pl.bk * D) * 8, (size_t)(pl.bk * D) * 4,
                                  (size_t)(pl.bk * Dv) * 4};
-        struct shared_tiles *const tiles[4] = {&pl.v_pairs, &pl.k_split, &pl.k_rows, &pl.v_rows};
+        struct shared_tiles *const tiles[4] = {&pl.v_tiles, &pl.k_split, &pl.k_rows, &pl.v_rows};
         const int used[4] = {pv_tiles, pl.qk_split, k_rows, v_rows};
-        for (int i = 0; i < 4; i++) pl.shared_bytes += used[i] ? shared_size(n, bytes[i]) : 0;
-        if (pl.shared_bytes) {
-            pl.shared = npattn_alloc_kept(pl.shared_bytes);
-            if (!pl.shared) goto done;
+        size_t total = 0;
+        for (int i = 0; i < 4; i++) {
+            const size_t size = used[i] ? shared_size(n, bytes[i]) : 0;
+            total = size > NPATTN_KEPT_MAX || total + size > NPATTN_KEPT_MAX ? NPATTN_KEPT_MAX + 1 : total + size;
+        }
+        /* none past the block kept between calls: a larger one would be
+         * mapped and its pages faulted in afresh on every call, which costs
+         * more than the copies save (a chunk of 128 queries against 32768
+         * keys: twice the time); none either where the block cannot be had */
+        if (total <= NPATTN_KEPT_MAX) {
+            pl.shared_bytes = total;
+            pl.shared = npattn_alloc_kept(&pl.shared_bytes);
             char *at = pl.shared;
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 4 && at; i++)
                 if (used[i]) shared_place(tiles[i], n, bytes[i], &at);
         }
     }

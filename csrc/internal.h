@@ -13,14 +13,15 @@
 
 void *npattn_alloc(size_t n_bytes); /* 64-byte aligned, NULL on failure */
 void npattn_free(void *p);
-/* The same for a large block a call uses and gives back (the tiles a
- * prefill's units share): freed with npattn_free_kept(p, the size asked
- * for), which keeps the largest such block of at most NPATTN_KEPT_MAX
- * bytes for the next call, so that its pages need not be faulted in and
- * zeroed again (glibc maps a block of 32 MiB or more afresh each time: on
- * 16 threads that was a quarter to a third of a float16 prefill). */
+/* The same for a large block a call uses and gives back (the key tiles a
+ * prefill's units share), of at most NPATTN_KEPT_MAX bytes: *n_bytes asked
+ * for, then the block's size (the kept block may be larger), which
+ * npattn_free_kept(p, that size) takes back. It keeps the largest such block
+ * for the next call, so that its pages need not be faulted in and zeroed
+ * again (glibc maps a block of 32 MiB or more afresh each time: on 16
+ * threads that was a quarter to a third of a float16 prefill). */
 #define NPATTN_KEPT_MAX ((size_t)256 << 20)
-void *npattn_alloc_kept(size_t n_bytes);
+void *npattn_alloc_kept(size_t *n_bytes);
 void npattn_free_kept(void *p, size_t n_bytes);
 
 /* Product of the batch shape (checked by npattn_check not to overflow). */

@@ -251,16 +251,17 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
 #if !IS_F64
         if (s.pv16 && pl->pv_split) { /* float16: P and V split, then their dot products */
             const uint32_t *vp = v_split_of(pl, u, &s.vv, j0, nk, s.vp);
-            npattn_kernels()->split_tiles(s.st, nk, M, M, s.pp, pl->ldpa, pl->ldq2);
+            npattn_kernels()->split_tiles(s.st, nk, M, M, s.pp, pl->ldpa, (M + 15) / 16 * 16);
             npattn_kernels()->accumulate_tiles_bf16(s.pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
             continue;
         }
         if (s.pv16 && pl->pv_exact) { /* bfloat16 under "highest": P's three parts against V's pairs */
             const struct npattn_kernels *kn = npattn_kernels();
             const uint32_t *vp = v_pairs_of(pl, u, &s.vv, j0, nk, s.vp);
-            kn->exact_tiles(s.st, nk, M, M, s.pp, pl->ldpa, pl->ldq2);
+            const int64_t rows = (M + 15) / 16 * 16; /* each part's A tiles */
+            kn->exact_tiles(s.st, nk, M, M, s.pp, pl->ldpa, rows);
             for (int64_t k = 0; k < 3; k++)
-                kn->accumulate_tiles_bf16(s.pp + k * pl->ldq2 * pl->ldpa, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
+                kn->accumulate_tiles_bf16(s.pp + k * rows * pl->ldpa, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
             continue;
         }
         if (s.pv16) { /* bfloat16 dot products */

@@ -201,9 +201,10 @@ def sdpa(
         a float32 computation, subnormals included. ``"fast"`` allows, for half
         inputs only, the weights rounded to the half type before ``P @ V``
         and the CPU's half-precision dot products (within
-        ``npattn.testing.tolerance(..., precision="fast")``); this release
-        computes it as ``"highest"`` on every CPU. float32 and float64 inputs
-        compute the same either way.
+        ``npattn.testing.tolerance(..., precision="fast")``): bfloat16 prefills
+        where the CPU has bfloat16 dot products, and float16 ones on AMX-BF16
+        tiles, use them; elsewhere it computes as ``"highest"``. float32 and
+        float64 inputs compute the same either way.
     out : numpy.ndarray, optional
         A writeable array of exactly the result's shape and dtype that shares
         no memory with an input; it is filled and returned.
