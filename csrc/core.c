@@ -227,17 +227,6 @@ int npattn_pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64
     return !sub;
 }
 
-void npattn_split_pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64_t w, uint32_t *hi, uint32_t *lo,
-                              int64_t ldo) {
-    for (int64_t j = 0, run; j < nk; j += 2) {
-        const uint16_t *a = (const uint16_t *)npattn_kv_row(kv, j0 + j, &run);
-        const uint16_t *b = j + 1 < nk ? (const uint16_t *)npattn_kv_row(kv, j0 + j + 1, &run) : NULL;
-        npattn_split_f16_pairs(a, b, w, hi + j / 2 * ldo, lo + j / 2 * ldo);
-        memset(hi + j / 2 * ldo + w, 0, (size_t)(ldo - w) * sizeof *hi);
-        memset(lo + j / 2 * ldo + w, 0, (size_t)(ldo - w) * sizeof *lo);
-    }
-}
-
 int npattn_word_pairs(const struct npattn_tensor *t, int64_t off, int64_t h0, int64_t i0, int64_t nq, int64_t M,
                       int64_t w, uint32_t *out, int64_t ldo) {
     const struct npattn_kernels *kn = npattn_kernels();

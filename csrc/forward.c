@@ -67,8 +67,7 @@ struct fwd_plan {
     int bf16_qk, bf16_pv;         /* gemm tiles' products as bfloat16 dot products (the table's scores_bf16, accumulate_bf16) */
     int qk_split;                 /* bf16_qk of float16 q and k, each value split in two (npattn_split_f16_row) */
     int pv_split;                 /* then, under "fast", P @ V of float16 v too, P and V split (the table's split_tiles) */
-    int pv_exact;                 /* half P @ V under "highest": P as three bfloat16 parts (the table's exact_tiles) */
-    int64_t v_lo;                 /* then, of float16 V: from its pairs of high parts to those of low ones (uint32s) */
+    int pv_exact;                 /* bfloat16 P @ V under "highest": P as three bfloat16 parts (the table's exact_tiles) */
     int q_tiles;                  /* streamed scores of a bfloat16 K: the table's q_tiles, once per task */
     int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
     int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32, split_tiles, exact_tiles): pairs per row */
@@ -325,24 +324,24 @@ static void tile_made(const struct shared_tiles *t, const char *copy) {
 }
 
 /* The pairs of V for the key tile [j0, j0 + nk) of unit u's kv head (rows
- * vv), float16 values split in two (the pairs of high parts, then v_lo
- * later those of low ones): the call's copy of the tile (the whole tile's
- * pairs), where its last pair is the copy's (nk even, or the whole tile);
- * else paired into vp. Either way the same pairs. Every query block of a
- * causal half prefill reads the tiles below it: paired once, not once per
- * block (Qwen3-4B heads, L = S = 2048, bfloat16 "fast": 3-4% of the call on
- * one and on two threads). */
+ * vv): the call's copy of the tile (the whole tile's pairs), where its last
+ * pair is the copy's (nk even, or the whole tile); else paired into vp.
+ * Either way the same pairs. Every query block of a causal bfloat16
+ * prefill reads the tiles below it: paired once, not once per block
+ * (Qwen3-4B heads, L = S = 2048, "fast": 3-4% of the call on one and on
+ * two threads). */
 static const uint32_t *v_pairs_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *vv, int64_t j0,
                                   int64_t nk, uint32_t *vp) {
     const int64_t Dv = pl->p->n_embd_v, whole = min64(pl->bk, u->k1 - j0);
     int make;
     uint32_t *copy = nk % 2 == 0 || nk == whole ? (uint32_t *)shared_tile(pl, &pl->v_tiles, u, j0, &make) : NULL;
-    uint32_t *out = copy ? copy : vp;
-    if (copy && !make) return copy;
-    if (pl->v_lo) npattn_split_pairs_of_kv(vv, j0, copy ? whole : nk, Dv, out, out + pl->v_lo, pl->ldv2);
-    else npattn_pairs_of_kv(vv, j0, copy ? whole : nk, Dv, out, pl->ldv2);
-    if (copy) tile_made(&pl->v_tiles, (char *)copy);
-    return out;
+    if (copy && make) {
+        npattn_pairs_of_kv(vv, j0, whole, Dv, copy, pl->ldv2);
+        tile_made(&pl->v_tiles, (char *)copy);
+    }
+    if (copy) return copy;
+    npattn_pairs_of_kv(vv, j0, nk, Dv, vp, pl->ldv2);
+    return vp;
 }
 
 /* The rows of K or V (tensor t; kv, its rows of unit u's kv head; w wide)
@@ -451,7 +450,6 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
                             : pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4
                                                    : 0);
     s.vp = npattn_take(&at, pairs && pl->pv_split                    ? 2 * bk * (size_t)pl->ldv2 * 4
-                            : pairs && pl->v_lo                      ? 2 * (size_t)pl->v_lo * 4
                             : pairs && (pl->bf16_pv || pl->pv_exact) ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4
                                                                      : 0);
     /* the streaming kernels' spans of a key tile: a page each, at most bk + 1 */
@@ -578,13 +576,11 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * it, where "fast" allows rounding it to float16, 2^-11), V exactly */
     pl.pv_split = pl.qk_split && kn->split_tiles && p->precision == NPATTN_PRECISION_FAST &&
                   p->v.dtype == NPATTN_DTYPE_F16 && p->v.col_stride == 1 && Dv > 0;
-    /* and half v under "highest" on tiles: each weight the sum of three
+    /* and bfloat16 v under "highest" on tiles: each weight the sum of three
      * bfloat16 values (exactly, unless a part is below 2^-126), their
-     * products with V's values (float16 ones split in two) exact */
-    const int f16_in = p->q.dtype == NPATTN_DTYPE_F16 && p->k.dtype == NPATTN_DTYPE_F16;
-    pl.pv_exact = !pl.f64 && !pl.stream && kn->exact_tiles && p->precision == NPATTN_PRECISION_HIGHEST &&
-                  ((bf16_in && p->v.dtype == NPATTN_DTYPE_BF16) || (f16_in && p->v.dtype == NPATTN_DTYPE_F16)) &&
-                  p->v.col_stride == 1 && Dv > 0;
+     * products with V's values exact */
+    pl.pv_exact = !pl.f64 && !pl.stream && kn->exact_tiles && bf16_in && p->precision == NPATTN_PRECISION_HIGHEST &&
+                  p->v.dtype == NPATTN_DTYPE_BF16 && p->v.col_stride == 1 && Dv > 0;
     const int pv_tiles = pl.bf16_pv || pl.pv_split || pl.pv_exact;
     if ((pl.bf16_qk || pv_tiles) && kn->bf16_tile) {
         /* the tile sizes that suit the table's dot products (split: half
@@ -599,7 +595,6 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         pl.bk = max64(32, min64(kn->bf16_tile, budget) / 32 * 32);
     }
     pl.ldq2 = (pl.max_m + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
-    if (pl.pv_exact && p->v.dtype == NPATTN_DTYPE_F16) pl.v_lo = (pl.bk + 1) / 2 * pl.ldv2;
     pl.ldpa = pl.pv_split ? (2 * pl.bk + 15) / 16 * 16 : (pl.bk + 31) / 32 * 16;
     pl.q_tiles = pl.stream && kn->q_tiles && p->k.dtype == NPATTN_DTYPE_BF16 && pl.k_direct;
 
@@ -699,7 +694,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         return status;
     }
     status = NPATTN_STATUS_NO_MEMORY;
-    if ((pl.bf16_qk && !pl.qk_split) || pl.bf16_pv || (pl.pv_exact && !pl.v_lo)) { /* (split float16 values are never subnormal) */
+    if ((pl.bf16_qk && !pl.qk_split) || pl.bf16_pv || pl.pv_exact) { /* (split float16 values are never subnormal) */
         const size_t n = (size_t)(n_batch * p->n_head_kv);
         pl.k_normal = npattn_alloc(2 * n);
         if (!pl.k_normal) goto done;
@@ -713,7 +708,7 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     if ((pv_tiles || pl.qk_split || k_rows || v_rows) && pl.n_qblock * pl.n_hblock > 1) {
         pl.n_ktile = (S + pl.bk - 1) / pl.bk;
         const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)pl.n_ktile;
-        const size_t v_pair_rows = pl.pv_split ? 2 * (size_t)pl.bk : (size_t)(pl.bk + 1) / 2 * (pl.v_lo ? 2 : 1);
+        const size_t v_pair_rows = pl.pv_split ? 2 * (size_t)pl.bk : (size_t)(pl.bk + 1) / 2; /* pv_tiles' V */
         const size_t bytes[4] = {v_pair_rows * (size_t)pl.ldv2 * 4, (size_t)(pl.bk * D) * 8, (size_t)(pl.bk * D) * 4,
                                  (size_t)(pl.bk * Dv) * 4};
         struct shared_tiles *const tiles[4] = {&pl.v_tiles, &pl.k_split, &pl.k_rows, &pl.v_rows};

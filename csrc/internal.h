@@ -97,10 +97,6 @@ static inline const char *npattn_kv_row(const struct npattn_kv *kv, int64_t j, i
  * products along the keys; with out NULL, only the check. Returns 0 when a
  * value is subnormal. */
 int npattn_pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64_t w, uint32_t *out, int64_t ldo);
-/* The same of float16 rows, each value split in two (npattn_split_f16_pairs):
- * row p of hi and of lo. */
-void npattn_split_pairs_of_kv(const struct npattn_kv *kv, int64_t j0, int64_t nk, int64_t w, uint32_t *hi, uint32_t *lo,
-                              int64_t ldo);
 
 /* The pairs along the rows of t's stacked rows r = 0 .. M-1 (head h0 + r /
  * nq, row i0 + r % nq, w values each), as the dot products take Q^T and

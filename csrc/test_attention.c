@@ -1150,17 +1150,6 @@ static void test_split(void) {
                         : (hi2[c] & 0xFFFF) != hi2[c] >> 16 || (lo2[c] & 0xFFFF) != lo2[c] >> 16 ||
                               npattn_bf16_to_f32((uint16_t)hi2[c]) + npattn_bf16_to_f32((uint16_t)lo2[c]) != x[c];
     expect(bad == 0, "split_f16_twice: (hi, hi) and (lo, lo), exact, zeros past the row");
-    /* split_f16_pairs: two rows' parts paired (the second zeros without it) */
-    static uint32_t hip[150], lop[150];
-    for (int second = 0; second < 2; second++) {
-        npattn_split_f16_pairs(h, second ? h + 75 : NULL, 75, hip, lop);
-        for (int c = 0; c < 75; c++) {
-            const float a = npattn_bf16_to_f32((uint16_t)hip[c]) + npattn_bf16_to_f32((uint16_t)lop[c]);
-            const float b = npattn_bf16_to_f32((uint16_t)(hip[c] >> 16)) + npattn_bf16_to_f32((uint16_t)(lop[c] >> 16));
-            bad += a != x[c] || b != (second ? x[75 + c] : 0.0f);
-        }
-    }
-    expect(bad == 0, "split_f16_pairs: each row's hi + lo exact, in the pair's halves");
     /* split_tiles, where a table has it: weights of every size as pairs
      * (hi, lo) twice, hi + lo within 2^-15 of it, zeros past the rows and keys
      * (to a multiple of 16 pairs) */

@@ -202,8 +202,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     }
     s.pv16 = n_ktile > 0 &&
              (pl->pv_split ||
-              ((pl->bf16_pv || pl->pv_exact) &&
-               (pl->v_lo || rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv))));
+              ((pl->bf16_pv || pl->pv_exact) && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv)));
 #endif
     /* the bfloat16 P @ V of a table whose softmax makes P's tiles */
     const int p_tiles = s.pv16 && pl->bf16_pv && npattn_kernels()->softmax_tiles_f32;
@@ -256,15 +255,13 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             npattn_kernels()->accumulate_tiles_bf16(s.pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
             continue;
         }
-        if (s.pv16 && pl->pv_exact) { /* "highest": P's three parts against V's pairs (float16: two parts') */
+        if (s.pv16 && pl->pv_exact) { /* bfloat16 under "highest": P's three parts against V's pairs */
             const struct npattn_kernels *kn = npattn_kernels();
             const uint32_t *vp = v_pairs_of(pl, u, &s.vv, j0, nk, s.vp);
             const int64_t rows = (M + 15) / 16 * 16; /* each part's A tiles */
             kn->exact_tiles(s.st, nk, M, M, s.pp, pl->ldpa, rows);
             for (int64_t k = 0; k < 3; k++)
-                for (int64_t h = 0; h < (pl->v_lo ? 2 : 1); h++)
-                    kn->accumulate_tiles_bf16(s.pp + k * rows * pl->ldpa, pl->ldpa, M, (nk + 1) / 2, vp + h * pl->v_lo,
-                                              pl->ldv2, Dv, ot);
+                kn->accumulate_tiles_bf16(s.pp + k * rows * pl->ldpa, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
             continue;
         }
         if (s.pv16) { /* bfloat16 dot products */

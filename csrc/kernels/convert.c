@@ -151,21 +151,6 @@ void npattn_split_f16_twice(const uint16_t *h, int64_t w, uint32_t *hi, uint32_t
     memset(lo + w, 0, (size_t)(ld - w) * sizeof *lo);
 }
 
-void npattn_split_f16_pairs(const uint16_t *a, const uint16_t *b, int64_t w, uint32_t *hi, uint32_t *lo) {
-    float x[128], y[128];
-    for (int64_t c0 = 0; c0 < w; c0 += 128) {
-        const int64_t nc = w - c0 < 128 ? w - c0 : 128;
-        npattn_kernels()->f16_to_f32(a + c0, nc, x);
-        if (b) npattn_kernels()->f16_to_f32(b + c0, nc, y);
-        else memset(y, 0, sizeof y);
-        for (int64_t c = 0; c < nc; c++) {
-            const uint32_t sa = split_pair(x[c]), sb = split_pair(y[c]);
-            hi[c0 + c] = (sa & 0xFFFFu) | sb << 16;
-            lo[c0 + c] = sa >> 16 | (sb & 0xFFFF0000u);
-        }
-    }
-}
-
 int npattn_finish_columns(const float *x, int64_t e0, int64_t w, float inv, enum npattn_dtype dt, void *row) {
     int bad = 0;
     for (int64_t e = e0; e < w; e++) {

@@ -323,14 +323,10 @@ int npattn_bf16_rows(const float *x, int64_t n, int64_t w, int64_t ldx, uint16_t
  * values as float, ldx apart), zeros for n <= r < ldo. Under "fast", V's
  * for accumulate_tiles_bf16 likewise: a row of w float16 values h as two
  * rows of pairs, split_f16_twice: hi[c] = (hi, hi) and lo[c] = (lo, lo),
- * zeros for w <= c < ld (P's: the table's split_tiles); under "highest",
- * against the table's exact_tiles, two rows a and b (b NULL: zeros) as
- * pairs along the keys, split_f16_pairs: hi[c] = (hi of a[c], hi of b[c]),
- * lo[c] = (lo of a[c], lo of b[c]). */
+ * zeros for w <= c < ld (P's: the table's split_tiles). */
 void npattn_split_f16_row(const uint16_t *h, int64_t w, uint32_t *out);
 void npattn_split_across(const float *x, int64_t n, int64_t w, int64_t ldx, uint32_t *out, int64_t ldo);
 void npattn_split_f16_twice(const uint16_t *h, int64_t w, uint32_t *hi, uint32_t *lo, int64_t ld);
-void npattn_split_f16_pairs(const uint16_t *a, const uint16_t *b, int64_t w, uint32_t *hi, uint32_t *lo);
 
 /* ---- shared by the tables ---- */
 
