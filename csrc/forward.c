@@ -323,93 +323,53 @@ static void tile_made(const struct shared_tiles *t, const char *copy) {
     atomic_store_explicit(t->state + (copy - t->data) / (ptrdiff_t)t->bytes, 2, memory_order_release);
 }
 
-/* The pairs of V for the key tile [j0, j0 + nk) of unit u's kv head (rows
- * vv): the call's copy of the tile (the whole tile's pairs), where its last
- * pair is the copy's (nk even, or the whole tile); else paired into vp.
- * Either way the same pairs. Every query block of a causal bfloat16
- * prefill reads the tiles below it: paired once, not once per block
- * (Qwen3-4B heads, L = S = 2048, "fast": 3-4% of the call on one and on
- * two threads). */
-static const uint32_t *v_pairs_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *vv, int64_t j0,
-                                  int64_t nk, uint32_t *vp) {
-    const int64_t Dv = pl->p->n_embd_v, whole = min64(pl->bk, u->k1 - j0);
-    int make;
-    uint32_t *copy = nk % 2 == 0 || nk == whole ? (uint32_t *)shared_tile(pl, &pl->v_tiles, u, j0, &make) : NULL;
-    if (copy && make) {
-        npattn_pairs_of_kv(vv, j0, whole, Dv, copy, pl->ldv2);
-        tile_made(&pl->v_tiles, (char *)copy);
-    }
-    if (copy) return copy;
-    npattn_pairs_of_kv(vv, j0, nk, Dv, vp, pl->ldv2);
-    return vp;
-}
+/* What a key tile is made into: K's or V's rows as float (w apart); float16
+ * K's rows split (npattn_split_f16_row, 2w pairs apart); float16 V's rows
+ * split as pv_split takes them (npattn_split_f16_twice: key j's rows 2j and
+ * 2j + 1, ldv2 apart); bfloat16 V's pairs along the keys
+ * (npattn_pairs_of_kv, ldv2 apart). */
+enum tile_form { FLOAT_ROWS, SPLIT_K, SPLIT_V, V_PAIRS };
 
-/* The rows of K or V (tensor t; kv, its rows of unit u's kv head; w wide)
- * of the key tile at j0 as float (w apart): the call's copy of the whole
- * tile in `copies`, where there is one; else NULL. */
-static const float *rows_of(struct fwd_plan *pl, const struct shared_tiles *copies, const struct unit *u,
-                            const struct npattn_tensor *t, const struct npattn_kv *kv, int64_t w, int64_t j0) {
-    int make;
-    float *copy = (float *)shared_tile(pl, copies, u, j0, &make);
-    if (make) {
-        for (int64_t j = 0, nk = min64(pl->bk, u->k1 - j0), run; j < nk; j += run) {
-            const char *at = npattn_kv_row(kv, j0 + j, &run);
-            run = min64(run, nk - j);
-            for (int64_t i = 0; i < run; i++)
-                npattn_load_f32(t->dtype, at + i * kv->row_bytes, t->col_stride, w, copy + (j + i) * w);
-        }
-        tile_made(copies, (char *)copy);
+/* out = rows j0 .. j0 + n - 1 of kv (tensor t, w wide) in `form`. */
+static void make_tile(const struct fwd_plan *pl, enum tile_form form, const struct npattn_tensor *t,
+                      const struct npattn_kv *kv, int64_t w, int64_t j0, int64_t n, void *out) {
+    if (form == V_PAIRS) {
+        npattn_pairs_of_kv(kv, j0, n, w, out, pl->ldv2);
+        return;
     }
-    return copy;
-}
-
-/* out (nk rows of 2 D pairs) = K's rows j0 .. j0 + nk - 1 (kk), float16,
- * split as npattn_split_f16_row. */
-static void split_rows(const struct npattn_kv *kk, int64_t j0, int64_t nk, int64_t D, uint32_t *out) {
-    for (int64_t j = 0, run; j < nk; j += run) {
-        const char *at = npattn_kv_row(kk, j0 + j, &run);
-        run = min64(run, nk - j);
-        for (int64_t i = 0; i < run; i++)
-            npattn_split_f16_row((const uint16_t *)(at + i * kk->row_bytes), D, out + (j + i) * 2 * D);
-    }
-}
-
-/* K's split rows for the key tile [j0, j0 + nk) of unit u's kv head: the
- * call's copy of the whole tile, where there is one, else split into kp. */
-static const uint32_t *k_split_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *kk, int64_t j0,
-                                  int64_t nk, uint32_t *kp) {
-    const int64_t D = pl->p->n_embd_k;
-    int make;
-    uint32_t *copy = (uint32_t *)shared_tile(pl, &pl->k_split, u, j0, &make);
-    if (copy && make) {
-        split_rows(kk, j0, min64(pl->bk, u->k1 - j0), D, copy);
-        tile_made(&pl->k_split, (char *)copy);
-    }
-    if (copy) return copy;
-    split_rows(kk, j0, nk, D, kp);
-    return kp;
-}
-
-/* V's split rows for the key tile [j0, j0 + nk) of unit u's kv head (vv),
- * as pv_split takes them: for key j, rows 2j and 2j + 1 of pairs (hi, hi)
- * and (lo, lo) of its values, ldv2 apart. The call's copy of the whole tile,
- * where there is one, else split into vp. */
-static const uint32_t *v_split_of(struct fwd_plan *pl, const struct unit *u, const struct npattn_kv *vv, int64_t j0,
-                                  int64_t nk, uint32_t *vp) {
-    int make;
-    uint32_t *copy = (uint32_t *)shared_tile(pl, &pl->v_tiles, u, j0, &make);
-    uint32_t *out = copy ? copy : vp;
-    if (copy && !make) return copy;
-    const int64_t n = copy ? min64(pl->bk, u->k1 - j0) : nk, ld = pl->ldv2;
     for (int64_t j = 0, run; j < n; j += run) {
-        const char *at = npattn_kv_row(vv, j0 + j, &run);
+        const char *at = npattn_kv_row(kv, j0 + j, &run);
         run = min64(run, n - j);
-        for (int64_t i = 0; i < run; i++)
-            npattn_split_f16_twice((const uint16_t *)(at + i * vv->row_bytes), pl->p->n_embd_v,
-                                   out + 2 * (j + i) * ld, out + (2 * (j + i) + 1) * ld, ld);
+        for (int64_t i = 0, r = j; i < run; i++, r++) {
+            const void *row = at + i * kv->row_bytes;
+            if (form == FLOAT_ROWS) npattn_load_f32(t->dtype, row, t->col_stride, w, (float *)out + r * w);
+            else if (form == SPLIT_K) npattn_split_f16_row(row, w, (uint32_t *)out + r * 2 * w);
+            else npattn_split_f16_twice(row, w, (uint32_t *)out + 2 * r * pl->ldv2,
+                                        (uint32_t *)out + (2 * r + 1) * pl->ldv2, pl->ldv2);
+        }
     }
-    if (copy) tile_made(&pl->v_tiles, (char *)copy);
-    return out;
+}
+
+/* The key tile [j0, j0 + nk) of unit u's kv head (kv, rows of tensor t, w
+ * wide) in `form`: the call's copy of the whole tile in `copies`, made by the
+ * first unit that reaches it, where there is one and the caller may read
+ * the whole tile's form (`whole_ok`); else made into own, or NULL where own
+ * is NULL. Either way the same values. Every query block of a causal half
+ * prefill reads the tiles below it: made once, not once per block (Qwen3-4B
+ * heads, L = S = 2048, bfloat16 "fast": V's pairs were 3-4% of the call on
+ * one and on two threads). */
+static const void *tile_of(struct fwd_plan *pl, const struct shared_tiles *copies, enum tile_form form,
+                           const struct npattn_tensor *t, const struct unit *u, const struct npattn_kv *kv, int64_t w,
+                           int64_t j0, int64_t nk, int whole_ok, void *own) {
+    int make = 0;
+    char *copy = whole_ok ? shared_tile(pl, copies, u, j0, &make) : NULL;
+    if (copy && make) {
+        make_tile(pl, form, t, kv, w, j0, min64(pl->bk, u->k1 - j0), copy);
+        tile_made(copies, copy);
+    }
+    if (copy) return copy;
+    if (own) make_tile(pl, form, t, kv, w, j0, nk, own);
+    return own;
 }
 
 #define TASK "tile_fwd.h"

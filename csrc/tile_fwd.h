@@ -49,7 +49,7 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
      * read it; else converted here */
 #if !IS_F64
     if (s->qk16 && pl->qk_split) { /* float16 rows split, then their dot products */
-        const uint32_t *kp = k_split_of(pl, u, &s->kk, j0, nk, (uint32_t *)s->kt);
+        const uint32_t *kp = tile_of(pl, &pl->k_split, SPLIT_K, &p->k, u, &s->kk, D, j0, nk, 1, s->kt);
         npattn_kernels()->scores_bf16(s->qp, pl->ldq2, M, 2 * D, (const uint16_t *)kp, 4 * D, nk, s->st, M);
     } else if (s->qk16) { /* bfloat16 dot products, page by page */
         for (int64_t j = 0, run; j < nk; j += run) {
@@ -75,7 +75,8 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
             int in_place;
             const void *ktile = NULL;
 #if !IS_F64
-            if (!s->stream && u->ng == 1 && (ktile = rows_of(pl, &pl->k_rows, u, &p->k, &s->kk, D, j0))) ldk = D;
+            if (!s->stream && u->ng == 1 && (ktile = tile_of(pl, &pl->k_rows, FLOAT_ROWS, &p->k, u, &s->kk, D, j0, nk, 1, NULL)))
+                ldk = D;
 #endif
             if (!ktile) ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
             if (s->stream) { /* converted: nothing to prefetch */
@@ -250,23 +251,24 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         if (Dv == 0) continue;
 #if !IS_F64
         if (s.pv16 && pl->pv_split) { /* float16: P and V split, then their dot products */
-            const uint32_t *vp = v_split_of(pl, u, &s.vv, j0, nk, s.vp);
+            const uint32_t *vp = tile_of(pl, &pl->v_tiles, SPLIT_V, &p->v, u, &s.vv, Dv, j0, nk, 1, s.vp);
             npattn_kernels()->split_tiles(s.st, nk, M, M, s.pp, pl->ldpa, (M + 15) / 16 * 16);
             npattn_kernels()->accumulate_tiles_bf16(s.pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
             continue;
         }
-        if (s.pv16 && pl->pv_exact) { /* bfloat16 under "highest": P's three parts against V's pairs */
-            const struct npattn_kernels *kn = npattn_kernels();
-            const uint32_t *vp = v_pairs_of(pl, u, &s.vv, j0, nk, s.vp);
-            const int64_t rows = (M + 15) / 16 * 16; /* each part's A tiles */
-            kn->exact_tiles(s.st, nk, M, M, s.pp, pl->ldpa, rows);
-            for (int64_t k = 0; k < 3; k++)
-                kn->accumulate_tiles_bf16(s.pp + k * rows * pl->ldpa, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
-            continue;
-        }
         if (s.pv16) { /* bfloat16 dot products */
             const struct npattn_kernels *kn = npattn_kernels();
-            const uint32_t *vp = v_pairs_of(pl, u, &s.vv, j0, nk, s.vp);
+            /* V's pairs: the call's copy where its last pair is the copy's (nk even, or the whole tile) */
+            const int whole_ok = nk % 2 == 0 || nk == min64(pl->bk, u->k1 - j0);
+            const uint32_t *vp = tile_of(pl, &pl->v_tiles, V_PAIRS, &p->v, u, &s.vv, Dv, j0, nk, whole_ok, s.vp);
+            if (pl->pv_exact) { /* under "highest": P's three parts against V's pairs */
+                const int64_t rows = (M + 15) / 16 * 16; /* each part's A tiles */
+                kn->exact_tiles(s.st, nk, M, M, s.pp, pl->ldpa, rows);
+                for (int64_t k = 0; k < 3; k++)
+                    kn->accumulate_tiles_bf16(s.pp + k * rows * pl->ldpa, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv,
+                                              ot);
+                continue;
+            }
             /* a subnormal weight, below 2^-126, may read as 0 */
             if (p_tiles) {
                 kn->accumulate_tiles_bf16(s.pp, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
@@ -293,7 +295,8 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             int in_place;
             const void *vtile = NULL;
 #if !IS_F64
-            if (!s.stream && u->ng == 1 && (vtile = rows_of(pl, &pl->v_rows, u, &p->v, &s.vv, Dv, j0))) ldv = Dv;
+            if (!s.stream && u->ng == 1 && (vtile = tile_of(pl, &pl->v_rows, FLOAT_ROWS, &p->v, u, &s.vv, Dv, j0, nk, 1, NULL)))
+                ldv = Dv;
 #endif
             if (!vtile) vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
             if (s.stream) { /* converted: nothing to prefetch */
