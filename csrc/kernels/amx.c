@@ -239,7 +239,7 @@ AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dty
                 __m512i x[16];
                 for (int i = 0; i < 16; i++) x[i] = _mm512_load_si512(c + (h + i) * 16);
                 transpose16(x);
-                const __mmask16 live = nj - h >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nj - h)) - 1);
+                const __mmask16 live = lanes(nj - h, 0);
                 for (int64_t r = 0; r < M; r++) _mm512_mask_storeu_ps(st + r * ldst + j + h, live, (__m512)x[r]);
                 for (int64_t i = h; i < h + 16 && i < nj; i++)
                     for (int64_t b = 0; b < 2 * D; b += 64) _mm_prefetch((const char *)ahead[i] + b, _MM_HINT_T1);
@@ -339,7 +339,7 @@ AMX void npattn_amx_split_tiles(const float *st, int64_t nk, int64_t M, int64_t 
     const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i second = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
     for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-        const __mmask16 live = M - r0 >= 16 ? (__mmask16)0xFFFF : M > r0 ? (__mmask16)((1u << (M - r0)) - 1) : 0;
+        const __mmask16 live = lanes(M - r0, 0);
         for (int64_t j0 = 0; j0 < nk; j0 += 16) {
             __m512i x[16];
             for (int i = 0; i < 16; i++) {
@@ -354,8 +354,7 @@ AMX void npattn_amx_split_tiles(const float *st, int64_t nk, int64_t M, int64_t 
             }
             transpose16(x); /* x[r]: row r0 + r's pairs for keys j0 .. j0 + 15 */
             const int64_t n = ldpa - 2 * j0 < 32 ? ldpa - 2 * j0 : 32; /* pairs to write: whole vectors */
-            const __mmask16 m0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-            const __mmask16 m1 = n >= 32 ? (__mmask16)0xFFFF : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
+            const __mmask16 m0 = lanes(n, 0), m1 = lanes(n, 1);
             for (int r = 0; r < 16; r++) {
                 uint32_t *to = pa + (r0 + r) * ldpa + 2 * j0;
                 _mm512_mask_storeu_epi32(to, m0, _mm512_permutexvar_epi32(first, x[r]));
@@ -382,7 +381,7 @@ AMX void npattn_amx_exact_tiles(const float *st, int64_t nk, int64_t M, int64_t 
     const int64_t n16 = (nk + 31) / 32 * 16;
     for (int k = 0; k < 3; k++)
         for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-            const __mmask16 live = M - r0 >= 16 ? (__mmask16)0xFFFF : M > r0 ? (__mmask16)((1u << (M - r0)) - 1) : 0;
+            const __mmask16 live = lanes(M - r0, 0);
             for (int64_t p0 = 0; p0 < n16; p0 += 16) {
                 __m512i x[16];
                 for (int i = 0; i < 16; i++) {

@@ -12,12 +12,6 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* Lanes of a 16-float chunk c of a row of width n. */
-AVX512 INLINE __mmask16 lanes(int64_t n, int64_t c) {
-    int64_t left = n - 16 * c;
-    return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
-}
-
 /* 2^y for y <= 0 (or -inf), 0 below 2^-126: 2^n p(y - n), n the nearest
  * integer, p Cephes's polynomial (NPATTN_EXP2_C*) or, `fast`, the degree-4
  * one of the "fast" tiles' weights (NPATTN_EXP2_FAST_*). The lanes below

@@ -4,6 +4,13 @@
 #define NPATTN_KERNELS_AVX512_H
 
 #include <immintrin.h>
+#include <stdint.h>
+
+/* Lanes of a 16-float chunk c of a row of width n. */
+static inline __attribute__((always_inline)) __mmask16 lanes(int64_t n, int64_t c) {
+    int64_t left = n - 16 * c;
+    return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+}
 
 /* The transpose of 16 rows of 16 32-bit lanes, in place. */
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void transpose16(__m512i x[16]) {
