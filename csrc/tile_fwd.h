@@ -210,7 +210,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     if (s.stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
     else if (!s.qk16) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
 #if !IS_F64
-    s.q_tiles = pl->q_tiles && npattn_amx_stream_rows(s.mg, D);
+    s.q_tiles = pl->q_tiles;
     for (int64_t gi = 0; gi < u->ng && s.q_tiles; gi++)
         s.q_tiles = npattn_kernels()->q_tiles((const float *)qrows + gi * s.mg * D, s.mg, D, s.qp + gi * D / 2 * 16);
 #endif

@@ -122,29 +122,22 @@ AMX void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int6
  * the AVX-512 kernel, and rows of q that are not bfloat16 values leave it
  * all the keys. */
 
-/* qb (D / 2 rows of 16 lanes, zeros past M) = the pairs of q's M <= 16 rows
- * (D a multiple of 32), B tiles of Q^T; returns 0, qb unspecified, unless
- * every value is a bfloat16 value (its low 16 bits zero) and none is
- * subnormal. The table's q_tiles. */
+/* qb = the pairs of q's M rows as B tiles of Q^T (D / 2 rows of 16 lanes,
+ * zeros past M), for the rows npattn_amx_stream_rows admits: the
+ * avx512bf16 table's pairs, transposed. Returns 0, qb unspecified, for other
+ * rows (the AVX-512 dot products that the avx512bf16 table takes for them
+ * ran 0.8x the FMAs on this CPU: Qwen2-0.5B heads, 7 rows of 64, one
+ * core), or unless every value is a bfloat16 value and none is subnormal.
+ * The table's q_tiles. */
 AMX int npattn_amx_q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb) {
-    const __m512i low = _mm512_set1_epi32(0xFFFF), exp = _mm512_set1_epi32(0x7f800000), mag = _mm512_set1_epi32(0x7fffffff);
-    for (int64_t c = 0; c < D; c += 32) {
+    if (!npattn_amx_stream_rows(M, D) || !npattn_kernels_avx512bf16.q_tiles(q, M, D, qb)) return 0;
+    uint32_t rows[16 * NPATTN_AMX_STREAM_MAX_D / 2] __attribute__((aligned(64)));
+    memcpy(rows, qb, (size_t)(M * D / 2) * sizeof *qb);
+    for (int64_t c = 0; c < D / 2; c += 16) {
         __m512i x[16];
-        for (int m = 0; m < 16; m++) {
-            if (m >= M) {
-                x[m] = _mm512_setzero_si512();
-                continue;
-            }
-            const __m512i a = _mm512_loadu_si512(q + m * D + c), b = _mm512_loadu_si512(q + m * D + c + 16);
-            if (_mm512_test_epi32_mask(a, low) | _mm512_test_epi32_mask(b, low)) return 0;
-            if ((_mm512_testn_epi32_mask(a, exp) & _mm512_test_epi32_mask(a, mag)) |
-                (_mm512_testn_epi32_mask(b, exp) & _mm512_test_epi32_mask(b, mag)))
-                return 0;
-            /* the 32 high halves in order: 16 pairs */
-            x[m] = (__m512i)_mm512_cvtne2ps_pbh((__m512)b, (__m512)a);
-        }
-        transpose16(x); /* x[p]: pair p of every row */
-        for (int p = 0; p < 16; p++) _mm512_store_si512(qb + (c / 2 + p) * 16, x[p]);
+        for (int m = 0; m < 16; m++) x[m] = m < M ? _mm512_loadu_si512(rows + m * D / 2 + c) : _mm512_setzero_si512();
+        transpose16(x); /* x[p]: pair c + p of every row */
+        for (int p = 0; p < 16; p++) _mm512_store_si512(qb + (c + p) * 16, x[p]);
     }
     return 1;
 }

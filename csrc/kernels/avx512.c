@@ -332,22 +332,31 @@ AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, i
 
 /* kt (D, 16) = nkb <= 16 bfloat16 key rows (at rows[i]; D a multiple of
  * 32) with the keys in lanes, zeros past nkb: each row's pairs transposed,
- * then each pair split into its two floats. The rows `ahead` are prefetched. */
-AVX512 INLINE void bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const void *const *ahead,
-                                      float *kt) {
-    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000);
+ * then each pair split into its two floats; or, `pairs`, kt (D / 2, 16)
+ * the pairs themselves (as 32-bit lanes), and the return whether a value
+ * is subnormal (else 0). The rows `ahead` are prefetched. */
+AVX512 INLINE int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const void *const *ahead, float *kt,
+                                     const int pairs) {
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000), mag = _mm512_set1_epi16(0x7fff), one = _mm512_set1_epi16(1);
+    __m512i least = _mm512_set1_epi16(-1); /* the least of |x| - 1 as unsigned: below 0x7f for a subnormal x */
     for (int64_t c = 0; c < D; c += 32) {
         __m512i x[16];
         for (int i = 0; i < 16; i++) {
             if (i < nkb) prefetch_row((const uint16_t *)ahead[i] + c, 1);
             x[i] = i < nkb ? _mm512_loadu_si512((const uint16_t *)rows[i] + c) : _mm512_setzero_si512();
+            if (pairs) least = _mm512_min_epu16(least, _mm512_sub_epi16(_mm512_and_si512(x[i], mag), one));
         }
         transpose16(x); /* x[p]: pair p of the chunk, one key per lane */
         for (int p = 0; p < 16; p++) {
+            if (pairs) {
+                _mm512_store_si512(kt + (c / 2 + p) * 16, x[p]);
+                continue;
+            }
             _mm512_store_si512(kt + (c + 2 * p) * 16, _mm512_slli_epi32(x[p], 16));
             _mm512_store_si512(kt + (c + 2 * p + 1) * 16, _mm512_and_si512(x[p], top));
         }
     }
+    return pairs && _mm512_cmplt_epu16_mask(least, _mm512_set1_epi16(0x7f)) != 0;
 }
 
 /* st's nr <= 8 rows (ldst apart) at 16 keys, or 32 (two): nr rows of q (D
@@ -379,39 +388,46 @@ AVX512 INLINE void rows_against_keys(const float *kt0, const float *kt1, const f
         else rows_against_keys(kt, kt1, qr, nr, 0, D, s, ldst, live0, live1);                                        \
         break;
 
-/* scores_of for a bfloat16 K against the rows npattn_bf16_keys_in_lanes
- * admits: 32 keys at a time (16 at the end), across the spans, with the
- * keys in lanes, no reduction tree; the rows of q against them 8 at a time. */
-AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                                        int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+/* The scores of n <= 32 bfloat16 keys (rows, their rows ahead `ahead`)
+ * against the M rows of q, into st's columns from 0, with the keys in
+ * lanes, no reduction tree; the rows of q against them 8 at a time. */
+AVX512 static void bf16_block_in_lanes(const void *const *rows, const void *const *ahead, int64_t n, const float *q,
+                                       int64_t M, int64_t D, float *st, int64_t ldst) {
     float kt[2 * NPATTN_LANES_MAX_D * 16] __attribute__((aligned(64)));
     float *const kt1 = kt + D * 16;
+    const int n0 = (int)(n < 16 ? n : 16), n1 = (int)(n - n0);
+    bf16_keys_in_lanes(rows, n0, D, ahead, kt, 0);
+    if (n1) bf16_keys_in_lanes(rows + 16, n1, D, ahead + 16, kt1, 0);
+    const __mmask16 live0 = lanes(n0, 0), live1 = lanes(n1, 0);
+    for (int64_t r = 0; r < M; r += 8) {
+        float *s = st + r * ldst;
+        const float *qr = q + r * D;
+        switch (M - r < 8 ? M - r : 8) {
+            ROWS_AGAINST_KEYS(8)
+            ROWS_AGAINST_KEYS(7)
+            ROWS_AGAINST_KEYS(6)
+            ROWS_AGAINST_KEYS(5)
+            ROWS_AGAINST_KEYS(4)
+            ROWS_AGAINST_KEYS(3)
+            ROWS_AGAINST_KEYS(2)
+            ROWS_AGAINST_KEYS(1)
+        }
+    }
+}
+#undef ROWS_AGAINST_KEYS
+
+/* scores_of for a bfloat16 K against the rows npattn_bf16_keys_in_lanes
+ * admits: 32 keys at a time (16 at the end), across the spans. */
+AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                                        int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     int64_t si = 0, i = 0; /* the next key: row i of span si */
     for (int64_t j = 0;; j += 32) {
         const void *rows[32], *ahead[32];
         const int64_t n = npattn_span_rows(spans, n_span, &si, &i, 2 * ldk, 32, rows, ahead);
         if (n == 0) break;
-        const int n0 = (int)(n < 16 ? n : 16), n1 = (int)(n - n0);
-        bf16_keys_in_lanes(rows, n0, D, ahead, kt);
-        if (n1) bf16_keys_in_lanes(rows + 16, n1, D, ahead + 16, kt1);
-        const __mmask16 live0 = lanes(n0, 0), live1 = lanes(n1, 0);
-        for (int64_t r = 0; r < M; r += 8) {
-            float *s = st + r * ldst + j;
-            const float *qr = q + r * D;
-            switch (M - r < 8 ? M - r : 8) {
-                ROWS_AGAINST_KEYS(8)
-                ROWS_AGAINST_KEYS(7)
-                ROWS_AGAINST_KEYS(6)
-                ROWS_AGAINST_KEYS(5)
-                ROWS_AGAINST_KEYS(4)
-                ROWS_AGAINST_KEYS(3)
-                ROWS_AGAINST_KEYS(2)
-                ROWS_AGAINST_KEYS(1)
-            }
-        }
+        bf16_block_in_lanes(rows, ahead, n, q, M, D, st + j, ldst);
     }
 }
-#undef ROWS_AGAINST_KEYS
 
 /* The keys of one span (n rows at k, ldk apart; the rows ahead at ahead)
  * against every row of q, into st's columns from 0. */
@@ -762,6 +778,104 @@ AVX512BF16 static int bf16_f32_avx512(const float *x, int64_t n, uint16_t *out) 
     return sub != 0;
 }
 
+/* ---- streamed scores of a bfloat16 K against rows of q that are bfloat16
+ * values, by their pairs' dot products (kernels.h's q_tiles and scores) ---- */
+
+/* qb[r * D / 2 + p] = pair p of q's row r, for M <= 16 rows of D values
+ * that npattn_bf16_keys_in_lanes admits; returns 0, qb unspecified, for
+ * other sizes, or unless every value is a bfloat16 value (its low 16 bits
+ * zero) and none is subnormal. The table's q_tiles. */
+AVX512BF16 static int q_pairs_avx512(const float *q, int64_t M, int64_t D, uint32_t *qb) {
+    if (M > 16 || !npattn_bf16_keys_in_lanes(M, D)) return 0;
+    const __m512i low = _mm512_set1_epi32(0xFFFF);
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t c = 0; c < D; c += 32) {
+            const __m512 a = _mm512_loadu_ps(q + r * D + c), b = _mm512_loadu_ps(q + r * D + c + 16);
+            if (_mm512_test_epi32_mask(_mm512_castps_si512(a), low) | _mm512_test_epi32_mask(_mm512_castps_si512(b), low) |
+                subnormal_f32(a) | subnormal_f32(b))
+                return 0;
+            _mm512_storeu_si512(qb + r * D / 2 + c / 2, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* the 32 values in order */
+        }
+    return 1;
+}
+
+/* st's nr <= 8 rows (ldst apart) at 16 keys, or 32 (two): the pairs of nr
+ * rows of q (qr, np apart) against the keys' pairs kp0 (lanes live0) and
+ * kp1 (live1), (np, 16) each: one dot product per row, pair and half. */
+AVX512BF16 INLINE void rows_against_pairs(const uint32_t *kp0, const uint32_t *kp1, const uint32_t *qr, int nr, int two,
+                                          int64_t np, float *st, int64_t ldst, __mmask16 live0, __mmask16 live1) {
+    __m512 acc[8][2];
+    for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        const __m512bh x = (__m512bh)_mm512_load_si512(kp0 + 16 * p);
+        const __m512bh y = two ? (__m512bh)_mm512_load_si512(kp1 + 16 * p) : x;
+        for (int r = 0; r < nr; r++) {
+            const __m512bh b = (__m512bh)_mm512_set1_epi32((int32_t)qr[r * np + p]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b);
+            if (two) acc[r][1] = _mm512_dpbf16_ps(acc[r][1], y, b);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        _mm512_mask_storeu_ps(st + r * ldst, live0, acc[r][0]);
+        if (two) _mm512_mask_storeu_ps(st + r * ldst + 16, live1, acc[r][1]);
+    }
+}
+
+#define ROWS_AGAINST_PAIRS(nr)                                                                                       \
+    case nr:                                                                                                         \
+        if (n1) rows_against_pairs(kp, kp1, qr, nr, 1, D / 2, s, ldst, live0, live1);                                \
+        else rows_against_pairs(kp, kp1, qr, nr, 0, D / 2, s, ldst, live0, live1);                                   \
+        break;
+
+/* The scores of a bfloat16 K against q's rows as pairs qb (q_pairs_avx512):
+ * 32 keys at a time (16 at the end), across the spans, with the keys'
+ * pairs in lanes, against 8 rows at a time. A block of keys holding a
+ * subnormal value goes to the floats' kernel, bf16_block_in_lanes. */
+AVX512BF16 static void pairs_scores(const float *q, const uint32_t *qb, int64_t M, int64_t D,
+                                    const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
+                                    int64_t ldst) {
+    uint32_t kp[NPATTN_LANES_MAX_D * 16] __attribute__((aligned(64)));
+    uint32_t *const kp1 = kp + D / 2 * 16;
+    int64_t si = 0, i = 0; /* the next key: row i of span si */
+    for (int64_t j = 0;; j += 32) {
+        const void *rows[32], *ahead[32];
+        const int64_t n = npattn_span_rows(spans, n_span, &si, &i, 2 * ldk, 32, rows, ahead);
+        if (n == 0) break;
+        const int n0 = (int)(n < 16 ? n : 16), n1 = (int)(n - n0);
+        int sub = bf16_keys_in_lanes(rows, n0, D, ahead, (float *)kp, 1);
+        if (n1) sub |= bf16_keys_in_lanes(rows + 16, n1, D, ahead + 16, (float *)kp1, 1);
+        if (sub) {
+            bf16_block_in_lanes(rows, ahead, n, q, M, D, st + j, ldst);
+            continue;
+        }
+        const __mmask16 live0 = lanes(n0, 0), live1 = lanes(n1, 0);
+        for (int64_t r = 0; r < M; r += 8) {
+            float *s = st + r * ldst + j;
+            const uint32_t *qr = qb + r * D / 2;
+            switch (M - r < 8 ? M - r : 8) {
+                ROWS_AGAINST_PAIRS(8)
+                ROWS_AGAINST_PAIRS(7)
+                ROWS_AGAINST_PAIRS(6)
+                ROWS_AGAINST_PAIRS(5)
+                ROWS_AGAINST_PAIRS(4)
+                ROWS_AGAINST_PAIRS(3)
+                ROWS_AGAINST_PAIRS(2)
+                ROWS_AGAINST_PAIRS(1)
+            }
+        }
+    }
+}
+#undef ROWS_AGAINST_PAIRS
+
+/* scores: with q's pairs (qb) and a bfloat16 K, their dot products; else
+ * the floats' kernels. */
+AVX512BF16 static void scores_avx512bf16(const float *q, int64_t M, int64_t D, enum npattn_dtype kt,
+                                         const struct npattn_span *spans, int64_t n_span, int64_t ldk,
+                                         const uint32_t *qb, float *st, int64_t ldst) {
+    if (kt == NPATTN_DTYPE_BF16 && qb) pairs_scores(q, qb, M, D, spans, n_span, ldk, st, ldst);
+    else scores_avx512(q, M, D, kt, spans, n_span, ldk, NULL, st, ldst);
+}
+
 /* The pair (k[2p], k[2p + 1]) in every lane. */
 AVX512BF16 INLINE __m512bh pair_at(const uint16_t *k, int64_t p) {
     int32_t w;
@@ -966,7 +1080,8 @@ AVX512 static void gemm_f32_avx512(int64_t m, int64_t n, int64_t k, float alpha,
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",
     AVX512_F32_KERNELS,
-    .scores = scores_avx512,
+    .scores = scores_avx512bf16,
+    .q_tiles = q_pairs_avx512,
     .bf16_d_step = 2,
     .pair_f32 = pair_f32_avx512,
     .bf16_f32 = bf16_f32_avx512,

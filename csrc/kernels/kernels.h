@@ -70,17 +70,20 @@ struct npattn_kernels {
      * the types and spans, except in the AVX-512 tables' scores of a
      * bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: there
      * each score is one FMA per element, in element order (keys in lanes,
-     * no reduction tree); and in the amx table's given qb (rows of q that
-     * are bfloat16 values, as npattn_amx_stream_rows admits): there the sums
-     * are the tiles' (amx.c). qb: q's rows as the table's q_tiles left
-     * them, where it has one and that returned 1; else NULL (the other
-     * tables ignore it). */
+     * no reduction tree); and given qb (rows of q that are bfloat16
+     * values), against a block of keys with no subnormal value: there the
+     * sums are the bfloat16 dot products' (avx512bf16: vdpbf16ps, a pair
+     * at a time; amx: the tiles). qb: q's rows as the table's q_tiles left them, where it has
+     * one and that returned 1; else NULL (the other tables ignore it). */
     void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
                    int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst);
-    /* The amx table's (NULL elsewhere): qb = q's M rows of D values as the
-     * B tiles of its streamed scores, for rows npattn_amx_stream_rows
-     * admits, once per task rather than per call (a page); returns 0, qb
-     * unspecified, unless every value is a bfloat16 value, none subnormal. */
+    /* The avx512bf16 and amx tables' (NULL elsewhere): qb = q's M rows of
+     * D values as the operands of their streamed scores' dot products
+     * (D / 2 * 16 words at most), once per task rather than per call (a
+     * page); returns 0, qb unspecified, unless the rows are ones it takes
+     * (avx512bf16: at most 16 that npattn_bf16_keys_in_lanes admits; amx:
+     * those npattn_amx_stream_rows admits), every value a bfloat16 value,
+     * none subnormal. */
     int (*q_tiles)(const float *q, int64_t M, int64_t D, uint32_t *qb);
     void (*accumulate)(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans, int64_t n_span,
                        enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o);
@@ -347,7 +350,12 @@ static inline int npattn_bf16_subnormal(uint16_t b) { return (b & 0x7f80) == 0 &
  * multiple of 32, against 5 or more rows of q (7 beyond D = 64). There that
  * beat the reduction trees, 1.18-1.65x on one Xeon core at D = 64 and
  * 1.09-1.43x at D = 128; it lost with fewer rows, and for float32 and
- * float16 rows, whose transposes cost twice the bfloat16 pairs'. */
+ * float16 rows, whose transposes cost twice the bfloat16 pairs'. The same
+ * rows take the avx512bf16 table's dot products (q_tiles), the pairs in
+ * lanes: Qwen2-0.5B heads (7 rows of 64), one Zen 4 core, 1.22-1.39x the
+ * FMAs' decode (on a Sapphire Rapids core 0.8x: not in the amx table);
+ * with 4 rows of 128 they lost to the FMAs' reduction trees, by reduction
+ * trees of their own (0.8x) and in lanes (0.85x, K from memory). */
 #define NPATTN_LANES_MAX_D 256
 static inline int npattn_bf16_keys_in_lanes(int64_t M, int64_t D) {
     return D > 0 && D % 32 == 0 && D <= NPATTN_LANES_MAX_D && M >= (D <= 64 ? 5 : 7);
