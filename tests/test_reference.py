@@ -330,6 +330,25 @@ def test_nan_in_visible_key_propagates(rng):
     assert np.isnan(out[0, 2:]).all()
 
 
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_key_hidden_by_a_mask_array_is_hidden_whatever_its_value(rng, bad, kind):
+    """An infinite or NaN key that an array mask hides (False, or -inf) reaches no row
+    that it hides from: those rows equal the naive loop's over the keys they see (which
+    skips the key), as npattn's do. (A +inf or NaN score plus a -inf bias would make NaN
+    rows of rows that never see the key.)"""
+    L = S = 6
+    q, k, v = normal(rng, (1, 2, L, 4), (1, 1, S, 4), (1, 1, S, 3))
+    q[0, :, :, 0] = np.where(np.arange(L) % 2, 1.0, -1.0)  # +-inf scores, both signs
+    k[0, 0, 4, 0] = bad
+    visible = np.tril(np.ones((L, S), bool))
+    mask = visible if kind == "bool" else np.where(visible, 0.0, -np.inf)
+    out = reference.sdpa(q, k, v, mask=mask)
+    want = naive_sdpa(q, k, v, visible=np.broadcast_to(visible, (1, 2, L, S)))
+    np.testing.assert_allclose(out[0, :, :4], want[0, :, :4], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(npattn.sdpa(q, k, v, mask=mask)[0, :, :4], out[0, :, :4], rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize(
     "dtypes, want",
     [

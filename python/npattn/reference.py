@@ -278,9 +278,11 @@ def _softmax_parts(
         scores = softcap * np.tanh(scores / softcap)
 
     # Step 3: add the mask, broadcast to (*B, H_q, L, S) and grouped like the scores,
-    # and hide the keys that the positions (causal rule, window) rule out.
-    bias = np.broadcast_to(_additive_mask(mask, L, S), (*B, H_q, L, S))
-    scores = scores + bias.reshape(*B, H_kv, n_repeats, L, S)
+    # and hide the keys that the positions (causal rule, window) rule out. A key the
+    # mask hides (False, or -inf) is hidden whatever its score: an infinite or NaN
+    # score plus -inf would be NaN, and a row depends only on the keys it sees.
+    bias = np.broadcast_to(_additive_mask(mask, L, S), (*B, H_q, L, S)).reshape(*B, H_kv, n_repeats, L, S)
+    scores = np.where(bias == -np.inf, -np.inf, scores + bias)
     if ranged:  # each request's own keys and positions: (*B, 1, 1, L, S)
         visible = request_visible_keys(B, L, S, mask, window, q_offset, k_offset, k_start, k_lengths)
         visible = visible[..., None, None, :, :]
