@@ -246,14 +246,16 @@ static int64_t kv_spans(const struct npattn_kv *kv, int64_t head_bytes, int64_t 
  * *keys keys, each round a head after another, and each head's spans
  * prefetching their rows *dist keys on (kv_spans). With one kv head, a
  * round is the tile and dist a dense stream's distance (npattn_prefetch_rows;
- * the amx tiles, `tiles`, a block of 64 rows further, as they wait longer
- * for their rows; V's rows as far as the table's accumulate wants them for
- * the head's v_rows stacked rows, where it passes over each row several
- * times: accumulate_ahead). With several, whose rows lie together only a few KiB at
- * a time: paged, ROUND_KEYS keys of whole pages (a page at least), so that
- * the unit reads each page's rows of every head close together, yet in
- * calls long enough to repay the kernels' setup; dense, the tile; and dist
- * a round, the next round's first head. */
+ * where q's dot products take K, `tiles`, a block of 64 rows further: the
+ * amx tiles wait longer for their rows, and the avx512bf16 table's pairs in
+ * lanes take the same distance, not timed without it; V's rows as far as
+ * the table's accumulate wants them for the head's v_rows stacked rows,
+ * where it passes over each row several times: accumulate_ahead). With
+ * several, whose rows lie together only a few KiB at a time: paged,
+ * ROUND_KEYS keys of whole pages (a page at least), so that the unit reads
+ * each page's rows of every head close together, yet in calls long enough
+ * to repay the kernels' setup; dense, the tile; and dist a round, the next
+ * round's first head. */
 static void kv_rounds(const struct fwd_plan *pl, const struct npattn_kv *kv, int64_t ng, int tiles, int64_t v_rows,
                       int64_t *keys, int64_t *dist) {
     *keys = pl->bk;

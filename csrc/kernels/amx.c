@@ -145,15 +145,10 @@ AMX int npattn_amx_q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb) {
 /* Whether any of the nj rows of D bfloat16 values at k (ldk apart) holds a
  * subnormal value. */
 AMX static int any_subnormal(const uint16_t *k, int64_t ldk, int64_t nj, int64_t D) {
-    const __m512i mag = _mm512_set1_epi16(0x7fff), one = _mm512_set1_epi16(1);
-    __m512i least = _mm512_set1_epi16(-1); /* the least of |x| - 1 as unsigned: below 0x7f for a subnormal x */
-    for (int64_t i = 0; i < nj; i++) {
-        for (int64_t c = 0; c < D; c += 32) {
-            const __m512i t = _mm512_and_si512(_mm512_loadu_si512(k + i * ldk + c), mag);
-            least = _mm512_min_epu16(least, _mm512_sub_epi16(t, one));
-        }
-    }
-    return _mm512_cmplt_epu16_mask(least, _mm512_set1_epi16(0x7f)) != 0;
+    __m512i least = BF16_NONE_SEEN;
+    for (int64_t i = 0; i < nj; i++)
+        for (int64_t c = 0; c < D; c += 32) least = bf16_least(least, _mm512_loadu_si512(k + i * ldk + c));
+    return bf16_any_subnormal(least);
 }
 
 /* C tiles 0 .. nt - 1 = the nt <= 4 groups of 16 key rows at a[t] (lda[t]

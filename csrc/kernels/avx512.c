@@ -337,14 +337,14 @@ AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, i
  * is subnormal (else 0). The rows `ahead` are prefetched. */
 AVX512 INLINE int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const void *const *ahead, float *kt,
                                      const int pairs) {
-    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000), mag = _mm512_set1_epi16(0x7fff), one = _mm512_set1_epi16(1);
-    __m512i least = _mm512_set1_epi16(-1); /* the least of |x| - 1 as unsigned: below 0x7f for a subnormal x */
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000);
+    __m512i least = BF16_NONE_SEEN;
     for (int64_t c = 0; c < D; c += 32) {
         __m512i x[16];
         for (int i = 0; i < 16; i++) {
             if (i < nkb) prefetch_row((const uint16_t *)ahead[i] + c, 1);
             x[i] = i < nkb ? _mm512_loadu_si512((const uint16_t *)rows[i] + c) : _mm512_setzero_si512();
-            if (pairs) least = _mm512_min_epu16(least, _mm512_sub_epi16(_mm512_and_si512(x[i], mag), one));
+            if (pairs) least = bf16_least(least, x[i]);
         }
         transpose16(x); /* x[p]: pair p of the chunk, one key per lane */
         for (int p = 0; p < 16; p++) {
@@ -356,7 +356,7 @@ AVX512 INLINE int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D
             _mm512_store_si512(kt + (c + 2 * p + 1) * 16, _mm512_and_si512(x[p], top));
         }
     }
-    return pairs && _mm512_cmplt_epu16_mask(least, _mm512_set1_epi16(0x7f)) != 0;
+    return pairs && bf16_any_subnormal(least);
 }
 
 /* st's nr <= 8 rows (ldst apart) at 16 keys, or 32 (two): nr rows of q (D

@@ -12,6 +12,20 @@ static inline __attribute__((always_inline)) __mmask16 lanes(int64_t n, int64_t 
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
+/* Whether 16-bit lanes hold a bfloat16 subnormal value (which the bfloat16
+ * dot products read as 0), over many vectors: `least` starts at
+ * BF16_NONE_SEEN and keeps, lane by lane, the least of |x| - 1 as unsigned
+ * (0 wraps to 0xFFFF), which is below 0x7F only for a subnormal x. */
+#define BF16_NONE_SEEN _mm512_set1_epi16(-1)
+__attribute__((target("avx512f,avx512bw"))) static inline __attribute__((always_inline)) __m512i
+bf16_least(__m512i least, __m512i x) {
+    return _mm512_min_epu16(least, _mm512_sub_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x7fff)), _mm512_set1_epi16(1)));
+}
+__attribute__((target("avx512f,avx512bw"))) static inline __attribute__((always_inline)) int
+bf16_any_subnormal(__m512i least) {
+    return _mm512_cmplt_epu16_mask(least, _mm512_set1_epi16(0x7f)) != 0;
+}
+
 /* The transpose of 16 rows of 16 32-bit lanes, in place. */
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void transpose16(__m512i x[16]) {
     __m512i t[16], u[16];

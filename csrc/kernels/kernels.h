@@ -73,8 +73,9 @@ struct npattn_kernels {
      * no reduction tree); and given qb (rows of q that are bfloat16
      * values), against a block of keys with no subnormal value: there the
      * sums are the bfloat16 dot products' (avx512bf16: vdpbf16ps, a pair
-     * at a time; amx: the tiles). qb: q's rows as the table's q_tiles left them, where it has
-     * one and that returned 1; else NULL (the other tables ignore it). */
+     * at a time; amx: the tiles). qb: q's rows as the table's q_tiles left
+     * them, where it has one and that returned 1; else NULL (the other
+     * tables ignore it). */
     void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
                    int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst);
     /* The avx512bf16 and amx tables' (NULL elsewhere): qb = q's M rows of
