@@ -346,7 +346,7 @@ AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_d
  * registers while the value rows (type vt) of the spans stream past: nr * nc
  * accumulators, enough independent chains for two FMA units of 4-cycle
  * latency, nc value vectors (converted once, used nr times) and a broadcast
- * weight. With ahead, each key's whole row ahead is prefetched. */
+ * weight. With ahead, its columns of each row ahead are prefetched. */
 AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
                                   const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
                                   float *o, int ahead) {
@@ -356,7 +356,7 @@ AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t
     for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
         const char *v = spans[ri].rows, *pf = spans[ri].ahead;
         for (int64_t i = 0; i < spans[ri].n; i++, j++) {
-            if (ahead) prefetch_row(pf + i * ldv * es, Dv * es); /* whole rows, into L2 */
+            if (ahead) prefetch_row(pf + (i * ldv + e0) * es, 8 * nc * es); /* the block's columns, into L2 */
             __m256 vv[12];
             for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, i * ldv + e0 + 8 * c));
             for (int a = 0; a < nr; a++) {
@@ -372,57 +372,55 @@ AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t
         }
 }
 
+/* accumulate_of's blocks: blocks of 6 rows, then what is left; 4 + 3 for the last 7 */
+INLINE int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 : (int)left; }
+
+/* A block's column chunks: as many as fill 12 accumulators (at most 8, the
+ * value vectors then FMA operands from memory); for half rows, whose
+ * converted chunks all take registers, no more than fit in 16. A constant
+ * for constant arguments. */
+#define ACC_CHUNKS(nr, f32)                                                                                            \
+    ((f32) ? (12 / (nr) < 8 ? 12 / (nr) : 8) : (12 / (nr) < 15 / ((nr) + 1) ? 12 / (nr) : 15 / ((nr) + 1)))
+
 /* Rows [0, nr) of o, every whole 8 columns: blocks of nc chunks, then one
  * block of the chunks left, fewer than nc, each count a constant of its own
  * so that the accumulators stay in registers (the cases of nc or more never
- * occur, and compile to nothing). The first block prefetches where pf. */
+ * occur, and compile to nothing). Where pf, each block prefetches its own
+ * columns of the rows ahead (npattn_ahead_of_passes). */
 AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
                                  int pf) {
     int64_t e0 = 0;
-    for (; e0 + 8 * nc <= Dv; e0 += 8 * nc)
-        accumulate_block(vt, st, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o, e0 == 0 && pf);
-    const int pr = e0 == 0 && pf;
+    for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) accumulate_block(vt, st, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o, pf);
     switch ((Dv - e0) / 8) {
-    case 7: if (7 < nc) accumulate_block(vt, st, ldst, nr, 7, spans, n_span, ldv, Dv, e0, o, pr); break;
-    case 6: if (6 < nc) accumulate_block(vt, st, ldst, nr, 6, spans, n_span, ldv, Dv, e0, o, pr); break;
-    case 5: if (5 < nc) accumulate_block(vt, st, ldst, nr, 5, spans, n_span, ldv, Dv, e0, o, pr); break;
-    case 4: if (4 < nc) accumulate_block(vt, st, ldst, nr, 4, spans, n_span, ldv, Dv, e0, o, pr); break;
-    case 3: if (3 < nc) accumulate_block(vt, st, ldst, nr, 3, spans, n_span, ldv, Dv, e0, o, pr); break;
-    case 2: if (2 < nc) accumulate_block(vt, st, ldst, nr, 2, spans, n_span, ldv, Dv, e0, o, pr); break;
-    case 1: if (1 < nc) accumulate_block(vt, st, ldst, nr, 1, spans, n_span, ldv, Dv, e0, o, pr); break;
+    case 7: if (7 < nc) accumulate_block(vt, st, ldst, nr, 7, spans, n_span, ldv, Dv, e0, o, pf); break;
+    case 6: if (6 < nc) accumulate_block(vt, st, ldst, nr, 6, spans, n_span, ldv, Dv, e0, o, pf); break;
+    case 5: if (5 < nc) accumulate_block(vt, st, ldst, nr, 5, spans, n_span, ldv, Dv, e0, o, pf); break;
+    case 4: if (4 < nc) accumulate_block(vt, st, ldst, nr, 4, spans, n_span, ldv, Dv, e0, o, pf); break;
+    case 3: if (3 < nc) accumulate_block(vt, st, ldst, nr, 3, spans, n_span, ldv, Dv, e0, o, pf); break;
+    case 2: if (2 < nc) accumulate_block(vt, st, ldst, nr, 2, spans, n_span, ldv, Dv, e0, o, pf); break;
+    case 1: if (1 < nc) accumulate_block(vt, st, ldst, nr, 1, spans, n_span, ldv, Dv, e0, o, pf); break;
     default: break;
     }
 }
 
 AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
                                const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+    const int f32 = vt == NPATTN_DTYPE_F32;
     for (int64_t r = 0, nr; r < M; r += nr) {
-        /* blocks of 6 rows, then what is left; 4 + 3 for the last 7 */
-        const int64_t left = M - r;
-        nr = left == 7 ? 4 : left > 6 ? 6 : left;
+        nr = acc_rows(M - r);
         const float *sr = st + r * ldst;
         float *orow = o + r * Dv;
-        const int pr = r == 0; /* the first block prefetches */
-        /* column chunks: as many as fill 12 accumulators; for half rows,
-         * whose converted chunks all take registers, no more than fit */
-        const int f32 = vt == NPATTN_DTYPE_F32;
+        const int pr = r == 0; /* the first block of rows prefetches */
         switch (nr) {
-        case 6: accumulate_rows(vt, sr, ldst, 6, 2, spans, n_span, ldv, Dv, orow, pr); break;
-        case 5: accumulate_rows(vt, sr, ldst, 5, 2, spans, n_span, ldv, Dv, orow, pr); break;
-        case 4: accumulate_rows(vt, sr, ldst, 4, 3, spans, n_span, ldv, Dv, orow, pr); break;
-        case 3:
-            if (f32) accumulate_rows(vt, sr, ldst, 3, 4, spans, n_span, ldv, Dv, orow, pr);
-            else accumulate_rows(vt, sr, ldst, 3, 3, spans, n_span, ldv, Dv, orow, pr);
-            break;
-        case 2:
-            if (f32) accumulate_rows(vt, sr, ldst, 2, 6, spans, n_span, ldv, Dv, orow, pr);
-            else accumulate_rows(vt, sr, ldst, 2, 5, spans, n_span, ldv, Dv, orow, pr);
-            break;
-        default:
-            if (f32) accumulate_rows(vt, sr, ldst, 1, 8, spans, n_span, ldv, Dv, orow, pr);
-            else accumulate_rows(vt, sr, ldst, 1, 7, spans, n_span, ldv, Dv, orow, pr);
-            break;
+#define ROWS(n)                                                                                                        \
+    case n:                                                                                                            \
+        if (f32) accumulate_rows(vt, sr, ldst, n, ACC_CHUNKS(n, 1), spans, n_span, ldv, Dv, orow, pr);                \
+        else accumulate_rows(vt, sr, ldst, n, ACC_CHUNKS(n, 0), spans, n_span, ldv, Dv, orow, pr);                    \
+        break;
+            ROWS(6) ROWS(5) ROWS(4) ROWS(3) ROWS(2) ROWS(1)
+#undef ROWS
+        default: break;
         }
     }
     if (Dv % 8) /* columns left over, fewer than 8 */
@@ -434,6 +432,17 @@ AVX2 INLINE void accumulate_sized(enum npattn_dtype vt, const float *st, int64_t
                                   const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     if (Dv == 64) accumulate_of(vt, st, ldst, M, spans, n_span, ldv, 64, o);
     else accumulate_of(vt, st, ldst, M, spans, n_span, ldv, Dv, o);
+}
+
+/* accumulate_of's passes over each value row, counted with float32's
+ * blocks (half values' blocks, no wider, take as many or more). */
+static int64_t accumulate_ahead_avx2(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
+    int64_t passes = 0;
+    for (int64_t r = 0, nr; r < M; r += nr) {
+        nr = acc_rows(M - r);
+        passes += (Dv / 8 + ACC_CHUNKS(nr, 1) - 1) / ACC_CHUNKS(nr, 1);
+    }
+    return npattn_ahead_of_passes(passes, rows, tile);
 }
 
 /* One copy of the loops per value type, its conversion inlined. */
@@ -631,6 +640,7 @@ const struct npattn_kernels npattn_kernels_avx2 = {
     .softmax_rows_f32 = softmax_rows_avx2,
     .scores = scores_avx2,
     .accumulate = accumulate_avx2,
+    .accumulate_ahead = accumulate_ahead_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
     .transpose_f32 = npattn_transpose_f32_avx2,
     .finish_rows = finish_rows_avx2,

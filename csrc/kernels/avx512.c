@@ -573,15 +573,10 @@ AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t 
 #undef ACCUMULATE_BLOCK
 
 /* accumulate_of passes over each value row once per block of rows and
- * columns, and each pass prefetches its own columns of the rows ahead: the
- * more passes, the sooner a row's part is needed after its prefetch. So
- * the distance grows with the passes, and from 4 passes it is a whole
- * tile (a 2-core Xeon, float32 decode, alternated runs: MQA 16/1/128 at
- * 65536 keys on one thread 8.8-9.1 -> 10.4 GB/s, 32/4/128 at 32768 keys
- * on two 23-25 -> 28-30 GB/s; Qwen3-4B's 4 rows, 2 passes, level). */
+ * columns (npattn_ahead_of_passes). */
 static int64_t accumulate_ahead_avx512(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
     const int64_t passes = M <= 4 ? (Dv + 63) / 64 : (M + ACC_ROWS - 1) / ACC_ROWS * ((Dv + 31) / 32);
-    return passes >= 4 ? tile : rows * passes;
+    return npattn_ahead_of_passes(passes, rows, tile);
 }
 
 /* One copy of the loops per value type, its conversion inlined. */

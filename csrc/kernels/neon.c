@@ -324,8 +324,8 @@ static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype 
 }
 
 /* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers while the
- * value rows (type vt) of the spans stream past. With ahead, each key's whole
- * row ahead is prefetched. */
+ * value rows (type vt) of the spans stream past. With ahead, its columns of
+ * each row ahead are prefetched. */
 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, const struct npattn_span *spans,
                              int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0, float *o, int ahead) {
     const int64_t es = npattn_stream_size(vt);
@@ -334,7 +334,7 @@ INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst
     for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
         const char *v = spans[ri].rows, *pf = spans[ri].ahead;
         for (int64_t i = 0; i < spans[ri].n; i++, j++) {
-            if (ahead) prefetch_row(pf + i * ldv * es, Dv * es); /* whole rows, into L2 */
+            if (ahead) prefetch_row(pf + (i * ldv + e0) * es, 16 * es); /* the block's columns, into L2 */
             float32x4_t vv[4];
             for (int c = 0; c < 4; c++) vv[c] = load4(vt, npattn_stream_at(vt, v, i * ldv + e0 + 4 * c));
             for (int a = 0; a < nr; a++) {
@@ -352,13 +352,13 @@ INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst
 
 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
                           int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
-    /* the first block of the first pass prefetches */
+    /* the first block of each pass over the columns prefetches them (npattn_ahead_of_passes) */
     int64_t e0 = 0;
     for (; e0 + 16 <= Dv; e0 += 16) {
         int64_t r = 0;
         for (; r + 4 <= M; r += 4)
-            accumulate_block(vt, st + r * ldst, ldst, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, r == 0 && e0 == 0);
-        const int pr = r == 0 && e0 == 0;
+            accumulate_block(vt, st + r * ldst, ldst, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, r == 0);
+        const int pr = r == 0;
         switch (M - r) {
         case 3: accumulate_block(vt, st + r * ldst, ldst, 3, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
         case 2: accumulate_block(vt, st + r * ldst, ldst, 2, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
@@ -368,6 +368,11 @@ INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, i
     }
     if (e0 < Dv) /* columns left over, fewer than 16 */
         npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, e0, o);
+}
+
+/* accumulate_of's passes over each value row: a block of 4 rows by 16 columns each. */
+static int64_t accumulate_ahead_neon(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
+    return npattn_ahead_of_passes((M + 3) / 4 * (Dv / 16), rows, tile);
 }
 
 /* One copy of the loops per value type, its conversion inlined. */
@@ -680,9 +685,10 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
 
 /* The float32 kernels, shared by the two NEON tables. */
 #define NEON_F32_KERNELS                                                                                             \
-    .softmax_f32 = softmax_neon, .softmax_rows_f32 = softmax_rows_neon, .scores = scores_neon,                        \
-    .accumulate = accumulate_neon, .f16_to_f32 = f16_to_f32_neon, .transpose_f32 = transpose_f32_neon,              \
-    .finish_rows = npattn_finish_rows, .add_f32 = npattn_add_f32, .fma_loop = fma_loop_neon,                     \
+    .softmax_f32 = softmax_neon, .softmax_rows_f32 = softmax_rows_neon, .scores = scores_neon,                       \
+    .accumulate = accumulate_neon, .accumulate_ahead = accumulate_ahead_neon, .f16_to_f32 = f16_to_f32_neon,         \
+    .transpose_f32 = transpose_f32_neon, .finish_rows = npattn_finish_rows, .add_f32 = npattn_add_f32,               \
+    .fma_loop = fma_loop_neon,                                                                                       \
     .gemm_f32 = gemm_f32_neon
 
 const struct npattn_kernels npattn_kernels_neon = {
