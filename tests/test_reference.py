@@ -7,6 +7,7 @@ from the causal rule.
 """
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -336,7 +337,8 @@ def test_key_hidden_by_a_mask_array_is_hidden_whatever_its_value(rng, bad, kind)
     """An infinite or NaN key that an array mask hides (False, or -inf) reaches no row
     that it hides from: those rows equal the naive loop's over the keys they see (which
     skips the key), as npattn's do. (A +inf or NaN score plus a -inf bias would make NaN
-    rows of rows that never see the key.)"""
+    rows of rows that never see the key.) Hidden from every row, it is hidden quietly: no
+    NumPy warning."""
     L = S = 6
     q, k, v = normal(rng, (1, 2, L, 4), (1, 1, S, 4), (1, 1, S, 3))
     q[0, :, :, 0] = np.where(np.arange(L) % 2, 1.0, -1.0)  # +-inf scores, both signs
@@ -347,6 +349,10 @@ def test_key_hidden_by_a_mask_array_is_hidden_whatever_its_value(rng, bad, kind)
     want = naive_sdpa(q, k, v, visible=np.broadcast_to(visible, (1, 2, L, S)))
     np.testing.assert_allclose(out[0, :, :4], want[0, :, :4], rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(npattn.sdpa(q, k, v, mask=mask)[0, :, :4], out[0, :, :4], rtol=1e-12, atol=1e-14)
+    unseen = visible & (np.arange(S) != 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reference.sdpa(q, k, v, mask=unseen if kind == "bool" else np.where(unseen, 0.0, -np.inf))
 
 
 @pytest.mark.parametrize(

@@ -267,22 +267,25 @@ def _softmax_parts(
         read = _rows_read(B, S, k_start, k_lengths)
         k = np.where(read[..., None, None, :, None], k, 0.0)
 
-    # Step 2: relevance scores, scaled; k is broadcast across the n_repeats axis.
-    scores = (q @ k.swapaxes(-2, -1)) * factor  # (*B, H_kv, n_repeats, L, S)
-    scores = np.broadcast_to(scores, (*B, *scores.shape[-4:]))
+    # An infinite or NaN key gives infinite or NaN scores, without NumPy's "invalid value"
+    # warnings: those the mask or positions hide are dropped below, the rest reach their rows.
+    with np.errstate(invalid="ignore", over="ignore"):
+        # Step 2: relevance scores, scaled; k is broadcast across the n_repeats axis.
+        scores = (q @ k.swapaxes(-2, -1)) * factor  # (*B, H_kv, n_repeats, L, S)
+        scores = np.broadcast_to(scores, (*B, *scores.shape[-4:]))
 
-    if parts is not None:
-        parts.update(scaled=scores, factor=factor)
-    # Step 2b (Gemma 2): cap the scores smoothly at +-softcap.
-    if softcap is not None:
-        scores = softcap * np.tanh(scores / softcap)
+        if parts is not None:
+            parts.update(scaled=scores, factor=factor)
+        # Step 2b (Gemma 2): cap the scores smoothly at +-softcap.
+        if softcap is not None:
+            scores = softcap * np.tanh(scores / softcap)
 
-    # Step 3: add the mask, broadcast to (*B, H_q, L, S) and grouped like the scores,
-    # and hide the keys that the positions (causal rule, window) rule out. A key the
-    # mask hides (False, or -inf) is hidden whatever its score: an infinite or NaN
-    # score plus -inf would be NaN, and a row depends only on the keys it sees.
-    bias = np.broadcast_to(_additive_mask(mask, L, S), (*B, H_q, L, S)).reshape(*B, H_kv, n_repeats, L, S)
-    scores = np.where(bias == -np.inf, -np.inf, scores + bias)
+        # Step 3: add the mask, broadcast to (*B, H_q, L, S) and grouped like the scores,
+        # and hide the keys that the positions (causal rule, window) rule out. A key the
+        # mask hides (False, or -inf) is hidden whatever its score: an infinite or NaN
+        # score plus -inf would be NaN, and a row depends only on the keys it sees.
+        bias = np.broadcast_to(_additive_mask(mask, L, S), (*B, H_q, L, S)).reshape(*B, H_kv, n_repeats, L, S)
+        scores = np.where(bias == -np.inf, -np.inf, scores + bias)
     if ranged:  # each request's own keys and positions: (*B, 1, 1, L, S)
         visible = request_visible_keys(B, L, S, mask, window, q_offset, k_offset, k_start, k_lengths)
         visible = visible[..., None, None, :, :]
