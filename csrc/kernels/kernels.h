@@ -408,7 +408,7 @@ static inline int64_t npattn_prefetch_rows(int64_t row_bytes) {
  * decode, alternated runs: on a 2-core Xeon (avx512), MQA 16/1/128 at 65536
  * keys on one thread 8.8-9.1 -> 10.4 GB/s, 32/4/128 at 32768 keys on two
  * 23-25 -> 28-30 GB/s, Qwen3-4B's 4 rows (2 passes) level; on a Zen 4
- * (avx2, 22 passes), the MQA on one thread 8.6 -> 6.9 ms. */
+ * (avx2, 22 passes), the MQA on one thread 8.7 -> 7.2-7.4 ms. */
 static inline int64_t npattn_ahead_of_passes(int64_t passes, int64_t rows, int64_t tile) {
     return passes >= 4 ? tile : rows * passes;
 }
