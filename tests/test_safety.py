@@ -73,10 +73,11 @@ import time
 import numpy as np
 import npattn
 
-# 256 rows of 2**22 keys, each row seeing one key: 2 GiB of float16 weights,
+# 128 rows of 2**22 keys, each row seeing one key: 1 GiB of float16 weights,
 # nearly all of the call's time spent zeroing them (a 16-core Xeon zeroed 512
-# MiB within 0.1 s).
-q = np.ones((1, 1, 256, 1), np.float16)
+# MiB within 0.1 s; under ASan, allocating and freeing 2 GiB took most of the
+# half second on a loaded 2-core machine).
+q = np.ones((1, 1, 128, 1), np.float16)
 k = np.ones((1, 1, 2**22, 1), np.float16)
 print("start", time.monotonic(), flush=True)
 try:
