@@ -267,8 +267,9 @@ def _softmax_parts(
         read = _rows_read(B, S, k_start, k_lengths)
         k = np.where(read[..., None, None, :, None], k, 0.0)
 
-    # An infinite or NaN key gives infinite or NaN scores, without NumPy's "invalid value"
-    # warnings: those the mask or positions hide are dropped below, the rest reach their rows.
+    # An infinite or NaN key (or a product that overflows) gives infinite or NaN scores,
+    # without NumPy's "invalid value" or "overflow" warnings: those the mask or positions
+    # hide are dropped below, the rest reach their rows.
     with np.errstate(invalid="ignore", over="ignore"):
         # Step 2: relevance scores, scaled; k is broadcast across the n_repeats axis.
         scores = (q @ k.swapaxes(-2, -1)) * factor  # (*B, H_kv, n_repeats, L, S)
