@@ -352,15 +352,15 @@ static void test_transpose(void) {
 }
 
 /* Every table's gemm_f32 (where it has one) against the product in double:
- * rows around its blocks of 6, columns around its vectors and column
- * blocks, k past its blocks of b's packed rows, a as stored and
+ * rows around its blocks of 4 and 6, columns around its vectors and
+ * column blocks (avx2's last 25-32 in two), k past its blocks of b's packed rows, a as stored and
  * transposed, leading dimensions past the widths, alpha and beta. Within
  * (k + 3) units of float's rounding of the terms' magnitudes (one rounding
  * a term and the scaling's two); c untouched past n, and not read where
  * beta is 0 (NaN there). */
 static void test_gemm(void) {
     enum { MAX_M = 40, MAX_N = 131, MAX_K = 300, PAD = 3 };
-    static const int64_t ms[] = {1, 5, 6, 7, 13, 40}, ns[] = {1, 7, 8, 9, 16, 17, 48, 63, 64, 65, 131},
+    static const int64_t ms[] = {1, 5, 6, 7, 13, 40}, ns[] = {1, 7, 8, 9, 16, 17, 32, 48, 56, 63, 64, 65, 128, 131},
                          ks[] = {0, 1, 3, 127, 128, 129, 300};
     static float a[(MAX_M + PAD) * (MAX_K + PAD)], b[MAX_K * (MAX_N + PAD)], c[MAX_M * (MAX_N + PAD)], c0[MAX_M * (MAX_N + PAD)];
     char msg[160];

@@ -588,8 +588,10 @@ AVX2 static void gemm_f32_avx2(int64_t m, int64_t n, int64_t k, float alpha, con
     for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += GEMM_PACK_K) { /* k = 0: c = beta * c */
         const int64_t kb = k - k0 < GEMM_PACK_K ? k - k0 : GEMM_PACK_K;
         const float beta_k = k0 == 0 ? beta : 1.0f;
-        for (int64_t c0 = 0; c0 < n; c0 += 8 * GEMM_VECS) {
-            const int64_t w = n - c0 < 8 * GEMM_VECS ? n - c0 : 8 * GEMM_VECS;
+        for (int64_t c0 = 0, w; c0 < n; c0 += w) {
+            /* blocks of 24 columns, but the last 25-32 as two of 16, not 24 and a block of 8 (whose 4 sums, 4
+             * chains, keep one FMA unit busy): n = 128, 4.5% faster alone */
+            w = n - c0 > 32 || n - c0 == 24 ? 24 : n - c0 > 24 ? 16 : n - c0;
             const int V = (int)((w + 7) / 8), full = w % 8 == 0;
             const __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(w - 8 * (V - 1))),
                                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
