@@ -411,7 +411,8 @@ def test_fast_precision_adds_two_half_ulps_of_max_v(rng, name):
     visible = reference.visible_keys(5, 9)
     v_row = np.abs(v.astype(np.float64)).max(axis=-1)[:, [0, 0, 1, 1]][:, :, None, :]  # GQA groups of 2
     v_row = np.where(visible, v_row, 0).max(axis=-1)[..., None]
-    np.testing.assert_allclose(fast - highest, 2 * testing.EPS[name] * v_row, rtol=1e-12)
+    n_row = visible.sum(axis=-1)[:, None]  # and (n_i + 1) 2**-126 for the sums the dot products flush
+    np.testing.assert_allclose(fast - highest, 2 * testing.EPS[name] * v_row + (n_row + 1) * 2.0**-126, rtol=1e-12)
     q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
     assert testing.tolerance(q32, k32, v32, precision="fast") == testing.tolerance(q32, k32, v32)
     out = npattn.sdpa(q, k, v)
@@ -419,6 +420,25 @@ def test_fast_precision_adds_two_half_ulps_of_max_v(rng, name):
     assert_attention_close(worse, q, k, v, precision="fast")
     with pytest.raises(ValueError, match='precision must be "highest" or "fast", got \'low\''):
         assert_attention_close(out, q, k, v, precision="low")
+
+
+def test_fast_precision_allows_sums_flushed_below_float32_normal(rng):
+    """bfloat16 values near float32's smallest normal number: the dot products of
+    precision="fast" may flush each row's sums to 0, which its tolerance allows and
+    "highest"'s does not; and the gradients' (the backward tolerance, the same)."""
+    bf16 = dtype_of("bfloat16")
+    q, k, v = qkv(rng, (1,), 2, 1, 3, 6, 8, dtype=bf16)
+    v = (np.abs(v.astype(np.float32)) * np.float32(2.0**-125)).astype(bf16)  # normal, positive: no cancellation
+    zeros = np.zeros((1, 2, 3, 8), dtype=bf16)
+    assert_attention_close(zeros, q, k, v, mask="causal", precision="fast")
+    with pytest.raises(AssertionError, match="differs from the float64 reference"):
+        assert_attention_close(zeros, q, k, v, mask="causal")
+    dout = np.zeros((1, 2, 3, 8), dtype=bf16)  # no magnitude: the floors alone
+    highest = testing.backward_tolerance(q, k, v, dout, bf16)
+    fast = testing.backward_tolerance(q, k, v, dout, bf16, precision="fast")
+    for name, terms in (("dq", 6), ("dk", 6), ("dv", 6)):  # keys for dq, the batch's 6 query rows for dk, dv
+        assert (fast[name][1] - highest[name][1] >= (terms + 1) * 2.0**-126).all(), name
+    assert (fast["dsinks"][1] == highest["dsinks"][1]).all()
 
 
 def test_an_infinite_reference_equal_to_the_result_passes(rng):

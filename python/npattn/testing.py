@@ -36,8 +36,12 @@ to the half type moves it by at most half an ulp relative (``eps_half / 2``),
 and the output, a combination of v's rows whose weights sum to one, by at most
 ``eps_half / 2 * max|v|``; an implementation that normalises by the sum of the
 unrounded weights adds as much again (one ulp), and the bound is doubled, as
-``ulps`` doubles the float32 one. For float32 and float64 ``"fast"`` computes
-as ``"highest"``, and the tolerance is the same.
+``ulps`` doubles the float32 one. The dot-product instructions ``"fast"``
+allows (AVX512-BF16, AMX) also flush a sum below float32's smallest normal
+number to 0: each step of the ``n_i`` loses less than that number, so
+``(n_i + 1) * 2**-126`` more (it matters only where ``max|v|_i`` is itself
+near that number). For float32 and float64 ``"fast"`` computes as
+``"highest"``, and the tolerance is the same.
 """
 
 import math as _math
@@ -74,6 +78,10 @@ OWN_ULPS = {"float64": 64, "float32": 4}
 
 #: Machine epsilon, by dtype name.
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+#: float32's smallest normal number: the bfloat16 dot products of ``precision="fast"``
+#: flush a sum below it to 0.
+NORMAL_F32 = 2.0**-126
 
 #: The smallest positive (subnormal) number, by dtype name.
 TINY = {"float64": 2.0**-1074, "float32": 2.0**-149, "float16": 2.0**-24, "bfloat16": 2.0**-133}
@@ -205,6 +213,7 @@ def _row_tolerance(
             atol = atol + 4 * EPS["float32"] * spread * v_row + 4 * (1 + _np.sqrt(n_row)) * TINY["float32"]
             if precision == "fast":
                 atol = atol + FAST_HALF_ULPS * EPS[name] * v_row  # the weights rounded to the half type
+                atol = atol + (n_row + 1) * NORMAL_F32  # sums below normal flushed to 0
     return atol, (logit, v_row, n_row)
 
 
@@ -232,7 +241,8 @@ def tolerance(
     ``atol_i = ulps * eps * (1 + max|logit_i| + sqrt(n_i)) * max|v|_i + floor``
     for each query row ``i``, over the ``n_i`` keys it sees (see the module's
     docstring); for float16 and bfloat16 the float32 bound is added, and with
-    ``precision="fast"`` two ulps of the half type. ``mask``, ``window`` and
+    ``precision="fast"`` two ulps of the half type and ``(n_i + 1) * 2**-126``
+    (sums flushed to 0). ``mask``, ``window`` and
     the offsets and key ranges say which keys a row sees, as in :func:`npattn.sdpa` (``mask``
     defaults to None here: every key). ``dtype`` defaults to the inputs'
     result dtype, ``ulps`` to ``ULPS[dtype]``.
@@ -352,7 +362,9 @@ def backward_tolerance(
     than the one computed in is correctly rounded to it: ``rtol`` eps/2, and half its
     smallest subnormal. With ``precision="fast"`` and a float16 or bfloat16 result,
     the weights and dS may be rounded to the half type before their products: two
-    ulps of it times the gradient's magnitude more for ``dq``, ``dk`` and ``dv``.
+    ulps of it times the gradient's magnitude more for ``dq``, ``dk`` and ``dv``, and
+    the dot products flush a sum below float32's smallest normal number to 0: that
+    number per term summed (and one).
     """
     precision = _check_precision("backward_tolerance", precision)
     dtype = _np.dtype(dtype)
@@ -405,6 +417,7 @@ def backward_tolerance(
         floor += TINY[own] / 2  # the gradient's own rounding
         if precision == "fast" and dtype.name in ("float16", "bfloat16") and name != "dsinks":
             floor = floor + FAST_HALF_ULPS * EPS[dtype.name] * mags[name]  # P and dS rounded to the half type
+            floor += NORMAL_F32 * (terms + 1) * copies  # sums below normal flushed to 0
         tolerances[name] = (rtol, (u if name == "dv" else via_d) * mags[name] + floor)
     return tolerances
 
@@ -580,8 +593,9 @@ def assert_attention_close(
         result by two ulps of its type times the row's ``max|v|`` (the
         weights rounded to the half type before ``P @ V``: half an ulp
         relative each, half an ulp of ``max|v|`` on the output, as much again
-        for a sum of unrounded weights, doubled for margin); for float32 and
-        float64 results it changes nothing.
+        for a sum of unrounded weights, doubled for margin), and by ``(n_i +
+        1) * 2**-126`` for the sums the dot products flush to 0; for float32
+        and float64 results it changes nothing.
 
     Raises
     ------
@@ -655,7 +669,11 @@ def assert_attention_close(
             f"atol {float(atol_rows[row]):.3g} = {ULPS[name]} * eps({name}) * (1 + max|logit| {logit:.4g} "
             f"+ sqrt(keys seen) {_np.sqrt(n_row):.3g}) * max|v| {v_row:.4g}"
             + (" + the float32 bound" if name in ("float16", "bfloat16") else "")
-            + (" + 2 ulps of the half type (precision='fast')" if precision == "fast" and "16" in name else "")
+            + (
+                " + 2 ulps of the half type and (keys seen + 1) * 2**-126 (precision='fast')"
+                if precision == "fast" and "16" in name
+                else ""
+            )
             + " + the subnormal floor, over the keys the worst element's row sees (npattn.testing.tolerance)"
         )
     factor = D**-0.5 if scale is None else float(scale)
