@@ -68,6 +68,7 @@ struct fwd_plan {
     int qk_split;                 /* bf16_qk of float16 q and k, each value split in two (npattn_split_f16_row) */
     int pv_split;                 /* then, under "fast", P @ V of float16 v too, P and V split (the table's split_tiles) */
     int pv_exact;                 /* bfloat16 P @ V under "highest": P as three bfloat16 parts (the table's exact_tiles) */
+    int p_tiles;                  /* bf16_pv on tiles whose table's softmax makes P's pairs (softmax_tiles_f32) */
     int q_tiles;                  /* streamed scores of a bfloat16 K: the table's q_tiles, once per task */
     int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
     int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32, split_tiles, exact_tiles): pairs per row */
@@ -406,12 +407,15 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
                             : pairs && pl->q_tiles ? (size_t)pl->bg * D / 2 * 16 * 4 /* per kv head of the unit */
                                                    : 0);
     /* P's pairs: by keys (pairs of rows), or as A tiles (rows of pairs) where the softmax makes them */
-    const int p_tiles = pairs && ((pl->bf16_pv && npattn_kernels()->softmax_tiles_f32) || pl->pv_split);
+    /* (streamed: P's rows as bfloat16, and the product before it is added) */
+    const int stream_pv = pairs && pl->bf16_pv && pl->stream;
     s.pp = npattn_take(&at, pairs && pl->pv_exact ? 3 * (size_t)pl->ldq2 * (size_t)pl->ldpa * 4 /* three parts */
-                            : p_tiles             ? (size_t)pl->ldq2 * (size_t)pl->ldpa * 4
+                            : pairs && (pl->p_tiles || pl->pv_split) ? (size_t)pl->ldq2 * (size_t)pl->ldpa * 4
+                            : stream_pv           ? M * bk * 2
                             : pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4
                                                    : 0);
     s.vp = npattn_take(&at, pairs && pl->pv_split                    ? 2 * bk * (size_t)pl->ldv2 * 4
+                            : stream_pv                              ? M * Dv * 4
                             : pairs && (pl->bf16_pv || pl->pv_exact) ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4
                                                                      : 0);
     /* the streaming kernels' spans of a key tile: a page each, at most bk + 1 */
@@ -520,7 +524,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     }
     /* bfloat16 q and k: their products are exact in float, so QK^T may be
      * the table's bfloat16 dot products (K's rows read in place); under
-     * "fast", P @ V of bfloat16 v too, the weights rounded to bfloat16.
+     * "fast", P @ V of bfloat16 v too, the weights rounded to bfloat16
+     * (streamed: the table's accumulate_pairs, V's rows read in place).
      * float16 q and k on tiles: each value the sum of two bfloat16 ones, so
      * the four dot products of the parts are QK^T, each product exact
      * (K's rows split per tile): a quarter of the tiles' speed, and still
@@ -532,7 +537,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
                   4 * D % kn->bf16_d_step == 0;
     pl.bf16_qk = pl.qk_split ||
                  (!pl.f64 && !pl.stream && kn->scores_bf16 && bf16_in && p->k.col_stride == 1 && D % kn->bf16_d_step == 0);
-    pl.bf16_pv = !pl.f64 && !pl.stream && kn->accumulate_bf16 && bf16_in && p->precision == NPATTN_PRECISION_FAST &&
+    pl.bf16_pv = !pl.f64 && (pl.stream ? kn->accumulate_pairs && pl.v_direct : kn->accumulate_bf16 != NULL) && bf16_in &&
+                 p->precision == NPATTN_PRECISION_FAST &&
                  p->v.dtype == NPATTN_DTYPE_BF16 && p->v.col_stride == 1 && Dv > 0;
     /* and float16 v under "fast" on tiles: P split in two (within 2^-15 of
      * it, where "fast" allows rounding it to float16, 2^-11), V exactly */
@@ -543,7 +549,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
      * products with V's values exact */
     pl.pv_exact = !pl.f64 && !pl.stream && kn->exact_tiles && bf16_in && p->precision == NPATTN_PRECISION_HIGHEST &&
                   p->v.dtype == NPATTN_DTYPE_BF16 && p->v.col_stride == 1 && Dv > 0;
-    const int pv_tiles = pl.bf16_pv || pl.pv_split || pl.pv_exact;
+    const int pv_tiles = !pl.stream && (pl.bf16_pv || pl.pv_split || pl.pv_exact);
+    pl.p_tiles = !pl.stream && pl.bf16_pv && kn->softmax_tiles_f32;
     if ((pl.bf16_qk || pv_tiles) && kn->bf16_tile) {
         /* the tile sizes that suit the table's dot products (split: half
          * the keys, each two pairs); with P @ V a float32 gemm, its keys

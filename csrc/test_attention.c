@@ -639,6 +639,33 @@ static void test_stream_kernels(void) {
                                 }
                             expect_stream(same, kernel_tables[t], "accumulate", ty, M, "Dv", D, nk, "float32 bits");
                             expect_stream(close, kernel_tables[t], "accumulate", ty, M, "Dv", D, nk, "the sums");
+                            /* accumulate_pairs (bfloat16 V): P's rows as bfloat16 against the rows in
+                             * scattered spans, pairs of keys across them; a subnormal value found, or the
+                             * sums of the rounded weights' products (exact: one rounding each) */
+                            if (kt->accumulate_pairs && types[ty] == NPATTN_DTYPE_BF16) {
+                                enum { LDP = MAX_N + 1 };
+                                static uint16_t pb[MAX_M * LDP];
+                                npattn_bf16_rows(st, M, nk, MAX_N, pb, LDP);
+                                int subnormal = 0;
+                                for (int64_t j = 0; j < nk; j++)
+                                    for (int64_t e = 0; e < D; e++) subnormal |= npattn_bf16_subnormal(kh[j * ld + e]);
+                                const int found = kt->accumulate_pairs(pb, LDP, M, spans, n_span, ld, D, op);
+                                expect_stream(found == subnormal, kernel_tables[t], "accumulate_pairs", ty, M, "Dv", D,
+                                              nk, "a subnormal value found exactly where there is one");
+                                close = 1;
+                                for (int64_t r = 0; r < M && !found; r++)
+                                    for (int64_t e = 0; e < D; e++) {
+                                        double want = 0, size = 0;
+                                        for (int64_t j = 0; j < nk; j++) {
+                                            const double w = npattn_bf16_to_f32(pb[r * LDP + j]);
+                                            want += w * kf[j * ld + e];
+                                            size += fabs(w * kf[j * ld + e]);
+                                        }
+                                        close &= fabs(op[r * D + e] - want) <= size * (double)(nk + 1) * 0x1p-24;
+                                    }
+                                expect_stream(close, kernel_tables[t], "accumulate_pairs", ty, M, "Dv", D, nk,
+                                              "the sums of the weights as bfloat16");
+                            }
                         }
     }
     npattn_kernels_force("");

@@ -202,11 +202,12 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         s.qk16 = !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
     }
     s.pv16 = n_ktile > 0 &&
-             (pl->pv_split ||
-              ((pl->bf16_pv || pl->pv_exact) && rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv)));
+             (s.stream ? pl->bf16_pv && u->ng == 1 /* V's subnormal values found as the kernel reads them */
+                       : pl->pv_split || ((pl->bf16_pv || pl->pv_exact) &&
+                                          rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv)));
 #endif
     /* the bfloat16 P @ V of a table whose softmax makes P's tiles */
-    const int p_tiles = s.pv16 && pl->bf16_pv && npattn_kernels()->softmax_tiles_f32;
+    const int p_tiles = s.pv16 && pl->p_tiles;
     if (s.stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
     else if (!s.qk16) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
 #if !IS_F64
@@ -250,13 +251,21 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
          * read it, else converted here */
         if (Dv == 0) continue;
 #if !IS_F64
-        if (s.pv16 && pl->pv_split) { /* float16: P and V split, then their dot products */
+        if (s.pv16 && s.stream) { /* bfloat16 dot products: P's rows as bfloat16, V's rows in place */
+            const struct npattn_kernels *kn = npattn_kernels();
+            npattn_bf16_rows((const float *)s.st, M, nk, s.sld, (uint16_t *)s.pp, pl->bk);
+            const int64_t n_span = kv_spans(&s.vv, s.v_head, 0, 1, j0, nk, u->j1, s.v_dist, s.spans);
+            if (!kn->accumulate_pairs((const uint16_t *)s.pp, pl->bk, M, s.spans, n_span, pl->ldv, Dv, (float *)s.vp)) {
+                kn->add_f32((float *)ot, (const float *)s.vp, M * Dv);
+                continue;
+            } /* else a value of V is subnormal: the FMAs below */
+        } else if (s.pv16 && pl->pv_split) { /* float16: P and V split, then their dot products */
             const uint32_t *vp = tile_of(pl, &pl->v_tiles, SPLIT_V, &p->v, u, &s.vv, Dv, j0, nk, 1, s.vp);
             npattn_kernels()->split_tiles(s.st, nk, M, M, s.pp, pl->ldpa, (M + 15) / 16 * 16);
             npattn_kernels()->accumulate_tiles_bf16(s.pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
             continue;
         }
-        if (s.pv16) { /* bfloat16 dot products */
+        else if (s.pv16) { /* bfloat16 dot products */
             const struct npattn_kernels *kn = npattn_kernels();
             /* V's pairs: the call's copy where its last pair is the copy's (nk even, or the whole tile) */
             const int whole_ok = nk % 2 == 0 || nk == min64(pl->bk, u->k1 - j0);

@@ -13,11 +13,13 @@ import npattn
 from helpers import (
     KERNELS,
     check,
+    check_paged,
     dtype_of,
     kernels,
     layout,
     make_mask,
     own_tolerance,
+    paged_problem,
     pool_mode,
     qkv,
     randn,
@@ -273,6 +275,29 @@ def test_bfloat16_gemm_tiles_and_subnormal_values(variant, rng, precision, H_q, 
     check(q, k, subnormal(v, 0.5), precision=precision)
     got = check(q, k, subnormal(v, 1.0), precision=precision)
     assert np.abs(got.astype(np.float32)).max() > 0  # read as 0, the result would be
+
+
+@pytest.mark.parametrize("precision", ["highest", "fast"])
+@pytest.mark.parametrize("H_q, H_kv, S, D_v", [(32, 8, 301, 128), (14, 2, 257, 64), (16, 1, 99, 40), (2, 2, 33, 130)])
+def test_bfloat16_decode_and_subnormal_values(variant, rng, precision, H_q, H_kv, S, D_v):
+    """bfloat16 decode, streamed (under "fast" its P @ V on the bfloat16 dot products
+    where the table has them, pairs of keys): the reference on 1 to 3 threads (split-K:
+    odd key counts in each part), the same bits again, in pages of 5 rows (pairs across
+    pages); subnormal values, which those instructions read as 0, computed as such."""
+    bf16 = dtype_of("bfloat16")
+    info = pytest.importorskip("ml_dtypes").finfo(bf16)
+    q, k, v = qkv(rng, (2,), H_q, H_kv, 1, S, 64, D_v, dtype=bf16)
+    for threads in (1, 2, 3):
+        first = check(q, k, v, precision=precision, threads=threads)
+        np.testing.assert_array_equal(npattn.sdpa(q, k, v, precision=precision, threads=threads), first)
+    units = rng.integers(1, 2 ** int(info.nmant), size=v.shape) * rng.choice([-1, 1], size=v.shape)
+    sub = (units * float(info.smallest_subnormal)).astype(bf16)
+    check(q, k, np.where(rng.random(v.shape) < 0.01, sub, v), precision=precision)
+    got = check(q, k, sub, precision=precision)
+    assert np.abs(got.astype(np.float32)).max() > 0  # read as 0, the result would be
+    q, kp, vp, table, cl = paged_problem(rng, B=3, H_q=H_q, H_kv=H_kv, D=64, D_v=D_v, page_size=5, lengths=(S, 1, 6),
+                                         dtype=bf16)  # fmt: skip
+    check_paged(q, kp, vp, table, cl, precision=precision)
 
 
 @pytest.mark.parametrize("precision", ["highest", "fast"])

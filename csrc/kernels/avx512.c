@@ -990,6 +990,120 @@ AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, i
     }
 }
 
+/* ---- the streamed P @ V of a bfloat16 V by the dot products (kernels.h's
+ * accumulate_pairs) ---- */
+
+#define PAIRS_KEYS 256 /* keys whose rows' addresses accumulate_pairs takes from the spans at a time */
+
+/* The 32 columns (`left` of them live) at `to` from pairs_block's sums of a
+ * chunk, lo and hi, whose 128-bit lanes hold columns 0-3, 8-11, 16-19, 24-27
+ * and the 4 after each: in column order, written (first) or added. */
+AVX512BF16 INLINE void pairs_put(__m512 lo, __m512 hi, float *to, int64_t left, int first) {
+    const __m512 t0 = _mm512_shuffle_f32x4(lo, hi, 0x44), t1 = _mm512_shuffle_f32x4(lo, hi, 0xEE); /* lo 0 1 hi 0 1; 2 3 */
+    __m512 c0 = _mm512_shuffle_f32x4(t0, t0, 0xD8), c1 = _mm512_shuffle_f32x4(t1, t1, 0xD8);
+    const __mmask16 m0 = lanes(left, 0), m1 = lanes(left, 1);
+    if (!first) {
+        c0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, to), c0);
+        c1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, to + 16), c1);
+    }
+    _mm512_mask_storeu_ps(to, m0, c0);
+    _mm512_mask_storeu_ps(to + 16, m1, c1);
+}
+
+/* o's nr rows at the 16 * nv columns from e (nv 2 or 4: one or two chunks
+ * of 32 values of each row of V) = P @ V over the n keys whose rows (and
+ * rows ahead) are given, the sums in registers (pairs_put), written to o
+ * (first) or added. Where pf, the pass prefetches its chunks of the rows
+ * ahead. *least gathers V's values for the subnormal check (bf16_least). */
+AVX512BF16 INLINE void pairs_block(const int nr, const int nv, const uint32_t *pw, int64_t ldw, const void *const *rows,
+                                   const void *const *ahead, int64_t n, int64_t p0, int64_t Dv, int64_t e, float *o,
+                                   int first, __m512i *least, const int pf) {
+    __m512 acc[8][4];
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
+    __mmask32 live[2];
+    for (int h = 0; h < nv / 2; h++) {
+        const int64_t left = Dv - e - 32 * h;
+        live[h] = left >= 32 ? (__mmask32)0xFFFFFFFF : left <= 0 ? (__mmask32)0 : (__mmask32)((1u << left) - 1);
+    }
+    __m512i seen = *least;
+    for (int64_t a = 0; a < n; a += 2) {
+        /* keys a and a + 1: each 32 values of both rows loaded (the second
+         * zeros past an odd count), interleaved by unpacklo/hi into pairs
+         * (columns 0-3, 8-11, 16-19, 24-27 of the 32, then the others),
+         * then one broadcast pair of weights per row against them */
+        const int two = a + 1 < n;
+        const uint16_t *x0 = (const uint16_t *)rows[a] + e, *x1 = (const uint16_t *)rows[a + two] + e;
+        if (pf)
+            for (int64_t b = 0; b < 32 * nv; b += 64) {
+                _mm_prefetch((const char *)((const uint16_t *)ahead[a] + e) + b, _MM_HINT_T1);
+                _mm_prefetch((const char *)((const uint16_t *)ahead[a + two] + e) + b, _MM_HINT_T1);
+            }
+        __m512bh y[4];
+        for (int h = 0; h < nv / 2; h++) {
+            const __m512i r0 = _mm512_maskz_loadu_epi16(live[h], x0 + 32 * h);
+            const __m512i r1 = _mm512_maskz_loadu_epi16(two ? live[h] : 0, x1 + 32 * h);
+            seen = bf16_least(bf16_least(seen, r0), r1);
+            y[2 * h] = (__m512bh)_mm512_unpacklo_epi16(r0, r1);
+            y[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(r0, r1);
+        }
+        for (int r = 0; r < nr; r++) {
+            const __m512bh w = (__m512bh)_mm512_set1_epi32((int32_t)pw[r * ldw + p0 + a / 2]);
+            for (int v = 0; v < nv; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], w, y[v]);
+        }
+    }
+    *least = seen;
+    /* (these loops not unrolled before the sums get their registers, GCC
+     * kept acc in memory, stored at every step) */
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 2
+        for (int v = 1; v < nv; v += 2)
+            pairs_put(acc[r][v - 1], acc[r][v], o + r * Dv + e + 16 * (v - 1), Dv - e - 16 * (v - 1), first);
+}
+
+/* pairs_block for nr rows, specialised: the case nr of a switch; the first
+ * block of rows (r == 0) prefetches. */
+#define PAIRS_BLOCK(nr, nv)                                                                                          \
+    case nr:                                                                                                         \
+        if (r == 0) pairs_block(nr, nv, pw + r * ldw, ldw, rows, ahead, n, p0, Dv, e, o + r * Dv, first, &least, 1);   \
+        else pairs_block(nr, nv, pw + r * ldw, ldw, rows, ahead, n, p0, Dv, e, o + r * Dv, first, &least, 0);          \
+        break;
+
+/* PAIRS_KEYS keys at a time, their rows' addresses taken once for every
+ * block: up to 4 rows in one block of 64 columns at a time; more in blocks
+ * of 8 rows of 32 columns: 16 sums in registers. */
+AVX512BF16 static int accumulate_pairs_avx512(const uint16_t *pb, int64_t ldp, int64_t M,
+                                              const struct npattn_span *spans, int64_t n_span, int64_t ldv,
+                                              int64_t Dv, float *o) {
+    const uint32_t *pw = (const uint32_t *)pb;
+    const int64_t ldw = ldp / 2;
+    __m512i least = BF16_NONE_SEEN;
+    int64_t si = 0, i = 0;
+    for (int64_t p0 = 0, first = 1;; p0 += PAIRS_KEYS / 2, first = 0) {
+        const void *rows[PAIRS_KEYS], *ahead[PAIRS_KEYS];
+        const int64_t n = npattn_span_rows(spans, n_span, &si, &i, 2 * ldv, PAIRS_KEYS, rows, ahead);
+        if (n == 0) {
+            if (first) memset(o, 0, (size_t)(M * Dv) * sizeof *o); /* no keys */
+            break;
+        }
+        if (M <= 4)
+            for (int64_t e = 0, r = 0; e < Dv; e += 64) switch (M) {
+                    PAIRS_BLOCK(4, 4) PAIRS_BLOCK(3, 4) PAIRS_BLOCK(2, 4) PAIRS_BLOCK(1, 4)
+                default: break;
+                }
+        else
+            for (int64_t e = 0; e < Dv; e += 32)
+                for (int64_t r = 0; r < M; r += 8) switch (M - r < 8 ? M - r : 8) {
+                        PAIRS_BLOCK(8, 2) PAIRS_BLOCK(7, 2) PAIRS_BLOCK(6, 2) PAIRS_BLOCK(5, 2)
+                        PAIRS_BLOCK(4, 2) PAIRS_BLOCK(3, 2) PAIRS_BLOCK(2, 2) PAIRS_BLOCK(1, 2)
+                    default: break;
+                    }
+    }
+    return bf16_any_subnormal(least);
+}
+#undef PAIRS_BLOCK
+
 /* ---- the tiles' float products (gemm_f32) ---- */
 
 #define GEMM_ROWS 6     /* rows of c in a block */
@@ -1083,6 +1197,7 @@ const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .pair_bf16 = pair_bf16_avx512,
     .scores_bf16 = scores_bf16_avx512,
     .accumulate_bf16 = accumulate_bf16_avx512,
+    .accumulate_pairs = accumulate_pairs_avx512,
 };
 
 #if NPATTN_HAVE_AMX

@@ -135,6 +135,16 @@ struct npattn_kernels {
                              uint32_t *pa, int64_t ldpa);
     void (*accumulate_tiles_bf16)(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
                                   int64_t ldv, int64_t Dv, float *o);
+    /* The avx512bf16 table's (NULL elsewhere): the streamed P @ V of a
+     * bfloat16 V by the dot products, pairs of consecutive keys: o (M, Dv)
+     * row-major = the sum over key pairs p of (pb[r * ldp + 2p], pb[r * ldp
+     * + 2p + 1]) . (v[2p][e], v[2p + 1][e]), written (not added), P's rows
+     * pb given as bfloat16 (ldp even, zeros from the keys' count to an even
+     * one) and V's rows those of the spans, as accumulate reads them (a
+     * zero row after an odd count). Returns whether a value of V was
+     * subnormal (o then unspecified; the caller takes accumulate). */
+    int (*accumulate_pairs)(const uint16_t *pb, int64_t ldp, int64_t M, const struct npattn_span *spans,
+                            int64_t n_span, int64_t ldv, int64_t Dv, float *o);
     /* The amx table's (NULL elsewhere): the weights st (nk, M), ldst apart,
      * as A tiles' rows for accumulate_tiles_bf16 against V's float16 values
      * split in two (npattn_split_f16_twice): pa[r * ldpa + 2j] = pa[r *
