@@ -6,8 +6,9 @@ Each figure is a ratio within one run, of medians over interleaved rounds (the
 calls of one row alternate, so that drift on a shared machine hits them all):
 
 - **decode** (L = 1), Qwen3-4B and Qwen2-0.5B heads, S = 1024 .. 32768: npattn
-  with float32, float16 and bfloat16 q, k, v, and a float32 q over each half
-  cache; PyTorch's ``scaled_dot_product_attention`` in float32 and bfloat16.
+  with float32, float16 and bfloat16 q, k, v (bfloat16 also under
+  ``precision="fast"``), and a float32 q over each half cache; PyTorch's
+  ``scaled_dot_product_attention`` in float32 and bfloat16.
   GB/s counts the bytes of K and V (half of float32's for a half cache), read
   against the streaming-read bandwidth measured in the same run;
 - **prefill** (L = S, causal), Qwen3-4B heads, S = 2048 (and 4096 on 8 threads
@@ -64,12 +65,15 @@ def decode_row(rng, model, S, threads, torch_call) -> dict:
     q32 = rng.standard_normal((1, H_q, 1, D), dtype=np.float32)
     k32, v32 = (rng.standard_normal((1, H_kv, S, D), dtype=np.float32) for _ in range(2))
     calls, read = {}, {}
-    for q_name, kv_name in (("float32", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16"),
-                            ("float32", "float16"), ("float32", "bfloat16")):  # fmt: skip
+    forms = [("float32", "float32", "highest"), ("float16", "float16", "highest")]
+    forms += [("bfloat16", "bfloat16", "highest"), ("bfloat16", "bfloat16", "fast")]
+    forms += [("float32", "float16", "highest"), ("float32", "bfloat16", "highest")]
+    for q_name, kv_name, precision in forms:
         q_dtype, kv_dtype = measure.dtype_of(q_name), measure.dtype_of(kv_name)
         q, k, v = q32.astype(q_dtype), k32.astype(kv_dtype), v32.astype(kv_dtype)
         name = f"npattn {q_name}" if q_name == kv_name else f"npattn {q_name} q / {kv_name} kv"
-        calls[name] = lambda q=q, k=k, v=v: npattn.sdpa(q, k, v, threads=threads)
+        name += " fast" if precision == "fast" else ""
+        calls[name] = lambda q=q, k=k, v=v, p=precision: npattn.sdpa(q, k, v, precision=p, threads=threads)
         read[name] = k.nbytes + v.nbytes
     if torch_call:
         for dtype in ("float32", "bfloat16"):
