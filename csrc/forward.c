@@ -406,8 +406,8 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_dir
                             : pairs && pl->bf16_qk ? D / 2 * (size_t)pl->ldq2 * 4
                             : pairs && pl->q_tiles ? (size_t)pl->bg * D / 2 * 16 * 4 /* per kv head of the unit */
                                                    : 0);
-    /* P's pairs: by keys (pairs of rows), or as A tiles (rows of pairs) where the softmax makes them */
-    /* (streamed: P's rows as bfloat16, and the product before it is added) */
+    /* P's pairs: by keys (pairs of rows), or as A tiles (rows of pairs) where the softmax makes them;
+     * streamed, P's rows as bfloat16 (and in vp the product before it is added) */
     const int stream_pv = pairs && pl->bf16_pv && pl->stream;
     s.pp = npattn_take(&at, pairs && pl->pv_exact ? 3 * (size_t)pl->ldq2 * (size_t)pl->ldpa * 4 /* three parts */
                             : pairs && (pl->p_tiles || pl->pv_split) ? (size_t)pl->ldq2 * (size_t)pl->ldpa * 4

@@ -264,8 +264,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
             npattn_kernels()->split_tiles(s.st, nk, M, M, s.pp, pl->ldpa, (M + 15) / 16 * 16);
             npattn_kernels()->accumulate_tiles_bf16(s.pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
             continue;
-        }
-        else if (s.pv16) { /* bfloat16 dot products */
+        } else if (s.pv16) { /* bfloat16 dot products */
             const struct npattn_kernels *kn = npattn_kernels();
             /* V's pairs: the call's copy where its last pair is the copy's (nk even, or the whole tile) */
             const int whole_ok = nk % 2 == 0 || nk == min64(pl->bk, u->k1 - j0);
