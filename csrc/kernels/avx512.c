@@ -678,11 +678,17 @@ AVX512BF16 INLINE __mmask16 pair_lanes(int64_t n, int64_t c) {
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
+/* The 16-bit lanes of 32 values from c on, of n. */
+AVX512BF16 INLINE __mmask32 lanes32(int64_t n, int64_t c) {
+    const int64_t left = n - c;
+    return left >= 32 ? (__mmask32)0xFFFFFFFF : left <= 0 ? (__mmask32)0 : (__mmask32)((1u << left) - 1);
+}
+
 AVX512BF16 static int pair_bf16_avx512(const uint16_t *a, const uint16_t *b, int64_t n, uint32_t *out) {
     const __m512i exp = _mm512_set1_epi16(0x7f80), mag = _mm512_set1_epi16(0x7fff);
     __mmask32 sub = 0;
     for (int64_t c = 0; c < n; c += 32) {
-        const __mmask32 m = n - c >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << (n - c)) - 1);
+        const __mmask32 m = lanes32(n, c);
         const __m512i x = _mm512_maskz_loadu_epi16(m, a + c), y = b ? _mm512_maskz_loadu_epi16(m, b + c) : _mm512_setzero_si512();
         sub |= _mm512_testn_epi16_mask(x, exp) & _mm512_test_epi16_mask(x, mag);
         sub |= _mm512_testn_epi16_mask(y, exp) & _mm512_test_epi16_mask(y, mag);
@@ -1022,10 +1028,7 @@ AVX512BF16 INLINE void pairs_block(const int nr, const int nv, const uint32_t *p
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
     __mmask32 live[2];
-    for (int h = 0; h < nv / 2; h++) {
-        const int64_t left = Dv - e - 32 * h;
-        live[h] = left >= 32 ? (__mmask32)0xFFFFFFFF : left <= 0 ? (__mmask32)0 : (__mmask32)((1u << left) - 1);
-    }
+    for (int h = 0; h < nv / 2; h++) live[h] = lanes32(Dv, e + 32 * h);
     __m512i seen = *least;
     for (int64_t a = 0; a < n; a += 2) {
         /* keys a and a + 1: each 32 values of both rows loaded (the second
