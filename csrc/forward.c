@@ -663,7 +663,8 @@ enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
         return status;
     }
     status = NPATTN_STATUS_NO_MEMORY;
-    if ((pl.bf16_qk && !pl.qk_split) || pl.bf16_pv || pl.pv_exact) { /* (split float16 values are never subnormal) */
+    /* (split float16 values are never subnormal; streamed, the kernel finds V's as it reads them) */
+    if ((pl.bf16_qk && !pl.qk_split) || (!pl.stream && (pl.bf16_pv || pl.pv_exact))) {
         const size_t n = (size_t)(n_batch * p->n_head_kv);
         pl.k_normal = npattn_alloc(2 * n);
         if (!pl.k_normal) goto done;
