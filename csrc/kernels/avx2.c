@@ -411,8 +411,9 @@ AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t 
 
 /* o (M rows) += P @ v, in blocks of rows (acc_rows). Block b of n prefetches
  * every n-th row ahead from row b, so that the rows ahead come in over all
- * the passes, not in a burst over the first block's (MQA 16/1/128 from
- * memory, one Zen 4 thread: 6.7-6.8 against 7.4-8.3 ms). */
+ * the passes, not in a burst over the first block's (from memory, one Zen 4
+ * thread, medians of alternated calls: MQA 16/1/128 at 65536 keys 6.68
+ * against 6.98 ms, 12/1/128 5.06 against 5.71). */
 AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
                                const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     const int f32 = vt == NPATTN_DTYPE_F32;
