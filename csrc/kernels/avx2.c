@@ -395,18 +395,20 @@ INLINE int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 : (int)l
 AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
                                  int pf_every, int pf_first) {
+#define BLOCK(n) accumulate_block(vt, st, ldst, nr, n, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first)
     int64_t e0 = 0;
-    for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) accumulate_block(vt, st, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first);
+    for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) BLOCK(nc);
     switch ((Dv - e0) / 8) {
-    case 7: if (7 < nc) accumulate_block(vt, st, ldst, nr, 7, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first); break;
-    case 6: if (6 < nc) accumulate_block(vt, st, ldst, nr, 6, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first); break;
-    case 5: if (5 < nc) accumulate_block(vt, st, ldst, nr, 5, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first); break;
-    case 4: if (4 < nc) accumulate_block(vt, st, ldst, nr, 4, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first); break;
-    case 3: if (3 < nc) accumulate_block(vt, st, ldst, nr, 3, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first); break;
-    case 2: if (2 < nc) accumulate_block(vt, st, ldst, nr, 2, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first); break;
-    case 1: if (1 < nc) accumulate_block(vt, st, ldst, nr, 1, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first); break;
+    case 7: if (7 < nc) BLOCK(7); break;
+    case 6: if (6 < nc) BLOCK(6); break;
+    case 5: if (5 < nc) BLOCK(5); break;
+    case 4: if (4 < nc) BLOCK(4); break;
+    case 3: if (3 < nc) BLOCK(3); break;
+    case 2: if (2 < nc) BLOCK(2); break;
+    case 1: if (1 < nc) BLOCK(1); break;
     default: break;
     }
+#undef BLOCK
 }
 
 /* o (M rows) += P @ v, in blocks of rows (acc_rows). Block b of n prefetches
