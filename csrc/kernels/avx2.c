@@ -346,8 +346,8 @@ AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_d
  * registers while the value rows (type vt) of the spans stream past: nr * nc
  * accumulators, enough independent chains for two FMA units of 4-cycle
  * latency, nc value vectors (converted once, used nr times) and a broadcast
- * weight. It prefetches its columns of every pf_every-th row ahead (0:
- * none), from row pf_first on. */
+ * weight. It prefetches its columns of every pf_every-th row ahead, from
+ * row pf_first on. */
 AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
                                   const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
                                   float *o, int pf_every, int pf_first) {
@@ -358,7 +358,7 @@ AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t
     for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
         const char *v = spans[ri].rows, *pf = spans[ri].ahead;
         for (int64_t i = 0; i < spans[ri].n; i++, j++) {
-            if (pf_every && to_pf-- == 0) { /* the block's columns, into L2 */
+            if (to_pf-- == 0) { /* the block's columns, into L2 */
                 prefetch_row(pf + (i * ldv + e0) * es, 8 * nc * es);
                 to_pf = pf_every - 1;
             }
