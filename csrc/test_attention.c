@@ -549,10 +549,10 @@ static int64_t scattered_spans(const uint16_t *kh, int64_t nk, int64_t ld, int64
  * for n terms), subnormal elements included, every width's tail, every
  * table; and the same bits again with the keys in scattered spans (pages). */
 static void test_stream_kernels(void) {
-    enum { MAX_M = 16, MAX_N = 67, MAX_D = 130 };
+    enum { MAX_M = 33, MAX_N = 67, MAX_D = 130 };
     static const enum npattn_dtype types[3] = {NPATTN_DTYPE_F32, NPATTN_DTYPE_F16, NPATTN_DTYPE_BF16};
     static const int64_t widths[] = {1, 5, 8, 15, 16, 24, 63, 64, 128, 130};
-    static const int64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 16}, keys[] = {1, 2, 3, 4, 20, 35, 64, 67};
+    static const int64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 16, 17, 33}, keys[] = {1, 2, 3, 4, 20, 35, 64, 67};
     static float q[MAX_M * MAX_D], kf[MAX_N * (MAX_D + 3)], st[MAX_M * MAX_N], o[MAX_M * MAX_D], of[MAX_M * MAX_D];
     static float sf[MAX_M * MAX_N], o0[MAX_M * MAX_D], sp[MAX_M * MAX_N], op[MAX_M * MAX_D];
     static uint16_t kh[MAX_N * (MAX_D + 3)], kp[MAX_N * (MAX_D + 3)];
@@ -594,9 +594,12 @@ static void test_stream_kernels(void) {
                             int paged = 1;
                             for (int64_t r = 0; r < M; r++) paged &= !memcmp(sp + r * MAX_N, st + r * MAX_N, 4 * (size_t)nk);
                             expect_stream(paged, kernel_tables[t], "scores", ty, M, "D", D, nk, "bits in scattered spans");
-                            /* the AVX-512 tables' bfloat16 keys in lanes: each score an FMA per element, in order */
+                            /* the AVX-512 tables' bfloat16 keys in lanes, and the avx2 and neon
+                             * tables' rows in lanes: each score an FMA per element, in order */
                             const int in_lanes = types[ty] == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D) &&
                                                  (!strncmp(kt->name, "avx512", 6) || !strcmp(kt->name, "amx"));
+                            const int rows_in_lanes = !strcmp(kt->name, "avx2") || !strncmp(kt->name, "neon", 4);
+                            const int64_t lane_rows = rows_in_lanes ? npattn_rows_in_lanes(M, D) : 0;
                             /* q's pairs or tiles against K without subnormals: the sums in another
                              * order, so only their bound (with a subnormal: the FMAs, in order) */
                             const int tiles = kind == 2 && qb_ok;
@@ -610,7 +613,7 @@ static void test_stream_kernels(void) {
                                         size += fabs((double)q[r * D + d] * kf[j * ld + d]);
                                         chain = fmaf(kf[j * ld + d], q[r * D + d], chain);
                                     }
-                                    const float *bits = in_lanes ? &chain : &sf[r * MAX_N + j];
+                                    const float *bits = in_lanes || r < lane_rows ? &chain : &sf[r * MAX_N + j];
                                     same &= tiles || memcmp(&st[r * MAX_N + j], bits, sizeof(float)) == 0;
                                     close &= fabs(st[r * MAX_N + j] - want) <= size * (double)(D + 8) * 0x1p-24;
                                 }

@@ -325,6 +325,129 @@ AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int6
     }
 }
 
+/* MQA and wide groups, 16 rows or more a kv head: the scores of 16 rows
+ * with the rows in the lanes of two vectors (q transposed, qt: D x 16) and
+ * each key element broadcast into the FMAs: no reduction tree, each score
+ * one FMA per element in order (K's half rows converted first, a block at
+ * a time, so that their scores keep float32's bits). */
+enum { LANES_ROWS = 16, LANES_KEYS = 6 };
+
+/* The scores of 4 keys (a[0..3], a row a lane) into the 8 rows of st (ldst apart): a 4 x 8 transpose. */
+AVX2 INLINE void store_keys4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *st, int64_t ldst) {
+    const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
+    const __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
+    const __m256 r[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                         _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+    for (int i = 0; i < 4; i++) {
+        _mm_storeu_ps(st + i * ldst, _mm256_castps256_ps128(r[i]));
+        _mm_storeu_ps(st + (i + 4) * ldst, _mm256_extractf128_ps(r[i], 1));
+    }
+}
+
+/* The same for 2 keys. */
+AVX2 INLINE void store_keys2(__m256 a0, __m256 a1, float *st, int64_t ldst) {
+    const __m256 lo = _mm256_unpacklo_ps(a0, a1), hi = _mm256_unpackhi_ps(a0, a1);
+    const __m128 r[4] = {_mm256_castps256_ps128(lo), _mm256_castps256_ps128(hi), _mm256_extractf128_ps(lo, 1),
+                         _mm256_extractf128_ps(hi, 1)};
+    for (int i = 0; i < 4; i++) {
+        _mm_storel_pi((__m64 *)(st + 2 * i * ldst), r[i]);
+        _mm_storeh_pi((__m64 *)(st + (2 * i + 1) * ldst), r[i]);
+    }
+}
+
+/* 16 rows (qt) against nkb <= 6 keys, float32 rows at kr (ldk apart): 12
+ * accumulators, two query vectors and a broadcast key element. pf: where
+ * the rows to prefetch start (es bytes an element, ldp elements apart), or NULL. */
+AVX2 INLINE void scores_lanes_block(const float *qt, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
+                                    int64_t ldst, const void *pf, int64_t es, int64_t ldp) {
+    __m256 acc[2 * LANES_KEYS];
+    for (int i = 0; i < 2 * nkb; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d++) {
+        if (pf && (d * es) % 64 == 0)
+            for (int a = 0; a < nkb; a++) prefetch_row((const char *)pf + (a * ldp + d) * es, 1);
+        const __m256 q0 = _mm256_loadu_ps(qt + LANES_ROWS * d), q1 = _mm256_loadu_ps(qt + LANES_ROWS * d + 8);
+        for (int a = 0; a < nkb; a++) {
+            const __m256 kb = _mm256_broadcast_ss(kr + a * ldk + d);
+            acc[2 * a] = _mm256_fmadd_ps(kb, q0, acc[2 * a]);
+            acc[2 * a + 1] = _mm256_fmadd_ps(kb, q1, acc[2 * a + 1]);
+        }
+    }
+    if (nkb == LANES_KEYS) {
+        for (int h = 0; h < 2; h++) {
+            float *sh = st + 8 * h * ldst;
+            store_keys4(acc[h], acc[2 + h], acc[4 + h], acc[6 + h], sh, ldst);
+            store_keys2(acc[8 + h], acc[10 + h], sh + 4, ldst);
+        }
+        return;
+    }
+    float out[2 * LANES_KEYS * 8];
+    for (int i = 0; i < 2 * nkb; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+    for (int r = 0; r < LANES_ROWS; r++)
+        for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[8 * (2 * a + r / 8) + r % 8];
+}
+
+/* q's 16 rows of D as qt (D x 16): 8 x 8 blocks through the registers,
+ * the columns past the last 8 one by one. */
+AVX2 INLINE void transpose_rows16(const float *q, int64_t D, float *qt) {
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(q + (8 * h + i) * D + d);
+            for (int i = 0; i < 4; i++) { /* rows 2i, 2i+1 interleaved: columns 0 1 4 5, then 2 3 6 7 */
+                t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }
+            for (int i = 0; i < 2; i++) { /* rows 4i .. 4i+3 of columns c and c + 4, c = 0 .. 3 */
+                u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+                u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+                u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+                u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+            }
+            for (int c = 0; c < 4; c++) {
+                _mm256_storeu_ps(qt + LANES_ROWS * (d + c) + 8 * h, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+                _mm256_storeu_ps(qt + LANES_ROWS * (d + c + 4) + 8 * h, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+            }
+        }
+    for (; d < D; d++)
+        for (int64_t r = 0; r < LANES_ROWS; r++) qt[LANES_ROWS * d + r] = q[r * D + d];
+}
+
+/* 16 rows of q against the spans' keys (of type kt), into st. */
+AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
+                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    float qt[LANES_ROWS * NPATTN_LANES_MAX_D], kb[LANES_KEYS * NPATTN_LANES_MAX_D];
+    transpose_rows16(q, D, qt);
+    const int64_t es = npattn_stream_size(kt);
+    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n) {
+        for (int64_t j = 0, nkb; j < spans[i].n; j += nkb) {
+            nkb = spans[i].n - j < LANES_KEYS ? spans[i].n - j : LANES_KEYS;
+            const float *kr = (const float *)npattn_stream_at(kt, spans[i].rows, j * ldk);
+            int64_t ld = ldk;
+            if (kt != NPATTN_DTYPE_F32) { /* the block's rows as floats, exactly */
+                for (int64_t a = 0; a < nkb; a++) {
+                    const void *row = npattn_stream_at(kt, spans[i].rows, (j + a) * ldk);
+                    int64_t d = 0;
+                    for (; d + 8 <= D; d += 8)
+                        _mm256_storeu_ps(kb + a * D + d, load8(kt, npattn_stream_at(kt, row, d)));
+                    for (; d < D; d++) kb[a * D + d] = npattn_stream_elem(kt, row, d);
+                }
+                kr = kb, ld = D;
+            }
+            const void *pf = nkb == LANES_KEYS ? npattn_stream_at(kt, spans[i].ahead, j * ldk) : NULL;
+            float *sj = st + j0 + j;
+            switch (nkb) {
+            case 6: scores_lanes_block(qt, D, kr, ld, 6, sj, ldst, pf, es, ldk); break;
+            case 5: scores_lanes_block(qt, D, kr, ld, 5, sj, ldst, pf, es, ldk); break;
+            case 4: scores_lanes_block(qt, D, kr, ld, 4, sj, ldst, pf, es, ldk); break;
+            case 3: scores_lanes_block(qt, D, kr, ld, 3, sj, ldst, pf, es, ldk); break;
+            case 2: scores_lanes_block(qt, D, kr, ld, 2, sj, ldst, pf, es, ldk); break;
+            default: scores_lanes_block(qt, D, kr, ld, 1, sj, ldst, pf, es, ldk); break;
+            }
+        }
+    }
+}
+
 /* D = 64 as a constant, so that the loops over it unroll: 1.08-1.27x in
  * cache. (D = 128 so unrolled ran faster alone but no faster in a decode.) */
 AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
@@ -337,6 +460,18 @@ AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, i
 AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
                              int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     (void)qb; /* no tiles */
+    const int64_t lanes = npattn_rows_in_lanes(M, D);
+    if (lanes) { /* blocks of 16 rows in lanes, then the rows left */
+        for (int64_t r = 0; r < lanes; r += LANES_ROWS) {
+            const float *qr = q + r * D;
+            float *sr = st + r * ldst;
+            if (kt == NPATTN_DTYPE_F16) scores_lanes(NPATTN_DTYPE_F16, qr, D, spans, n_span, ldk, sr, ldst);
+            else if (kt == NPATTN_DTYPE_BF16) scores_lanes(NPATTN_DTYPE_BF16, qr, D, spans, n_span, ldk, sr, ldst);
+            else scores_lanes(NPATTN_DTYPE_F32, qr, D, spans, n_span, ldk, sr, ldst);
+        }
+        q += lanes * D, st += lanes * ldst, M -= lanes;
+        if (M == 0) return;
+    }
     if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
     else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
     else scores_sized(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);

@@ -306,6 +306,102 @@ INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D
         scores_span(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
 }
 
+/* MQA and wide groups (npattn_rows_in_lanes), as avx2.c's scores_lanes: 16
+ * rows in the lanes of four vectors (q transposed, qt: D x 16) and each key
+ * element taken by lane into the FMAs, half keys converted in registers: no
+ * reduction tree, each score one FMA per element in order. */
+enum { LANES_ROWS = 16, LANES_KEYS = 4 };
+
+/* r[i] = lane i of a[0 .. 3]: a 4 x 4 transpose. */
+INLINE void transpose4(const float32x4_t a[4], float32x4_t r[4]) {
+    const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(a[0], a[1]));
+    const float64x2_t t1 = vreinterpretq_f64_f32(vtrn2q_f32(a[0], a[1]));
+    const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(a[2], a[3]));
+    const float64x2_t t3 = vreinterpretq_f64_f32(vtrn2q_f32(a[2], a[3]));
+    r[0] = vreinterpretq_f32_f64(vtrn1q_f64(t0, t2));
+    r[1] = vreinterpretq_f32_f64(vtrn1q_f64(t1, t3));
+    r[2] = vreinterpretq_f32_f64(vtrn2q_f64(t0, t2));
+    r[3] = vreinterpretq_f32_f64(vtrn2q_f64(t1, t3));
+}
+
+/* q's 16 rows of D as qt (D x 16): 4 x 4 blocks through the registers, the
+ * columns past the last 4 one by one. */
+INLINE void transpose_rows16(const float *q, int64_t D, float *qt) {
+    int64_t d = 0;
+    for (; d + 4 <= D; d += 4)
+        for (int h = 0; h < 4; h++) {
+            float32x4_t a[4], r[4];
+            for (int i = 0; i < 4; i++) a[i] = vld1q_f32(q + (4 * h + i) * D + d);
+            transpose4(a, r);
+            for (int c = 0; c < 4; c++) vst1q_f32(qt + LANES_ROWS * (d + c) + 4 * h, r[c]);
+        }
+    for (; d < D; d++)
+        for (int64_t r = 0; r < LANES_ROWS; r++) qt[LANES_ROWS * d + r] = q[r * D + d];
+}
+
+/* 16 rows (qt) against nkb <= 4 keys (rows of type kt at kr): 16
+ * accumulators, a key vector of 4 elements each, four query vectors an
+ * element. pf: where the rows to prefetch for these keys start, or NULL. */
+INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D, const void *kr, int64_t ldk, int nkb,
+                               float *st, int64_t ldst, const void *pf) {
+    float32x4_t acc[4 * LANES_KEYS]; /* acc[4 * key + v]: rows 4v .. 4v+3 */
+    for (int i = 0; i < 4 * nkb; i++) acc[i] = vdupq_n_f32(0.0f);
+    const int64_t es = npattn_stream_size(kt);
+    int64_t d = 0;
+    for (; d + 4 <= D; d += 4) {
+        if (pf && (d * es) % 64 == 0)
+            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + d), 1);
+        float32x4_t kv[LANES_KEYS];
+        for (int a = 0; a < nkb; a++) kv[a] = load4(kt, npattn_stream_at(kt, kr, a * ldk + d));
+#define LANE(e)                                                                                                        \
+    for (int v = 0; v < 4; v++) {                                                                                      \
+        const float32x4_t qv = vld1q_f32(qt + LANES_ROWS * (d + e) + 4 * v);                                           \
+        for (int a = 0; a < nkb; a++) acc[4 * a + v] = vfmaq_laneq_f32(acc[4 * a + v], qv, kv[a], e);                 \
+    }
+        LANE(0) LANE(1) LANE(2) LANE(3)
+#undef LANE
+    }
+    for (; d < D; d++)
+        for (int v = 0; v < 4; v++) {
+            const float32x4_t qv = vld1q_f32(qt + LANES_ROWS * d + 4 * v);
+            for (int a = 0; a < nkb; a++)
+                acc[4 * a + v] = vfmaq_n_f32(acc[4 * a + v], qv, npattn_stream_elem(kt, kr, a * ldk + d));
+        }
+    if (nkb == LANES_KEYS) {
+        for (int v = 0; v < 4; v++) {
+            const float32x4_t a[4] = {acc[v], acc[4 + v], acc[8 + v], acc[12 + v]};
+            float32x4_t r[4];
+            transpose4(a, r);
+            for (int i = 0; i < 4; i++) vst1q_f32(st + (4 * v + i) * ldst, r[i]);
+        }
+        return;
+    }
+    float out[4 * LANES_KEYS * 4];
+    for (int i = 0; i < 4 * nkb; i++) vst1q_f32(out + 4 * i, acc[i]);
+    for (int r = 0; r < LANES_ROWS; r++)
+        for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[4 * (4 * a + r / 4) + r % 4];
+}
+
+/* 16 rows of q against the spans' keys (of type kt), into st. */
+INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
+                         int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    float qt[LANES_ROWS * NPATTN_LANES_MAX_D];
+    transpose_rows16(q, D, qt);
+    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
+        for (int64_t j = 0, nkb; j < spans[i].n; j += nkb) {
+            nkb = spans[i].n - j < LANES_KEYS ? spans[i].n - j : LANES_KEYS;
+            const void *kr = npattn_stream_at(kt, spans[i].rows, j * ldk);
+            const void *pf = nkb == LANES_KEYS ? npattn_stream_at(kt, spans[i].ahead, j * ldk) : NULL;
+            float *sj = st + j0 + j;
+            switch (nkb) {
+            case 4: scores_lanes_block(kt, qt, D, kr, ldk, 4, sj, ldst, pf); break;
+            case 3: scores_lanes_block(kt, qt, D, kr, ldk, 3, sj, ldst, pf); break;
+            case 2: scores_lanes_block(kt, qt, D, kr, ldk, 2, sj, ldst, pf); break;
+            default: scores_lanes_block(kt, qt, D, kr, ldk, 1, sj, ldst, pf); break;
+            }
+        }
+}
+
 /* D = 64 as a constant, so that the loops over it unroll, as in the x86
  * kernels. */
 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
@@ -318,6 +414,18 @@ INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_
 static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
                         int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     (void)qb; /* no tiles */
+    const int64_t lanes = npattn_rows_in_lanes(M, D);
+    if (lanes) { /* blocks of 16 rows in lanes, then the rows left */
+        for (int64_t r = 0; r < lanes; r += LANES_ROWS) {
+            const float *qr = q + r * D;
+            float *sr = st + r * ldst;
+            if (kt == NPATTN_DTYPE_F16) scores_lanes(NPATTN_DTYPE_F16, qr, D, spans, n_span, ldk, sr, ldst);
+            else if (kt == NPATTN_DTYPE_BF16) scores_lanes(NPATTN_DTYPE_BF16, qr, D, spans, n_span, ldk, sr, ldst);
+            else scores_lanes(NPATTN_DTYPE_F32, qr, D, spans, n_span, ldk, sr, ldst);
+        }
+        q += lanes * D, st += lanes * ldst, M -= lanes;
+        if (M == 0) return;
+    }
     if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
     else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
     else scores_sized(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
