@@ -142,10 +142,12 @@ HALF_PAIRS = [  # (q, k and v) dtypes: each half cache under each q, and half q 
     for kv_name in ("float16", "bfloat16", "float32")
     if (q_name, kv_name) != ("float32", "float32")
 ]
-STREAM_SIZES = [  # (H_q, H_kv, L, S, D, D_v): at most 16 stacked rows, so streamed
+STREAM_SIZES = [  # (H_q, H_kv, L, S, D, D_v): at most 32 stacked rows, so streamed
     pytest.param(14, 2, 1, 333, 64, 64, id="qwen2-D64"),
     pytest.param(32, 8, 1, 150, 128, 128, id="qwen3-D128"),
     pytest.param(16, 1, 1, 140, 256, 256, id="mqa-D256"),  # 16 rows of the widest the pairs in lanes take
+    pytest.param(17, 1, 1, 77, 130, 72, id="mqa17-D130"),  # 16 rows in lanes (avx2, neon), one left over
+    pytest.param(8, 1, 4, 50, 40, 40, id="32rows-causal"),  # two blocks of 16 rows in lanes, each its own band
     pytest.param(4, 1, 2, 101, 5, 5, id="D5"),
     pytest.param(6, 2, 1, 70, 63, 63, id="D63"),
     pytest.param(5, 1, 3, 66, 24, 40, id="Dv-wider"),
