@@ -416,7 +416,8 @@ AVX2 INLINE void transpose_rows16(const float *q, int64_t D, float *qt) {
 /* 16 rows of q against the spans' keys (of type kt), into st. */
 AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
                               int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    float qt[LANES_ROWS * NPATTN_LANES_MAX_D], kb[LANES_KEYS * NPATTN_LANES_MAX_D];
+    float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
+    float kb[LANES_KEYS * NPATTN_LANES_MAX_D] __attribute__((aligned(64))); /* half keys, converted */
     transpose_rows16(q, D, qt);
     const int64_t es = npattn_stream_size(kt);
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n) {

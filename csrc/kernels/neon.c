@@ -385,7 +385,7 @@ INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D,
 /* 16 rows of q against the spans' keys (of type kt), into st. */
 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
                          int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    float qt[LANES_ROWS * NPATTN_LANES_MAX_D];
+    float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
     transpose_rows16(q, D, qt);
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
         for (int64_t j = 0, nkb; j < spans[i].n; j += nkb) {
