@@ -382,7 +382,7 @@ static inline int npattn_bf16_keys_in_lanes(int64_t M, int64_t D) {
  * there is no reduction tree and each score is one FMA per element, in
  * element order; the rows left over take the reduction trees. For MQA and
  * wide groups: one Zen 4 thread (avx2), MQA 16/1/128 at 65536 keys (float32,
- * from memory) 6.2-6.5 against 6.8-7.0 ms. */
+ * from memory) 6.2-6.5 against 6.7-7.0 ms. */
 static inline int64_t npattn_rows_in_lanes(int64_t M, int64_t D) {
     return D <= NPATTN_LANES_MAX_D ? M / 16 * 16 : 0;
 }
