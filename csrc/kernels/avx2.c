@@ -258,6 +258,13 @@ AVX2 INLINE __m256 load8(enum npattn_dtype t, const void *p) {
     return _mm256_loadu_ps((const float *)p);
 }
 
+/* The n elements of type t at src as floats at dst: 8 at a time, then one by one. */
+AVX2 INLINE void row_f32(enum npattn_dtype t, const void *src, int64_t n, float *dst) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, load8(t, npattn_stream_at(t, src, j)));
+    for (; j < n; j++) dst[j] = npattn_stream_elem(t, src, j);
+}
+
 /* The n bytes from p, into L2. */
 AVX2 INLINE void prefetch_row(const void *p, int64_t n) {
     for (int64_t b = 0; b < n; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
@@ -426,13 +433,8 @@ AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, c
             const float *kr = (const float *)npattn_stream_at(kt, spans[i].rows, j * ldk);
             int64_t ld = ldk;
             if (kt != NPATTN_DTYPE_F32) { /* the block's rows as floats, exactly */
-                for (int64_t a = 0; a < nkb; a++) {
-                    const void *row = npattn_stream_at(kt, spans[i].rows, (j + a) * ldk);
-                    int64_t d = 0;
-                    for (; d + 8 <= D; d += 8)
-                        _mm256_storeu_ps(kb + a * D + d, load8(kt, npattn_stream_at(kt, row, d)));
-                    for (; d < D; d++) kb[a * D + d] = npattn_stream_elem(kt, row, d);
-                }
+                for (int64_t a = 0; a < nkb; a++)
+                    row_f32(kt, npattn_stream_at(kt, spans[i].rows, (j + a) * ldk), D, kb + a * D);
                 kr = kb, ld = D;
             }
             const void *pf = nkb == LANES_KEYS ? npattn_stream_at(kt, spans[i].ahead, j * ldk) : NULL;
@@ -457,25 +459,23 @@ AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, i
     else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
+/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes, then the
+ * rows left by the reduction trees. */
+AVX2 INLINE void scores_typed(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                             int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    const int64_t lanes = npattn_rows_in_lanes(M, D);
+    for (int64_t r = 0; r < lanes; r += LANES_ROWS)
+        scores_lanes(kt, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
+    if (M > lanes) scores_sized(kt, q + lanes * D, M - lanes, D, spans, n_span, ldk, st + lanes * ldst, ldst);
+}
+
 /* One copy of the loops per key type, its conversion inlined. */
 AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
                              int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     (void)qb; /* no tiles */
-    const int64_t lanes = npattn_rows_in_lanes(M, D);
-    if (lanes) { /* blocks of 16 rows in lanes, then the rows left */
-        for (int64_t r = 0; r < lanes; r += LANES_ROWS) {
-            const float *qr = q + r * D;
-            float *sr = st + r * ldst;
-            if (kt == NPATTN_DTYPE_F16) scores_lanes(NPATTN_DTYPE_F16, qr, D, spans, n_span, ldk, sr, ldst);
-            else if (kt == NPATTN_DTYPE_BF16) scores_lanes(NPATTN_DTYPE_BF16, qr, D, spans, n_span, ldk, sr, ldst);
-            else scores_lanes(NPATTN_DTYPE_F32, qr, D, spans, n_span, ldk, sr, ldst);
-        }
-        q += lanes * D, st += lanes * ldst, M -= lanes;
-        if (M == 0) return;
-    }
-    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
-    else scores_sized(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
+    if (kt == NPATTN_DTYPE_F16) scores_typed(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_typed(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
+    else scores_typed(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
 /* o (nr rows, 8 * nc columns from e0; nr * nc <= 12) += P @ v, o in
@@ -602,12 +602,7 @@ AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, const
     else accumulate_sized(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
 }
 
-AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) {
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
-    for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
-}
+AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) { row_f32(NPATTN_DTYPE_F16, src, n, dst); }
 
 /* rowsT (w, M) = the transpose of rows (M, w), ldt and ldr apart: 8 x 8 blocks in registers
  * (24 shuffles a block, against 64 stores one by one), then the columns and

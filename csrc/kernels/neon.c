@@ -410,25 +410,23 @@ INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_
     else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
+/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes, then the
+ * rows left by the reduction trees. */
+INLINE void scores_typed(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                        int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+    const int64_t lanes = npattn_rows_in_lanes(M, D);
+    for (int64_t r = 0; r < lanes; r += LANES_ROWS)
+        scores_lanes(kt, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
+    if (M > lanes) scores_sized(kt, q + lanes * D, M - lanes, D, spans, n_span, ldk, st + lanes * ldst, ldst);
+}
+
 /* One copy of the loops per key type, its conversion inlined. */
 static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
                         int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     (void)qb; /* no tiles */
-    const int64_t lanes = npattn_rows_in_lanes(M, D);
-    if (lanes) { /* blocks of 16 rows in lanes, then the rows left */
-        for (int64_t r = 0; r < lanes; r += LANES_ROWS) {
-            const float *qr = q + r * D;
-            float *sr = st + r * ldst;
-            if (kt == NPATTN_DTYPE_F16) scores_lanes(NPATTN_DTYPE_F16, qr, D, spans, n_span, ldk, sr, ldst);
-            else if (kt == NPATTN_DTYPE_BF16) scores_lanes(NPATTN_DTYPE_BF16, qr, D, spans, n_span, ldk, sr, ldst);
-            else scores_lanes(NPATTN_DTYPE_F32, qr, D, spans, n_span, ldk, sr, ldst);
-        }
-        q += lanes * D, st += lanes * ldst, M -= lanes;
-        if (M == 0) return;
-    }
-    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
-    else scores_sized(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
+    if (kt == NPATTN_DTYPE_F16) scores_typed(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
+    else if (kt == NPATTN_DTYPE_BF16) scores_typed(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
+    else scores_typed(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
 /* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers while the
