@@ -1,6 +1,6 @@
 """Time npattn against its CPU peers, the sgemm ceiling and the memory's bandwidth.
 
-    python benchmarks/bench.py --out benchmarks/results.json --plot benchmarks/results.png
+    python benchmarks/bench.py --out benchmarks/results/results.json --plot benchmarks/results/results.png
 
 One run, the same thread count for every system: each thread count's cases run
 in a worker process pinned to that many CPUs before anything is imported

@@ -1,6 +1,6 @@
 """npattn.dask.sdpa on a distributed cluster against one npattn.sdpa call.
 
-    python benchmarks/dask_keys.py [--out dask.json]
+    python benchmarks/dask_keys.py [--out benchmarks/results/dask.json]
 
 A context of 64k keys (Qwen2-0.5B heads, 14/2/64, float32) split into 8 key
 chunks, on a LocalCluster of 2 worker processes with 1 thread each, for a

@@ -1,6 +1,6 @@
 """Half precision: float16 and bfloat16 inputs against npattn's float32 and PyTorch.
 
-    python benchmarks/half.py [--threads T] [--out half.json] [--quick]
+    python benchmarks/half.py [--threads T] [--out benchmarks/results/half.json] [--quick]
 
 Each figure is a ratio within one run, of medians over interleaved rounds (the
 calls of one row alternate, so that drift on a shared machine hits them all):

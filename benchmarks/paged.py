@@ -1,6 +1,6 @@
 """Batches of requests and paged KV caches: npattn.paged_attention and sdpa's key ranges.
 
-    python benchmarks/paged.py [--threads T] [--out paged.json] [--quick]
+    python benchmarks/paged.py [--threads T] [--out benchmarks/results/paged.json] [--quick]
 
 Each figure is a ratio within one run, of medians over interleaved rounds (the
 two calls compared alternate, so that drift on a shared machine hits both):

@@ -1,7 +1,7 @@
 """Plots of a benchmark run (bench.py's JSON): model-sized calls as bars, the
 per-call sweep as latency against S on log-log axes.
 
-    python benchmarks/plot.py results.json results.png   # writes results.png and results-per-call.png
+    python benchmarks/plot.py benchmarks/results/results.json benchmarks/results/results.png  # and results-per-call.png
 """
 
 from __future__ import annotations
