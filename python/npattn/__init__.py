@@ -11,7 +11,7 @@ BLAS (``user_api="npattn"`` for npattn alone), ``NPATTN_NUM_THREADS`` sets the
 default, and ``sdpa(..., threads=n)`` one call's.
 """
 
-__version__ = "0.3.0.dev0"
+__version__ = "0.4.0.dev0"
 
 import atexit as _atexit
 
