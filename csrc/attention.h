@@ -348,6 +348,21 @@ void npattn_shutdown(void);
 NPATTN_EXPORTED int npattn_get_num_threads(void);
 NPATTN_EXPORTED void npattn_set_num_threads(int n);
 
+/* A host's OpenMP team as the helpers. A program whose own parallel work runs
+ * on OpenMP (PyTorch does) keeps a team of threads that spin for a while after
+ * each parallel region; helpers of npattn's own pool started right then would
+ * share the cores with them. Given the host runtime's entry points, as libgomp
+ * exports them (LLVM's libomp exports the same names): GOMP_parallel(fn, data,
+ * num_threads, flags), which runs fn(data) on a team whose member 0 is the
+ * calling thread, and omp_get_thread_num(); a thread that then asks for it
+ * (npattn_pool_openmp_here(1)) has its calls' helpers come from that team.
+ * Both NULL: no host runtime. Forks and exit stay the host runtime's to
+ * manage. npattn_pool_openmp_here returns the thread's setting before. */
+typedef void (*npattn_omp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
+typedef int (*npattn_omp_thread_num_fn)(void);
+void npattn_pool_use_openmp(npattn_omp_parallel_fn parallel, npattn_omp_thread_num_fn thread_num);
+int npattn_pool_openmp_here(int on);
+
 /* Test hooks, not for production use and not thread-safe with concurrent calls:
  * after n more successful allocations inside the core every allocation fails
  * (n < 0, the default, turns it off); the pool's mode: 0 normal, 1 no

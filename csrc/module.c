@@ -1475,6 +1475,28 @@ static PyObject *core_set_num_threads(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *core_set_openmp(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *parallel, *thread_num;
+    if (!PyArg_ParseTuple(args, "OO:set_openmp", &parallel, &thread_num)) return NULL;
+    void *p = PyLong_AsVoidPtr(parallel), *t = p || !PyErr_Occurred() ? PyLong_AsVoidPtr(thread_num) : NULL;
+    if (PyErr_Occurred()) return NULL;
+    /* function pointers from the addresses ctypes found */
+    npattn_omp_parallel_fn pf;
+    npattn_omp_thread_num_fn tf;
+    memcpy(&pf, &p, sizeof pf);
+    memcpy(&tf, &t, sizeof tf);
+    npattn_pool_use_openmp(pf, tf);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_openmp_here(PyObject *self, PyObject *on) {
+    (void)self;
+    int flag = PyObject_IsTrue(on);
+    if (flag < 0) return NULL;
+    return PyBool_FromLong(npattn_pool_openmp_here(flag));
+}
+
 static PyMethodDef core_methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))core_sdpa, METH_FASTCALL | METH_KEYWORDS,
      "sdpa(*, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, return_lse, precision, out, "
@@ -1511,6 +1533,12 @@ static PyMethodDef core_methods[] = {
      "get_num_threads()\n--\n\nThe default thread count: the CPUs available, capped by set_num_threads."},
     {"set_num_threads", core_set_num_threads, METH_O,
      "set_num_threads(n)\n--\n\nCap the default thread count at n (n < 1: no cap)."},
+    {"set_openmp", core_set_openmp, METH_VARARGS,
+     "set_openmp(parallel, thread_num)\n--\n\nThe addresses of a loaded OpenMP runtime's GOMP_parallel and "
+     "omp_get_thread_num (0, 0: none), whose team openmp_here lets a thread's calls use."},
+    {"openmp_here", core_openmp_here, METH_O,
+     "openmp_here(on)\n--\n\nWhether this thread's calls take their helpers from that OpenMP team; returns the "
+     "setting before."},
     {"debug_force_simd", core_debug_force_simd, METH_O,
      "debug_force_simd(name)\n--\n\nTest hook: run the named kernel table; '' restores the best."},
     {"debug_fail_alloc_after", core_debug_fail_alloc_after, METH_O,

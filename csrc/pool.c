@@ -16,6 +16,13 @@
  *   in a child); the child starts with an empty pool; a call in flight in
  *   the forking thread (from a signal handler that forked) recomputes, on
  *   its own, the tasks the parent's helpers had claimed.
+ * - A host's OpenMP: in a process whose other library (PyTorch) runs on an
+ *   OpenMP team, the glue may hand the pool that runtime's entry point
+ *   (npattn_pool_use_openmp); a call's helpers are then that team's threads,
+ *   asked for through GOMP_parallel, instead of the pool's own. Its threads
+ *   spin for a while after each of the host's parallel regions, so helpers of
+ *   the pool's own would share the cores with them right when a call starts;
+ *   the team's threads are the ones awake, and no core has two.
  * - Memory: OpenBLAS keeps a table of work buffers, one per product running
  *   at once, maps a new one when every buffer it has is in use, and ends the
  *   process when that map fails. The tiles' products go through
@@ -493,6 +500,60 @@ static struct timespec poll_deadline(void) {
     return t;
 }
 
+/* ---- a host's OpenMP team as the helpers ---- */
+
+static struct {
+    _Atomic(npattn_omp_parallel_fn) parallel;
+    _Atomic(npattn_omp_thread_num_fn) thread_num;
+} host_omp;
+
+static _Thread_local int openmp_here; /* this thread's calls run on the host's team */
+
+void npattn_pool_use_openmp(npattn_omp_parallel_fn parallel, npattn_omp_thread_num_fn thread_num) {
+    int on = parallel && thread_num;
+    atomic_store(&host_omp.thread_num, on ? thread_num : NULL);
+    atomic_store(&host_omp.parallel, on ? parallel : NULL);
+}
+
+int npattn_pool_openmp_here(int on) {
+    int was = openmp_here;
+    openmp_here = on != 0;
+    return was;
+}
+
+/* What every member of the team runs: tasks, claimed as the pool's helpers
+ * claim them. The caller (member 0) then stays until no member holds a task,
+ * polling cancel as it waits, before the team's closing barrier. */
+static void omp_member(void *data) {
+    struct job *j = data;
+    int32_t slot = (int32_t)atomic_load(&host_omp.thread_num)();
+    if (slot > 0) {
+        atomic_fetch_add(&j->n_active, 1); /* before any claim: the caller waits for it */
+        if (enter()) {
+            run_tasks(j, slot);
+            leave();
+        }
+        atomic_fetch_sub(&j->n_active, 1);
+        return;
+    }
+    run_tasks(j, 0);
+    /* every task is claimed now; one a member claimed counted it active first */
+    int64_t next_poll = now_ns() + POLL_NS;
+    for (int spins = 1; atomic_load(&j->n_active) > 0; spins++) {
+        cpu_relax();
+        if (spins % 256 == 0 && now_ns() > next_poll) {
+            npattn_run_stopped(j->run, 0); /* polls cancel: the members' next claim then stops */
+            next_poll = now_ns() + POLL_NS;
+        }
+    }
+}
+
+/* Runs j on the host's team of 1 + helpers threads. */
+static void run_on_openmp(struct job *j, npattn_omp_parallel_fn parallel, int32_t helpers) {
+    atomic_init(&j->n_active, 0);
+    parallel(omp_member, j, (unsigned)(1 + helpers), 0);
+}
+
 enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task, int32_t n_threads,
                                    struct npattn_run *run) {
     if (n_task <= 0) return (enum npattn_status)atomic_load(&run->status);
@@ -505,6 +566,12 @@ enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task,
     atomic_init(&j.next_task, 0);
     int32_t helpers = n_threads > NPATTN_POOL_MAX_THREADS ? NPATTN_POOL_MAX_THREADS - 1 : n_threads - 1;
     if (helpers > n_task - 1) helpers = (int32_t)(n_task - 1);
+    npattn_omp_parallel_fn parallel = openmp_here ? atomic_load(&host_omp.parallel) : NULL;
+    if (helpers > 0 && parallel && npattn_pool_mode() != 1) {
+        run_on_openmp(&j, parallel, helpers);
+        leave();
+        return (enum npattn_status)atomic_load(&run->status);
+    }
 
     /* every call is listed, so that a fork from inside it finds it (a few ns) */
     lock_pool();

@@ -222,7 +222,7 @@ def test_second_derivative_is_refused(rng):
     q, k, v = leaves(*tensors(rng, (1,), 2, 2, 3, 5, 4))
     out = nt.scaled_dot_product_attention(q, k, v)
     (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+    with pytest.raises(RuntimeError, match="no autograd formula"):
         dq.sum().backward()
 
 
