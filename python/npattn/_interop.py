@@ -91,6 +91,10 @@ def _from_other(x: Any, name: str) -> np.ndarray:
 
 def _from_torch(x: Any, name: str) -> np.ndarray:
     torch = sys.modules["torch"]
+    if x.is_cpu and not (x.requires_grad or x.is_neg() or x.is_conj()):  # the common case, in few steps
+        if x.dtype == torch.bfloat16:
+            return x.view(torch.int16).numpy().view(bfloat16(name))
+        return x.numpy()
     if x.device.type == "meta":
         raise TypeError(f"{name} is a torch tensor on the 'meta' device, which holds no data")
     t = x.detach()  # a view without autograd, so .numpy() is allowed

@@ -243,7 +243,9 @@ def attention(
         kind, array = ("none" if mask is None else mask), None
     else:
         kind, array = "array", mask
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
+    needs_grad = torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
+    )
     if needs_grad or torch.compiler.is_compiling():
         out, _ = torch.ops.npattn.sdpa(
             q, k, v, array, sinks, _per_request(k_start), _per_request(k_lengths), _per_request(q_offset),
@@ -474,7 +476,7 @@ def on_torch_threads() -> Iterator[None]:
 def _check_tensor(fn: str, name: str, t: Any) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"{fn}: npattn computes on the CPU; {name} is on {t.device}")
 
 
