@@ -7,13 +7,23 @@ adapter's gradients and PyTorch's autograd's against the float64 reference's).
 torch.autograd.gradcheck checks the gradients in float64 by finite differences.
 """
 
+import os
 import warnings
 
 import numpy as np
 import pytest
 
 import npattn
-from helpers import MASK_KINDS, PEER_SHAPES, ParityStats, assert_gradient_parity, assert_parity, f64
+from helpers import (
+    MASK_KINDS,
+    PEER_SHAPES,
+    ParityStats,
+    assert_gradient_parity,
+    assert_parity,
+    assert_sigint_stops,
+    f64,
+    run_script,
+)
 from npattn import _interop, reference
 
 torch = pytest.importorskip("torch")
@@ -263,3 +273,88 @@ def test_parameters_are_tensors(rng):
     out = nt.scaled_dot_product_attention(*weights)
     out.sum().backward()
     assert all(w.grad is not None and w.grad.shape == w.shape for w in weights)
+
+
+# ---- one set of threads: PyTorch's ----
+
+THREADS_SCRIPT = r"""
+import os
+import numpy as np
+import torch
+import npattn
+import npattn.torch
+
+torch.set_num_threads(2)
+torch.randn(512, 512).exp().sum()  # a parallel region: PyTorch's OpenMP team exists
+tasks = lambda: len(os.listdir("/proc/self/task"))
+q, k, v = (torch.randn(2, 4, 200, 64) for _ in range(3))
+before = tasks()
+npattn.torch.sdpa(q, k, v, threads=2)
+through_torch = tasks()
+npattn.sdpa(q.numpy(), k.numpy(), v.numpy(), threads=2)
+print(npattn.torch.SHARES_TORCH_THREADS, through_torch - before, tasks() - through_torch)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_calls_through_the_adapter_run_on_torchs_threads():
+    """In a fresh process: a call through npattn.torch starts no thread (its helpers are
+    PyTorch's OpenMP team); the same call through npattn.sdpa starts npattn's helper."""
+    proc = run_script(THREADS_SCRIPT)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    shares, new_through_torch, new_through_npattn = proc.stdout.split()
+    if shares != "True":
+        pytest.skip("this PyTorch does not run on an OpenMP runtime npattn can share")
+    assert (new_through_torch, new_through_npattn) == ("0", "1")
+
+
+@pytest.mark.parametrize(
+    "shape, dtype_name",
+    [(((2, 16, 300, 64), (2, 8, 900, 64)), "float32"), (((1, 16, 1, 128), (1, 8, 8192, 128)), "float32"),
+     (((1, 16, 1, 128), (1, 8, 4096, 128)), "bfloat16"), (((3, 4, 40, 32), (3, 4, 40, 32)), "float64")],
+    ids=["prefill", "split decode", "bfloat16 decode", "float64"],
+)  # fmt: skip
+def test_results_on_torchs_threads_equal_npattns_own(rng, shape, dtype_name):
+    """On PyTorch's threads or on npattn's pool, the same bits (and the gradients too)."""
+    (q_shape, k_shape), dtype = shape, DTYPES[dtype_name]
+    q = torch.from_numpy(rng.standard_normal(q_shape)).to(dtype)
+    k, v = (torch.from_numpy(rng.standard_normal(k_shape)).to(dtype) for _ in range(2))
+    got = nt.sdpa(q, k, v, threads=3)
+    want = npattn.sdpa(*(_interop.asarray(t) for t in (q, k, v)), threads=3)
+    np.testing.assert_array_equal(_interop.asarray(got), want)
+    q.requires_grad_(True)
+    out, lse = npattn.sdpa(*(_interop.asarray(t.detach()) for t in (q, k, v)), return_lse=True, threads=3)
+    dout = torch.ones_like(got)
+    (dq,) = torch.autograd.grad(nt.sdpa(q, k, v, threads=3), q, dout)
+    want_dq = npattn.sdpa_backward(
+        *(_interop.asarray(t.detach()) for t in (dout, q, k, v)), out, lse, threads=3
+    ).dq  # fmt: skip
+    np.testing.assert_array_equal(_interop.asarray(dq), want_dq)
+
+
+INTERRUPTED_ON_TORCH_THREADS = r"""
+import time
+import numpy as np
+import torch
+import npattn
+import npattn.torch
+
+torch.set_num_threads(2)
+q = torch.randn(2, 32, 4096, 128)
+k, v = torch.randn(2, 8, 4096, 128), torch.randn(2, 8, 4096, 128)
+print("start", time.monotonic(), flush=True)
+try:
+    npattn.torch.sdpa(q, k, v, mask=None, threads=2)
+    print("finished", time.monotonic(), flush=True)
+except KeyboardInterrupt:
+    print("interrupted", time.monotonic(), flush=True)
+q, k, v = (np.random.default_rng(0).standard_normal(s) for s in [(2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 6)])
+got = npattn.torch.sdpa(*(torch.from_numpy(x) for x in (q, k, v))).numpy()
+print("second", bool(np.allclose(got, npattn.reference.sdpa(q, k, v), rtol=0, atol=1e-12)), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="sends SIGINT to a subprocess")
+def test_sigint_stops_a_call_on_torchs_threads():
+    """Ctrl-C stops a long call through npattn.torch, on PyTorch's threads, within 0.5 s."""
+    assert_sigint_stops(INTERRUPTED_ON_TORCH_THREADS, after=1.0)
