@@ -232,9 +232,8 @@ def markdown(data: dict) -> str:
             share = f", {100 * s['attention_share']:.0f}% attn" if "attention_share" in s else ""
             cells.append(f"{s['ms']:.1f} ms, {s['tokens_per_s']:.1f}/s{share}, {s['speedup_vs_sdpa']:.2f}x")
         alone = r["systems"]["npattn"].get("attention_alone_ms", float("nan"))
-        lines.append(
-            f"| {r['dtype']} | {r['context']} | " + " | ".join(cells) + f" | {alone:.2f} ms | {r['no_context_step_ms']:.1f} ms |"
-        )
+        tail = f" | {alone:.2f} ms | {r['no_context_step_ms']:.1f} ms |"
+        lines.append(f"| {r['dtype']} | {r['context']} | " + " | ".join(cells) + tail)
     return "\n".join(lines)
 
 

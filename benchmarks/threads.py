@@ -43,9 +43,6 @@ def main() -> None:
     import numpy as np
     import torch
 
-    import npattn
-    import npattn.torch
-
     T = args.threads
     torch.set_num_threads(T)
     rng = np.random.default_rng(0)
@@ -55,13 +52,7 @@ def main() -> None:
     for S in [int(s) for s in args.keys.split(",")]:
         q = rng.standard_normal((1, 16, 1, 128), dtype=np.float32)
         k, v = (rng.standard_normal((1, 8, S, 128), dtype=np.float32) for _ in range(2))
-        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-        out = np.empty((1, 16, 1, 128), np.float32)
-        calls = {
-            "npattn": lambda: npattn.sdpa(q, k, v, out=out, threads=T),
-            "torch": lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True),
-            "npattn.torch": lambda: npattn.torch.sdpa(tq, tk, tv, threads=T),
-        }
+        calls = decode_calls(q, k, v, T)
         row = {"S": S, "threads": T}
         n = 50 if args.quick else 400
         for name, call in calls.items():
@@ -90,8 +81,26 @@ def main() -> None:
             }  # fmt: skip
             print(S, name, row[name], flush=True)
         rows.append(row)
-    data = {"provenance": report.provenance(T), "rows": rows, "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}}
+    env = {name: os.environ.get(name) for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "NPATTN_TORCH_THREADS")}
+    data = {"provenance": report.provenance(T), "rows": rows, "env": env}
     measure.finish_suite(args, data, markdown)
+
+
+def decode_calls(q, k, v, threads: int) -> dict:
+    """The same decode call by npattn (on its pool), npattn.torch (on PyTorch's threads) and PyTorch."""
+    import numpy as np
+    import torch
+
+    import npattn
+    import npattn.torch
+
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    out = np.empty(q.shape[:-1] + v.shape[-1:], np.float32)
+    return {
+        "npattn": lambda: npattn.sdpa(q, k, v, out=out, threads=threads),
+        "torch": lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True),
+        "npattn.torch": lambda: npattn.torch.sdpa(tq, tk, tv, threads=threads),
+    }
 
 
 def markdown(data: dict) -> str:

@@ -44,7 +44,8 @@ highlight_language = "none"  # literal blocks are formulas and shapes; code bloc
 
 # The API reference: one page per public function, from its numpydoc docstring.
 autosummary_generate = True
-autodoc_mock_imports = ["dask", "distributed"]  # npattn.dask's page builds without the dask extra
+# the optional modules' pages build without their libraries (the docs extra alone has none of them)
+autodoc_mock_imports = ["dask", "distributed", "torch", "mlx", "transformers"]
 autodoc_typehints = "none"  # the docstrings state the types, in NumPy's words
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False

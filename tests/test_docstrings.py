@@ -6,8 +6,16 @@ import importlib
 
 import pytest
 
-MODULES = ["npattn._api", "npattn.reference", "npattn.testing", "npattn.dask", "npattn.torch", "npattn.mlx"]
-OPTIONAL = {"npattn.dask": "dask", "npattn.torch": "torch", "npattn.mlx": "mlx"}
+MODULES = [
+    "npattn._api",
+    "npattn.reference",
+    "npattn.testing",
+    "npattn.dask",
+    "npattn.torch",
+    "npattn.mlx",
+    "npattn.transformers",
+]
+OPTIONAL = {"npattn.dask": "dask", "npattn.torch": "torch", "npattn.mlx": "mlx", "npattn.transformers": "transformers"}
 
 
 @pytest.mark.parametrize("name", MODULES)

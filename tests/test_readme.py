@@ -13,7 +13,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("**/*.md"))]
-EXTRAS = ("dask", "distributed", "mlx", "torch")
+EXTRAS = ("dask", "distributed", "mlx", "torch", "transformers")
 
 
 def blocks(path):

@@ -1,5 +1,7 @@
 """npattn as an attention implementation of Hugging Face ``transformers``.
 
+::
+
     import npattn.transformers
     npattn.transformers.register()
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="npattn")
