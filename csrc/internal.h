@@ -8,7 +8,7 @@
 
 #include "attention.h"
 
-/* ---- core.c: checked allocation (with the test hook), batch offsets ---- */
+/* ---- core.c: checked allocation (with the test hook), batch offsets, the BLAS ---- */
 /* (rules.c checks the rules of attention.h: npattn_check, npattn_check_backward) */
 
 void *npattn_alloc(size_t n_bytes); /* 64-byte aligned, NULL on failure */
@@ -36,10 +36,10 @@ size_t npattn_dtype_size(enum npattn_dtype dtype);
 /* Makes OpenBLAS single-threaded, once: the pool does the threading. */
 void npattn_blas_init(void);
 
-/* ---- core.c: what the forward and backward drivers share ---- */
-
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* ---- plan.c: what the forward and backward planners share ---- */
 
 /* Helpers join a call only from `wake` flops of work on: below it their
  * wake-up and the tasks' handover cost more than sharing saves (a few µs,
@@ -62,6 +62,46 @@ struct npattn_threads {
  * at most n_threads resolved (0: the default). The same work and n_threads
  * always give the same plan, whatever threads actually start. */
 struct npattn_threads npattn_plan_threads(double flops, double wake, double want, int32_t n_threads);
+
+/* Whether the problem computes in double: float64 results, and a scale or cap
+ * that float cannot hold as a normal number. */
+int npattn_computes_f64(const struct npattn_problem *p, enum npattn_dtype result);
+
+/* Whether BLAS can read t's rows (rows of `width`) in place, computing in
+ * `dtype`; sets *ld, their leading dimension. */
+int npattn_blas_direct(const struct npattn_tensor *t, enum npattn_dtype dtype, int64_t rows, int64_t width,
+                       int64_t *ld);
+
+/* Hands out `bytes` (rounded up to 64) of a scratch layout at *at. */
+static inline size_t npattn_take(size_t *at, size_t bytes) {
+    size_t off = *at;
+    *at += (bytes + 63) / 64 * 64;
+    return off;
+}
+
+struct npattn_run; /* pool.c's, below */
+
+/* A driver's per-slot scratch: n slots of `size` bytes (a multiple of 64),
+ * and for a float problem a table of per-slot double scratch of exact_size
+ * bytes, made when first needed. */
+struct npattn_slots {
+    char *scratch;
+    size_t size;
+    char **exact;      /* NULL for a double problem */
+    size_t exact_size;
+    int32_t n;
+};
+/* NO_MEMORY (nothing held) or OK; exact_size 0: a double problem. */
+enum npattn_status npattn_slots_alloc(struct npattn_slots *s, int32_t n, size_t size, size_t exact_size);
+void npattn_slots_free(struct npattn_slots *s);
+static inline char *npattn_slot(const struct npattn_slots *s, int32_t slot) { return s->scratch + (size_t)slot * s->size; }
+
+/* One task of a driver, computed in double for a double problem; else in
+ * float, and when the float task met an extreme (it returns 1), again from a
+ * clean start in double, in the slot's double scratch. */
+typedef int (*npattn_tile_fn)(void *plan, int64_t task, int32_t slot, char *scratch);
+void npattn_run_exact(void *plan, int64_t task, int32_t slot, struct npattn_slots *s, npattn_tile_fn in_f32,
+                      npattn_tile_fn in_f64, struct npattn_run *run);
 
 /* ---- core.c: what the forward and backward tiles share ---- */
 
@@ -114,22 +154,6 @@ static inline int64_t npattn_mask_size(const struct npattn_problem *p) {
     return p->mask_kind == NPATTN_MASK_BOOL ? 1 : (int64_t)npattn_dtype_size(p->mask.dtype);
 }
 
-/* Hands out `bytes` (rounded up to 64) of a scratch layout at *at. */
-static inline size_t npattn_take(size_t *at, size_t bytes) {
-    size_t off = *at;
-    *at += (bytes + 63) / 64 * 64;
-    return off;
-}
-
-/* Whether the problem computes in double: float64 results, and a scale or cap
- * that float cannot hold as a normal number. */
-int npattn_computes_f64(const struct npattn_problem *p, enum npattn_dtype result);
-
-/* Whether BLAS can read t's rows (rows of `width`) in place, computing in
- * `dtype`; sets *ld, their leading dimension. */
-int npattn_blas_direct(const struct npattn_tensor *t, enum npattn_dtype dtype, int64_t rows, int64_t width,
-                       int64_t *ld);
-
 /* ---- pool.c: the calling thread and helper threads run the tasks of a job ---- */
 
 /* The most threads one job runs on: the most a problem may ask for. */
@@ -163,28 +187,6 @@ static inline void npattn_parts_init(_Atomic int64_t *left, int64_t n_unit, int6
 static inline int npattn_part_done(_Atomic int64_t *left, struct npattn_run *run) {
     return atomic_fetch_sub(left, 1) == 1 && !atomic_load_explicit(&run->stop, memory_order_relaxed);
 }
-
-/* A driver's per-slot scratch: n slots of `size` bytes (a multiple of 64),
- * and for a float problem a table of per-slot double scratch of exact_size
- * bytes, made when first needed. */
-struct npattn_slots {
-    char *scratch;
-    size_t size;
-    char **exact;      /* NULL for a double problem */
-    size_t exact_size;
-    int32_t n;
-};
-/* NO_MEMORY (nothing held) or OK; exact_size 0: a double problem. */
-enum npattn_status npattn_slots_alloc(struct npattn_slots *s, int32_t n, size_t size, size_t exact_size);
-void npattn_slots_free(struct npattn_slots *s);
-static inline char *npattn_slot(const struct npattn_slots *s, int32_t slot) { return s->scratch + (size_t)slot * s->size; }
-
-/* One task of a driver, computed in double for a double problem; else in
- * float, and when the float task met an extreme (it returns 1), again from a
- * clean start in double, in the slot's double scratch. */
-typedef int (*npattn_tile_fn)(void *plan, int64_t task, int32_t slot, char *scratch);
-void npattn_run_exact(void *plan, int64_t task, int32_t slot, struct npattn_slots *s, npattn_tile_fn in_f32,
-                      npattn_tile_fn in_f64, struct npattn_run *run);
 
 /* Runs task `task` on the participant `slot` (0 .. n_threads-1, 0 being the
  * calling thread); a slot is held by one thread at a time, so it can index
