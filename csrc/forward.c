@@ -1,6 +1,8 @@
-/* forward.c: the forward driver. Checks a problem, sizes the tiles, decides
- * how many threads the work repays, and runs the tasks (tile_fwd.h, written
- * once for float and double) on the calling thread and the pool. */
+/* forward.c: the forward driver. npattn_sdpa (at the end) checks a problem
+ * and plans it in named stages: the tiles (gemm or stream), the paths of
+ * the two products (enum qk_path, enum pv_path), the work and the threads
+ * it repays, the split, and the memory; then it runs the tasks (tile_fwd.h,
+ * written once for float and double) on the calling thread and the pool. */
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -37,6 +39,37 @@
                                      keys (the tile) ran Qwen3-4B heads over pages of 16 rows at 0.95, 0.99, 0.97 and
                                      0.79 of the dense call (float32, 8 requests, 2 threads) */
 
+/* How a tile's scores, QK^T, are computed: the path plan_products picks
+ * for the call. A task takes a plainer one where its operands need it
+ * (a subnormal value, which a bfloat16 pair would read as 0), and the
+ * double copy of a task always takes QK_PATH_GEMM. */
+enum qk_path {
+    QK_PATH_GEMM,           /* a gemm in the computed type, K's rows in place or converted */
+    QK_PATH_STREAM,         /* decode-sized float tiles: the table's streaming scores, K's rows as stored */
+    QK_PATH_STREAM_Q_TILES, /* the same against a bfloat16 K in place, q's rows as the table's tiles (q_tiles) */
+    QK_PATH_BF16,           /* bfloat16 q and k: the table's bfloat16 dot products (scores_bf16), K's rows in place */
+    QK_PATH_SPLIT_F16,      /* float16 q and k: each value split in two bfloat16 ones, the four dot products */
+};
+
+/* How P @ V is computed: the same for the weights and V. */
+enum pv_path {
+    PV_PATH_GEMM,        /* a gemm in the computed type */
+    PV_PATH_STREAM,      /* the table's streaming accumulate, V's rows as stored */
+    PV_PATH_STREAM_BF16, /* "fast", bfloat16 v, streamed: P's rows as bfloat16, the table's accumulate_pairs */
+    PV_PATH_BF16,        /* "fast", bfloat16 v: P's and V's pairs, the table's accumulate_bf16 */
+    PV_PATH_BF16_TILES,  /* the same, P's pairs made as A tiles by the table's softmax (softmax_tiles_f32) */
+    PV_PATH_SPLIT_F16,   /* "fast", float16 v after QK_PATH_SPLIT_F16: P and V split in two (split_tiles) */
+    PV_PATH_EXACT_BF16,  /* "highest", bfloat16 v: each weight as three bfloat16 parts (exact_tiles) */
+};
+
+/* Whether scores stream (by rows, in L1) rather than fill a gemm's tile. */
+static inline int qk_streams(enum qk_path qk) { return qk == QK_PATH_STREAM || qk == QK_PATH_STREAM_Q_TILES; }
+
+/* Whether P @ V takes the pairs of V's tiles (bfloat16 dot products on tiles). */
+static inline int pv_tiles(enum pv_path pv) {
+    return pv == PV_PATH_BF16 || pv == PV_PATH_BF16_TILES || pv == PV_PATH_SPLIT_F16 || pv == PV_PATH_EXACT_BF16;
+}
+
 /* Byte offsets of one slot's scratch regions. */
 struct layout {
     size_t qt, qrows, st, ot, m, l, alpha, row, kt, vt, bias, lo, hi, qp, pp, vp, spans, size;
@@ -55,6 +88,7 @@ struct fwd_plan {
     struct npattn_band band;
     struct npattn_run run;
     int f64;                      /* computed in double */
+    int64_t n_batch;              /* the batch's entries */
     int64_t group;                /* H_q / H_kv query heads per kv head */
     int64_t bq, n_qblock;         /* query rows per unit, and blocks of them */
     int64_t bh, n_hblock;         /* heads of a group per unit, and blocks of them */
@@ -62,27 +96,23 @@ struct fwd_plan {
     int64_t bk;                   /* keys per tile */
     int64_t max_m;                /* bg * bh * bq: the most stacked rows */
     int64_t n_unit, n_split;      /* units, and tasks per unit (split-K) */
-    int stream;                   /* decode-sized float tiles: the streaming kernels */
+    enum qk_path qk;              /* the call's QK^T */
+    enum pv_path pv;              /* and P @ V */
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
-    int bf16_qk, bf16_pv;         /* gemm tiles' products as bfloat16 dot products (the table's scores_bf16, accumulate_bf16) */
-    int qk_split;                 /* bf16_qk of float16 q and k, each value split in two (npattn_split_f16_row) */
-    int pv_split;                 /* then, under "fast", P @ V of float16 v too, P and V split (the table's split_tiles) */
-    int pv_exact;                 /* bfloat16 P @ V under "highest": P as three bfloat16 parts (the table's exact_tiles) */
-    int p_tiles;                  /* bf16_pv on tiles whose table's softmax makes P's pairs (softmax_tiles_f32) */
-    int q_tiles;                  /* streamed scores of a bfloat16 K: the table's q_tiles, once per task */
-    int64_t ldq2, ldv2;           /* then: the pairs of Q^T and P (rows ldq2 apart), and of V (ldv2) */
-    int64_t ldpa;                 /* then, P's pairs as A tiles (the table's softmax_tiles_f32, split_tiles, exact_tiles): pairs per row */
-    _Atomic signed char *k_normal, *v_normal; /* then, per request and kv head: 0 not yet known, 1 no subnormal value, -1 some */
+    int64_t ldq2, ldv2;           /* pairs: of Q^T and P (rows ldq2 apart), and of V (ldv2) */
+    int64_t ldpa;                 /* P's pairs as A tiles (softmax_tiles_f32, split_tiles, exact_tiles): pairs per row */
+    _Atomic signed char *k_normal, *v_normal; /* bfloat16 pairs, per request and kv head: 0 not yet known, 1 no
+                                                 subnormal value, -1 some */
     /* a kv head's keys met by several units: per key tile, made once
      * (shared_tile) in one block of at most NPATTN_KEPT_MAX bytes (else
-     * none): V's pairs for bfloat16 P @ V (its split rows for pv_split),
-     * K's split rows for qk_split, K's and V's rows as float where the
-     * float gemms cannot read them in place */
+     * none): V's pairs for pv_tiles (its split rows for PV_PATH_SPLIT_F16),
+     * K's split rows for QK_PATH_SPLIT_F16, K's and V's rows as float where
+     * the float gemms cannot read them in place */
     struct shared_tiles v_tiles, k_split, k_rows, v_rows;
     char *shared;                 /* their block (npattn_alloc_kept), shared_bytes long; NULL: none */
     size_t shared_bytes;
     int64_t n_ktile;              /* then: key tiles per request and kv head */
-    int64_t ldk, ldv;             /* their leading dimensions then */
+    int64_t ldk, ldv;             /* K's and V's leading dimensions where read in place */
     int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
     int64_t out_size;             /* bytes per element of out */
     struct layout lay, lay64;     /* a slot's scratch in the computed type, and in double */
@@ -125,11 +155,11 @@ static void unit_keys(const struct npattn_band *band, int64_t i0, int64_t i1, in
 }
 
 /* Query blocks of bq positions: their count, the stacked rows, the units. */
-static void query_blocks(struct fwd_plan *pl, int64_t bq, int64_t n_batch) {
+static void query_blocks(struct fwd_plan *pl, int64_t bq) {
     pl->bq = bq;
     pl->n_qblock = (pl->p->n_query + bq - 1) / bq;
     pl->max_m = pl->bh * bq;
-    pl->n_unit = n_batch * pl->n_gblock * pl->n_hblock * pl->n_qblock;
+    pl->n_unit = pl->n_batch * pl->n_gblock * pl->n_hblock * pl->n_qblock;
 }
 
 /* The visible (query row, key) pairs of one kv head's group member over the
@@ -378,48 +408,48 @@ static const void *tile_of(struct fwd_plan *pl, const struct shared_tiles *copie
 #define TASK "tile_fwd.h"
 #include "reals.h"
 
-/* The regions of one slot's scratch, elements of `real` bytes. */
-static struct layout layout_of(const struct fwd_plan *pl, size_t real, int k_direct, int v_direct) {
+/* The regions of one slot's scratch, elements of `real` bytes, for tasks
+ * that take the paths qk and pv (the double copy: the gemms). */
+static struct layout layout_of(const struct fwd_plan *pl, size_t real, enum qk_path qk, enum pv_path pv, int k_direct,
+                               int v_direct) {
     const struct npattn_problem *p = pl->p;
     const size_t D = (size_t)p->n_embd_k, Dv = (size_t)p->n_embd_v, M = (size_t)pl->max_m, bk = (size_t)pl->bk;
+    const size_t ldq2 = (size_t)pl->ldq2, ldv2 = (size_t)pl->ldv2, ldpa = (size_t)pl->ldpa;
+    const int stream = qk_streams(qk);
     struct layout s;
     size_t at = 0;
-    const int pairs = real == sizeof(float); /* the bfloat16 dot products' operands: float tasks' */
     s.qt = npattn_take(&at, M * D * real);   /* Q^T (D, M) for the gemm, Q's rows when streaming */
-    s.qrows = npattn_take(&at, pl->stream ? 0 : M * D * real); /* Q's rows, before the transpose */
+    s.qrows = npattn_take(&at, stream ? 0 : M * D * real); /* Q's rows, before the transpose */
     s.st = npattn_take(&at, bk * M * real);  /* scores^T (bk, M) */
     s.ot = npattn_take(&at, M * Dv * real);  /* O's rows (M, D_v) */
     s.m = npattn_take(&at, M * real);        /* running max */
     s.l = npattn_take(&at, M * real);        /* running sum */
     s.alpha = npattn_take(&at, M * real);    /* rescale factors */
     s.row = npattn_take(&at, (size_t)max64(max64(p->n_embd_k, p->n_embd_v), pl->bk) * real); /* one row, converted */
-    /* a K or V tile, converted (or gathered from pages for a gemm) */
-    s.kt = npattn_take(&at, pairs && pl->qk_split ? bk * D * 8 /* its rows split, 4 D bfloat16 values */
-                            : k_direct && !p->pages ? 0
-                                                    : bk * D * real);
+    /* a K or V tile, converted (or gathered from pages for a gemm); split K: its rows split, 4 D bfloat16 values */
+    s.kt = npattn_take(&at, qk == QK_PATH_SPLIT_F16 ? bk * D * 8 : k_direct && !p->pages ? 0 : bk * D * real);
     s.vt = npattn_take(&at, v_direct && !p->pages ? 0 : bk * Dv * real);
     s.bias = npattn_take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0); /* the mask's tile */
     s.lo = npattn_take(&at, M * sizeof(int32_t)); /* the band's cut, per row */
     s.hi = npattn_take(&at, M * sizeof(int32_t));
-    /* the pairs of Q^T, P and V */
-    s.qp = npattn_take(&at, pairs && pl->qk_split ? 2 * D * (size_t)pl->ldq2 * 4
-                            : pairs && pl->bf16_qk ? D / 2 * (size_t)pl->ldq2 * 4
-                            : pairs && pl->q_tiles ? (size_t)pl->bg * D / 2 * 16 * 4 /* per kv head of the unit */
-                                                   : 0);
-    /* P's pairs: by keys (pairs of rows), or as A tiles (rows of pairs) where the softmax makes them;
-     * streamed, P's rows as bfloat16 (and in vp the product before it is added) */
-    const int stream_pv = pairs && pl->bf16_pv && pl->stream;
-    s.pp = npattn_take(&at, pairs && pl->pv_exact ? 3 * (size_t)pl->ldq2 * (size_t)pl->ldpa * 4 /* three parts */
-                            : pairs && (pl->p_tiles || pl->pv_split) ? (size_t)pl->ldq2 * (size_t)pl->ldpa * 4
-                            : stream_pv           ? M * bk * 2
-                            : pairs && pl->bf16_pv ? (bk + 1) / 2 * (size_t)pl->ldq2 * 4
-                                                   : 0);
-    s.vp = npattn_take(&at, pairs && pl->pv_split                    ? 2 * bk * (size_t)pl->ldv2 * 4
-                            : stream_pv                              ? M * Dv * 4
-                            : pairs && (pl->bf16_pv || pl->pv_exact) ? (bk + 1) / 2 * (size_t)pl->ldv2 * 4
-                                                                     : 0);
+    /* the pairs of Q^T (streamed: q's tiles, per kv head of the unit) */
+    s.qp = npattn_take(&at, qk == QK_PATH_SPLIT_F16        ? 2 * D * ldq2 * 4
+                            : qk == QK_PATH_BF16           ? D / 2 * ldq2 * 4
+                            : qk == QK_PATH_STREAM_Q_TILES ? (size_t)pl->bg * D / 2 * 16 * 4
+                                                           : 0);
+    /* P's pairs: by keys (pairs of rows), or as A tiles (rows of pairs: three parts of each weight where
+     * exact); streamed, P's rows as bfloat16, and in vp the product before it is added */
+    s.pp = npattn_take(&at, pv == PV_PATH_EXACT_BF16                              ? 3 * ldq2 * ldpa * 4
+                            : pv == PV_PATH_BF16_TILES || pv == PV_PATH_SPLIT_F16 ? ldq2 * ldpa * 4
+                            : pv == PV_PATH_STREAM_BF16                           ? M * bk * 2
+                            : pv == PV_PATH_BF16                                  ? (bk + 1) / 2 * ldq2 * 4
+                                                                                  : 0);
+    s.vp = npattn_take(&at, pv == PV_PATH_SPLIT_F16     ? 2 * bk * ldv2 * 4
+                            : pv == PV_PATH_STREAM_BF16 ? M * Dv * 4
+                            : pv_tiles(pv)              ? (bk + 1) / 2 * ldv2 * 4
+                                                        : 0);
     /* the streaming kernels' spans of a key tile: a page each, at most bk + 1 */
-    s.spans = npattn_take(&at, pl->stream ? (bk + 1) * sizeof(struct npattn_span) : 0);
+    s.spans = npattn_take(&at, stream ? (bk + 1) * sizeof(struct npattn_span) : 0);
     s.size = at;
     return s;
 }
@@ -472,253 +502,330 @@ static void run_task(void *arg, int64_t task, int32_t slot) {
         merge_task(pl, task / pl->n_split, slot);
 }
 
+/* ---- the planner: tiles, products, split, shared tiles, allocation ---- */
+
+/* Tiles: stack a whole group's heads when it fits, query rows to fill the
+ * rest; keys to fill the small-gemm budget; smaller for very wide rows so
+ * that scratch stays bounded. A few stacked rows (decode) make gemms that
+ * are all overhead: those stream each key and value row once through the
+ * SIMD kernels instead. Then which of K and V are read in place. */
+static void plan_tiles(struct fwd_plan *pl, const struct npattn_problem *p) {
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v;
+    memset(pl, 0, sizeof *pl);
+    pl->p = p;
+    pl->band = npattn_band_of(p);
+    pl->n_batch = npattn_n_batch(p);
+    enum npattn_dtype result = Dv > 0 ? p->out.dtype : p->weights.data ? p->weights.dtype : p->lse.dtype;
+    pl->f64 = npattn_computes_f64(p, result);
+    pl->out_size = Dv > 0 ? (int64_t)npattn_dtype_size(p->out.dtype) : 0;
+    pl->group = p->n_head_q / p->n_head_kv;
+    const int64_t width = max64(D, Dv);
+    int64_t rows = min64(TILE_ROWS_MAX, max64(TILE_ROWS_MIN, TILE_ROW_ELEMS / width));
+    rows = max64(1, min64(rows, TILE_ELEMS / max64(width, TILE_KEYS_MAX)));
+    pl->bh = min64(pl->group, rows);
+    pl->bq = max64(1, rows / pl->bh);
+    /* stacked rows a multiple of 16 (whole SIMD vectors) where that is possible */
+    int64_t unit = 16;
+    for (int64_t h = pl->bh; h % 2 == 0 && unit > 1; h /= 2) unit /= 2;
+    if (pl->bq >= unit) pl->bq = pl->bq / unit * unit;
+    pl->bq = min64(p->n_query, min64(pl->bq, TILE_QUERY_MAX));
+    pl->n_hblock = (pl->group + pl->bh - 1) / pl->bh;
+    pl->bg = 1, pl->n_gblock = p->n_head_kv;
+    query_blocks(pl, pl->bq);
+    pl->bk = min64(TILE_KEYS_MAX, max64(TILE_KEYS_MIN, TILE_FLOPS_BUDGET / (pl->max_m * width) / 16 * 16));
+    const int stream = !pl->f64 && pl->max_m <= STREAM_ROWS;
+    pl->qk = stream ? QK_PATH_STREAM : QK_PATH_GEMM;
+    pl->pv = stream ? PV_PATH_STREAM : PV_PATH_GEMM;
+    if (stream) pl->bk = max64(32, min64(STREAM_KEYS, STREAM_SCORES / pl->max_m / 16 * 16));
+    /* gemms read K and V in place in the computed type; the streaming
+     * kernels read float, float16 and bfloat16 rows in place as stored */
+    enum npattn_dtype computed = pl->f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    enum npattn_dtype k_in = stream && p->k.dtype != NPATTN_DTYPE_F64 ? p->k.dtype : computed;
+    enum npattn_dtype v_in = stream && p->v.dtype != NPATTN_DTYPE_F64 ? p->v.dtype : computed;
+    const int64_t run_rows = p->pages ? p->pages->page_size : p->n_key; /* rows that lie row_stride apart */
+    pl->k_direct = npattn_blas_direct(&p->k, k_in, run_rows, D, &pl->ldk);
+    pl->v_direct = Dv > 0 && npattn_blas_direct(&p->v, v_in, run_rows, Dv, &pl->ldv);
+    if (p->pages) {
+        pl->k_page_bytes = p->pages->k_page_stride * (int64_t)npattn_dtype_size(p->k.dtype);
+        pl->v_page_bytes = p->pages->v_page_stride * (int64_t)npattn_dtype_size(p->v.dtype);
+    }
+}
+
+/* QK^T of float tiles. bfloat16 q and k: their products are exact in float,
+ * so QK^T may be the table's bfloat16 dot products (K's rows read in
+ * place). float16 q and k on tiles: each value the sum of two bfloat16
+ * ones, so the four dot products of the parts are QK^T, each product exact
+ * (K's rows split per tile): a quarter of the tiles' speed, and still
+ * several times the float32 FMAs'. Streamed, a bfloat16 K read in place
+ * takes q's rows as the table's tiles. */
+static enum qk_path qk_path_of(const struct fwd_plan *pl) {
+    const struct npattn_problem *p = pl->p;
+    const struct npattn_kernels *kn = npattn_kernels();
+    const int64_t D = p->n_embd_k;
+    if (pl->qk == QK_PATH_STREAM)
+        return kn->q_tiles && p->k.dtype == NPATTN_DTYPE_BF16 && pl->k_direct ? QK_PATH_STREAM_Q_TILES : QK_PATH_STREAM;
+    if (pl->f64 || !kn->scores_bf16 || p->k.col_stride != 1) return QK_PATH_GEMM;
+    if (kn->bf16_tile && p->q.dtype == NPATTN_DTYPE_F16 && p->k.dtype == NPATTN_DTYPE_F16 && D > 0 &&
+        4 * D <= kn->bf16_tile_width && 4 * D % kn->bf16_d_step == 0)
+        return QK_PATH_SPLIT_F16;
+    if (p->q.dtype == NPATTN_DTYPE_BF16 && p->k.dtype == NPATTN_DTYPE_BF16 && D % kn->bf16_d_step == 0)
+        return QK_PATH_BF16;
+    return QK_PATH_GEMM;
+}
+
+/* P @ V of float tiles, given QK^T's path. Under "fast", bfloat16 v with
+ * bfloat16 q and k: the weights rounded to bfloat16 (streamed: the table's
+ * accumulate_pairs, V's rows read in place); float16 v after split QK^T:
+ * P split in two (within 2^-15 of it, where "fast" allows rounding it to
+ * float16, 2^-11), V exactly. Under "highest", bfloat16 v on tiles: each
+ * weight the sum of three bfloat16 values (exactly, unless a part is below
+ * 2^-126), their products with V's values exact. */
+static enum pv_path pv_path_of(const struct fwd_plan *pl, enum qk_path qk) {
+    const struct npattn_problem *p = pl->p;
+    const struct npattn_kernels *kn = npattn_kernels();
+    const enum npattn_dtype b16 = NPATTN_DTYPE_BF16;
+    const int fast = p->precision == NPATTN_PRECISION_FAST, v_ok = p->v.col_stride == 1 && p->n_embd_v > 0;
+    const int bf16 = p->q.dtype == b16 && p->k.dtype == b16 && p->v.dtype == b16 && v_ok;
+    if (pl->f64) return PV_PATH_GEMM;
+    if (qk_streams(qk)) return bf16 && fast && kn->accumulate_pairs && pl->v_direct ? PV_PATH_STREAM_BF16 : PV_PATH_STREAM;
+    if (qk == QK_PATH_SPLIT_F16)
+        return fast && kn->split_tiles && p->v.dtype == NPATTN_DTYPE_F16 && v_ok ? PV_PATH_SPLIT_F16 : PV_PATH_GEMM;
+    if (bf16 && fast && kn->accumulate_bf16) return kn->softmax_tiles_f32 ? PV_PATH_BF16_TILES : PV_PATH_BF16;
+    if (bf16 && p->precision == NPATTN_PRECISION_HIGHEST && kn->exact_tiles) return PV_PATH_EXACT_BF16;
+    return PV_PATH_GEMM;
+}
+
+/* The products' paths, and the tile sizes that suit the table's dot
+ * products (split: half the keys, each two pairs); with P @ V a float32
+ * gemm, its keys within the small-gemm budget. */
+static void plan_products(struct fwd_plan *pl) {
+    const struct npattn_problem *p = pl->p;
+    const struct npattn_kernels *kn = npattn_kernels();
+    pl->qk = qk_path_of(pl);
+    pl->pv = pv_path_of(pl, pl->qk);
+    const int dots = pl->qk == QK_PATH_BF16 || pl->qk == QK_PATH_SPLIT_F16, v_tiles = pv_tiles(pl->pv);
+    if ((dots || v_tiles) && kn->bf16_tile) {
+        if (v_tiles)
+            query_blocks(pl, min64(p->n_query, max64(pl->bq, min64(TILE_QUERY_MAX, kn->bf16_tile / pl->bh / 16 * 16))));
+        const int64_t budget = v_tiles ? kn->bf16_tile / (pl->pv == PV_PATH_SPLIT_F16 ? 2 : 1)
+                                       : TILE_FLOPS_BUDGET / (pl->max_m * max64(p->n_embd_v, 1));
+        pl->bk = max64(32, min64(kn->bf16_tile, budget) / 32 * 32);
+    }
+    pl->ldq2 = (pl->max_m + 15) / 16 * 16, pl->ldv2 = (p->n_embd_v + 15) / 16 * 16;
+    pl->ldpa = pl->pv == PV_PATH_SPLIT_F16 ? (2 * pl->bk + 15) / 16 * 16 : (pl->bk + 31) / 32 * 16;
+}
+
+/* The call's work as split plans it. */
+struct fwd_work {
+    int64_t n_request;        /* requests of their own lengths, or 1 where all are alike */
+    double pairs;             /* visible (query row, key) pairs of one kv head's group member */
+    double unit_keys_sum;     /* each unit's keys, summed */
+    int64_t most_keys;        /* the most one unit sees */
+    struct npattn_threads threads;
+};
+
+/* The work, and the threads it repays (npattn_plan_threads). The same
+ * problem and n_threads always give the same plan, whatever threads
+ * actually start. Streamed: a thread per NPATTN_GRAIN_STREAM flops while
+ * the units feed them; past the units, one per NPATTN_GRAIN, as for tiles. */
+static enum npattn_status plan_work(struct fwd_plan *pl, struct fwd_work *w) {
+    const struct npattn_problem *p = pl->p;
+    /* every request alike, unless each has its own range or offset */
+    w->n_request = p->k_start || p->k_length || p->q_offsets ? pl->n_batch : 1;
+    if (w->n_request > 1) {
+        pl->rank = npattn_alloc((size_t)w->n_request * sizeof *pl->rank);
+        if (!pl->rank) return NPATTN_STATUS_NO_MEMORY;
+    }
+    w->pairs = count_work(pl, w->n_request, &w->unit_keys_sum, &w->most_keys);
+    const double flops = w->pairs * 2.0 * (double)(p->n_embd_k + p->n_embd_v + (p->weights.data ? p->n_embd_k : 0)) *
+                         (double)pl->group * (double)(pl->n_batch / w->n_request) * (double)p->n_head_kv;
+    const int stream = qk_streams(pl->qk);
+    const double want = stream ? fmax(fmin((double)pl->n_unit, flops / NPATTN_GRAIN_STREAM), flops / NPATTN_GRAIN)
+                               : flops / NPATTN_GRAIN;
+    w->threads = npattn_plan_threads(flops, stream ? NPATTN_WAKE_STREAM : NPATTN_WAKE, want, p->n_threads);
+    return NPATTN_STATUS_OK;
+}
+
+/* A small prefill of fewer units than threads (few kv heads), or whose
+ * heaviest unit is over a thread's share by half (the last query block of a
+ * causal one): query blocks of fewer rows, so that more threads share it,
+ * and evenly. Qwen2-0.5B L = S = 32 on 16 threads: 4 blocks of 16 rows, the
+ * last 37% of the work, or 8 of 8 rows, none over 22%. Gemm tiles only. */
+static void cut_query_blocks(struct fwd_plan *pl, struct fwd_work *w) {
+    const int32_t threads = w->threads.plan;
+    if (pl->qk != QK_PATH_GEMM || pl->pv != PV_PATH_GEMM || threads <= 1 || pl->bq <= QBLOCK_MIN) return;
+    const double share = w->pairs * (double)(pl->n_unit / (w->n_request * pl->n_qblock)) / threads;
+    const double heaviest = (double)pl->bq * (double)w->most_keys;
+    int64_t bq = pl->bq;
+    if (pl->n_unit < threads) bq /= (threads + pl->n_unit - 1) / pl->n_unit;
+    if (heaviest > 1.5 * share) bq = min64(bq, (int64_t)((double)pl->bq * share / heaviest));
+    bq = max64(QBLOCK_MIN, (bq + QBLOCK_MIN - 1) / QBLOCK_MIN * QBLOCK_MIN);
+    if (bq < pl->bq) {
+        query_blocks(pl, bq);
+        count_work(pl, w->n_request, &w->unit_keys_sum, &w->most_keys);
+    }
+}
+
+/* A thread's fair share of all units' keys. */
+static double fair_keys(const struct fwd_plan *pl, const struct fwd_work *w) {
+    return w->unit_keys_sum * (double)(pl->n_unit / (w->n_request * pl->n_qblock)) / (double)w->threads.plan;
+}
+
+/* Split-K (never with the weights): where there are fewer units than
+ * threads (decode with few heads), each part of a unit's keys is a task,
+ * merged by log-sum-exp; where requests have unequal lengths, every unit
+ * splits so that the longest one's parts are no longer than a thread's
+ * fair share of all units' keys, at most 64 tasks per thread in all, so
+ * that the partials stay small. */
+static void split_keys(struct fwd_plan *pl, const struct fwd_work *w) {
+    const int64_t threads = w->threads.plan;
+    pl->n_split = 1;
+    if (pl->p->weights.data) return;
+    if (pl->n_unit < threads) {
+        int64_t want = (2 * threads + pl->n_unit - 1) / pl->n_unit;
+        pl->n_split = max64(1, min64(want, w->most_keys / SPLIT_MIN_KEYS));
+    }
+    if (w->n_request > 1 && threads > 1 && w->unit_keys_sum > 0) {
+        const double fair = fair_keys(pl, w);
+        if ((double)w->most_keys > 1.5 * fair) {
+            int64_t want = min64((int64_t)ceil((double)w->most_keys / fair), 64 * threads / pl->n_unit);
+            pl->n_split = max64(pl->n_split, max64(1, min64(want, w->most_keys / SPLIT_MIN_KEYS)));
+        }
+    }
+}
+
+/* Decode where a kv head's rows lie together only a few KiB at a time (a
+ * small page's, or one row where the heads interleave, as in a (B, S,
+ * H_kv, D) cache), which memory serves well below its streaming rate: a
+ * unit takes all kv heads of its request and reads its keys a round at a
+ * time (kv_rounds: whole pages, or a tile), each round's rows of every
+ * head in turn. On several threads each unit's keys split bg times more,
+ * so that the tasks are as many as with a unit per kv head; but not where
+ * the units alone share out evenly, four a thread or more and none longer
+ * than a thread's share (a batch of requests on a few threads: Qwen2-0.5B,
+ * 8 requests, 2 threads, 0.84 -> 1.0 of the dense call without the
+ * merges). bg is smaller where the keys are too few, and where the unit
+ * would have more than MERGE_PARTS parts: the last of them merges bg times
+ * the rows of bg times the parts on its own. */
+static void group_kv_heads(struct fwd_plan *pl, const struct fwd_work *w) {
+    const struct npattn_problem *p = pl->p;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, threads = w->threads.plan;
+    const int64_t page_size = p->pages ? p->pages->page_size : 0;
+    if (!qk_streams(pl->qk) || !pl->k_direct || !(pl->v_direct || Dv == 0) || p->weights.data || pl->n_hblock != 1)
+        return;
+    if (min64(head_run_bytes(&p->k, page_size, D), Dv > 0 ? head_run_bytes(&p->v, page_size, Dv) : INT64_MAX) >=
+        HEAD_RUN_BYTES)
+        return;
+    const double fair = fair_keys(pl, w); /* before the units change */
+    int64_t bg = p->n_head_kv;
+    if (threads > 1) bg = max64(1, min64(bg, min64(w->most_keys / SPLIT_MIN_KEYS, MERGE_PARTS) / pl->n_split));
+    pl->bg = bg, pl->n_gblock = (p->n_head_kv + bg - 1) / bg;
+    pl->max_m *= bg;
+    pl->n_unit = pl->n_batch * pl->n_gblock * pl->n_hblock * pl->n_qblock;
+    const int even = pl->n_unit * pl->n_split >= 4 * threads &&
+                     (double)w->most_keys / (double)pl->n_split * (double)bg <= fair;
+    if (threads > 1 && !even) pl->n_split *= bg;
+}
+
+/* The key tiles shared by the units of a kv head where there are several:
+ * V's pairs, K's split rows, K's and V's rows as float. None past the
+ * block kept between calls: a larger one would be mapped and its pages
+ * faulted in afresh on every call, which costs more than the copies save
+ * (a chunk of 128 queries against 32768 keys: twice the time); none either
+ * where the block cannot be had. */
+static void plan_shared_tiles(struct fwd_plan *pl) {
+    const struct npattn_problem *p = pl->p;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v;
+    const int v_pairs = pv_tiles(pl->pv), k_split = pl->qk == QK_PATH_SPLIT_F16;
+    const int k_rows = !pl->f64 && pl->qk == QK_PATH_GEMM && !pl->k_direct && D > 0;
+    const int v_rows = !pl->f64 && pl->pv == PV_PATH_GEMM && !pl->v_direct && Dv > 0;
+    if (!(v_pairs || k_split || k_rows || v_rows) || pl->n_qblock * pl->n_hblock <= 1) return;
+    pl->n_ktile = (p->n_key + pl->bk - 1) / pl->bk;
+    const size_t n = (size_t)(pl->n_batch * p->n_head_kv) * (size_t)pl->n_ktile;
+    const size_t v_pair_rows = pl->pv == PV_PATH_SPLIT_F16 ? 2 * (size_t)pl->bk : (size_t)(pl->bk + 1) / 2;
+    const size_t bytes[4] = {v_pair_rows * (size_t)pl->ldv2 * 4, (size_t)(pl->bk * D) * 8, (size_t)(pl->bk * D) * 4,
+                             (size_t)(pl->bk * Dv) * 4};
+    struct shared_tiles *const tiles[4] = {&pl->v_tiles, &pl->k_split, &pl->k_rows, &pl->v_rows};
+    const int used[4] = {v_pairs, k_split, k_rows, v_rows};
+    size_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        const size_t size = used[i] ? shared_size(n, bytes[i]) : 0;
+        total = size > NPATTN_KEPT_MAX || total + size > NPATTN_KEPT_MAX ? NPATTN_KEPT_MAX + 1 : total + size;
+    }
+    if (total > NPATTN_KEPT_MAX) return;
+    pl->shared_bytes = total;
+    pl->shared = npattn_alloc_kept(&pl->shared_bytes);
+    char *at = pl->shared;
+    for (int i = 0; i < 4 && at; i++)
+        if (used[i]) shared_place(tiles[i], n, bytes[i], &at);
+}
+
+/* The call's memory: each slot's scratch (its merge rows too), the
+ * subnormal states of the bfloat16 pairs' requests (split float16 values
+ * are never subnormal; streamed, the kernel finds V's as it reads them),
+ * the shared key tiles, and split-K's partials (n_task < 64 * threads +
+ * n_unit: small) with the units' counts of tasks left after them. */
+static enum npattn_status plan_memory(struct fwd_plan *pl, int64_t n_task, int32_t n_slot) {
+    const struct npattn_problem *p = pl->p;
+    const int64_t Dv = p->n_embd_v;
+    pl->lay = layout_of(pl, pl->f64 ? sizeof(double) : sizeof(float), pl->qk, pl->pv, pl->k_direct, pl->v_direct);
+    pl->lay64 = pl->f64 ? pl->lay : layout_of(pl, sizeof(double), QK_PATH_GEMM, PV_PATH_GEMM, 0, 0);
+    size_t slot_bytes = max64((int64_t)pl->lay.size, (int64_t)(max64(Dv, 1) * sizeof(double)));
+    enum npattn_status status = npattn_slots_alloc(&pl->slots, n_slot, slot_bytes, pl->f64 ? 0 : pl->lay64.size);
+    if (status != NPATTN_STATUS_OK) return status;
+    if (pl->qk == QK_PATH_BF16 || pl->pv == PV_PATH_BF16 || pl->pv == PV_PATH_BF16_TILES || pl->pv == PV_PATH_EXACT_BF16) {
+        const size_t n = (size_t)(pl->n_batch * p->n_head_kv);
+        pl->k_normal = npattn_alloc(2 * n);
+        if (!pl->k_normal) return NPATTN_STATUS_NO_MEMORY;
+        memset((void *)pl->k_normal, 0, 2 * n);
+        pl->v_normal = pl->k_normal + n;
+    }
+    plan_shared_tiles(pl);
+    if (pl->n_split > 1) {
+        const size_t n_part = (size_t)n_task * (size_t)(pl->max_m * (Dv + 1));
+        pl->partials = npattn_alloc(n_part * sizeof(double) + (size_t)pl->n_unit * sizeof *pl->parts_left);
+        if (!pl->partials) return NPATTN_STATUS_NO_MEMORY;
+        pl->parts_left = (_Atomic int64_t *)(pl->partials + n_part);
+        npattn_parts_init(pl->parts_left, pl->n_unit, pl->n_split);
+    }
+    return NPATTN_STATUS_OK;
+}
+
+static void plan_free(struct fwd_plan *pl) {
+    npattn_free(pl->rank);
+    npattn_free(pl->partials);
+    npattn_free((void *)pl->k_normal);
+    npattn_free_kept(pl->shared, pl->shared_bytes);
+    npattn_slots_free(&pl->slots);
+}
+
+/* Plans the call in stages (tiles, products, work and threads, split,
+ * memory) and runs its tasks on the pool. */
 enum npattn_status npattn_sdpa(const struct npattn_problem *p) {
     enum npattn_status status = npattn_check(p, NULL);
     if (status != NPATTN_STATUS_OK) return status;
     if (!npattn_blas_ok()) return NPATTN_STATUS_BLAS_WRONG;
-    const int64_t n_batch = npattn_n_batch(p), D = p->n_embd_k, Dv = p->n_embd_v, S = p->n_key;
-    if (n_batch == 0 || p->n_head_q == 0 || p->n_query == 0) return NPATTN_STATUS_OK;
-    if (Dv == 0 && !p->lse.data && !p->weights.data) return NPATTN_STATUS_OK; /* nothing to write */
+    if (npattn_n_batch(p) == 0 || p->n_head_q == 0 || p->n_query == 0) return NPATTN_STATUS_OK;
+    if (p->n_embd_v == 0 && !p->lse.data && !p->weights.data) return NPATTN_STATUS_OK; /* nothing to write */
 
     struct fwd_plan pl;
-    memset(&pl, 0, sizeof pl);
-    pl.p = p;
-    pl.band = npattn_band_of(p);
-    enum npattn_dtype result = Dv > 0 ? p->out.dtype : p->weights.data ? p->weights.dtype : p->lse.dtype;
-    pl.f64 = npattn_computes_f64(p, result);
-    pl.out_size = Dv > 0 ? (int64_t)npattn_dtype_size(p->out.dtype) : 0;
-    pl.group = p->n_head_q / p->n_head_kv;
-
-    /* Tile: stack a whole group's heads when it fits, query rows to fill the
-     * rest; keys to fill the small-gemm budget; smaller for very wide rows so
-     * that scratch stays bounded. */
-    int64_t width = max64(D, Dv);
-    int64_t rows = min64(TILE_ROWS_MAX, max64(TILE_ROWS_MIN, TILE_ROW_ELEMS / width));
-    rows = max64(1, min64(rows, TILE_ELEMS / max64(width, TILE_KEYS_MAX)));
-    pl.bh = min64(pl.group, rows);
-    pl.bq = max64(1, rows / pl.bh);
-    /* stacked rows a multiple of 16 (whole SIMD vectors) where that is possible */
-    int64_t unit = 16;
-    for (int64_t h = pl.bh; h % 2 == 0 && unit > 1; h /= 2) unit /= 2;
-    if (pl.bq >= unit) pl.bq = pl.bq / unit * unit;
-    pl.bq = min64(p->n_query, min64(pl.bq, TILE_QUERY_MAX));
-    pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
-    pl.bg = 1, pl.n_gblock = p->n_head_kv;
-    query_blocks(&pl, pl.bq, n_batch);
-    pl.bk = min64(TILE_KEYS_MAX, max64(TILE_KEYS_MIN, TILE_FLOPS_BUDGET / (pl.max_m * width) / 16 * 16));
-    /* a few stacked rows (decode) make gemms that are all overhead: stream
-     * each key and value row once through the SIMD kernels instead */
-    pl.stream = !pl.f64 && pl.max_m <= STREAM_ROWS;
-    if (pl.stream) pl.bk = max64(32, min64(STREAM_KEYS, STREAM_SCORES / pl.max_m / 16 * 16));
-    enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
-    /* gemms read K and V in place in the computed type; the streaming
-     * kernels read float, float16 and bfloat16 rows in place as stored */
-    enum npattn_dtype k_in = pl.stream && p->k.dtype != NPATTN_DTYPE_F64 ? p->k.dtype : computed;
-    enum npattn_dtype v_in = pl.stream && p->v.dtype != NPATTN_DTYPE_F64 ? p->v.dtype : computed;
-    const int64_t run_rows = p->pages ? p->pages->page_size : S; /* rows that lie row_stride apart */
-    pl.k_direct = npattn_blas_direct(&p->k, k_in, run_rows, D, &pl.ldk);
-    pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, v_in, run_rows, Dv, &pl.ldv);
-    if (p->pages) {
-        pl.k_page_bytes = p->pages->k_page_stride * (int64_t)npattn_dtype_size(p->k.dtype);
-        pl.v_page_bytes = p->pages->v_page_stride * (int64_t)npattn_dtype_size(p->v.dtype);
-    }
-    /* bfloat16 q and k: their products are exact in float, so QK^T may be
-     * the table's bfloat16 dot products (K's rows read in place); under
-     * "fast", P @ V of bfloat16 v too, the weights rounded to bfloat16
-     * (streamed: the table's accumulate_pairs, V's rows read in place).
-     * float16 q and k on tiles: each value the sum of two bfloat16 ones, so
-     * the four dot products of the parts are QK^T, each product exact
-     * (K's rows split per tile): a quarter of the tiles' speed, and still
-     * several times the float32 FMAs' */
-    const struct npattn_kernels *kn = npattn_kernels();
-    const int bf16_in = p->q.dtype == NPATTN_DTYPE_BF16 && p->k.dtype == NPATTN_DTYPE_BF16;
-    pl.qk_split = !pl.f64 && !pl.stream && kn->scores_bf16 && kn->bf16_tile && p->q.dtype == NPATTN_DTYPE_F16 &&
-                  p->k.dtype == NPATTN_DTYPE_F16 && p->k.col_stride == 1 && D > 0 && 4 * D <= kn->bf16_tile_width &&
-                  4 * D % kn->bf16_d_step == 0;
-    pl.bf16_qk = pl.qk_split ||
-                 (!pl.f64 && !pl.stream && kn->scores_bf16 && bf16_in && p->k.col_stride == 1 && D % kn->bf16_d_step == 0);
-    pl.bf16_pv = !pl.f64 && (pl.stream ? kn->accumulate_pairs && pl.v_direct : kn->accumulate_bf16 != NULL) && bf16_in &&
-                 p->precision == NPATTN_PRECISION_FAST &&
-                 p->v.dtype == NPATTN_DTYPE_BF16 && p->v.col_stride == 1 && Dv > 0;
-    /* and float16 v under "fast" on tiles: P split in two (within 2^-15 of
-     * it, where "fast" allows rounding it to float16, 2^-11), V exactly */
-    pl.pv_split = pl.qk_split && kn->split_tiles && p->precision == NPATTN_PRECISION_FAST &&
-                  p->v.dtype == NPATTN_DTYPE_F16 && p->v.col_stride == 1 && Dv > 0;
-    /* and bfloat16 v under "highest" on tiles: each weight the sum of three
-     * bfloat16 values (exactly, unless a part is below 2^-126), their
-     * products with V's values exact */
-    pl.pv_exact = !pl.f64 && !pl.stream && kn->exact_tiles && bf16_in && p->precision == NPATTN_PRECISION_HIGHEST &&
-                  p->v.dtype == NPATTN_DTYPE_BF16 && p->v.col_stride == 1 && Dv > 0;
-    const int pv_tiles = !pl.stream && (pl.bf16_pv || pl.pv_split || pl.pv_exact);
-    pl.p_tiles = !pl.stream && pl.bf16_pv && kn->softmax_tiles_f32;
-    if ((pl.bf16_qk || pv_tiles) && kn->bf16_tile) {
-        /* the tile sizes that suit the table's dot products (split: half
-         * the keys, each two pairs); with P @ V a float32 gemm, its keys
-         * within the small-gemm budget */
-        if (pv_tiles) {
-            query_blocks(&pl, min64(p->n_query, max64(pl.bq, min64(TILE_QUERY_MAX, kn->bf16_tile / pl.bh / 16 * 16))),
-                         n_batch);
-        }
-        const int64_t budget = pv_tiles ? kn->bf16_tile / (pl.pv_split ? 2 : 1)
-                                        : TILE_FLOPS_BUDGET / (pl.max_m * max64(Dv, 1));
-        pl.bk = max64(32, min64(kn->bf16_tile, budget) / 32 * 32);
-    }
-    pl.ldq2 = (pl.max_m + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
-    pl.ldpa = pl.pv_split ? (2 * pl.bk + 15) / 16 * 16 : (pl.bk + 31) / 32 * 16;
-    pl.q_tiles = pl.stream && kn->q_tiles && p->k.dtype == NPATTN_DTYPE_BF16 && pl.k_direct;
-
-    /* The work, and the threads it repays (npattn_plan_threads). The same
-     * problem and n_threads always give the same plan, whatever threads
-     * actually start. */
-    double unit_keys_sum;
-    int64_t most_keys;
-    /* every request alike, unless each has its own range or offset */
-    const int64_t n_request = p->k_start || p->k_length || p->q_offsets ? n_batch : 1;
-    if (n_request > 1) {
-        pl.rank = npattn_alloc((size_t)n_request * sizeof *pl.rank);
-        if (!pl.rank) return NPATTN_STATUS_NO_MEMORY;
-    }
-    double pairs = count_work(&pl, n_request, &unit_keys_sum, &most_keys);
-    double flops = pairs * 2.0 *
-                   (double)(D + Dv + (p->weights.data ? D : 0)) * (double)pl.group * (double)(n_batch / n_request) *
-                   (double)p->n_head_kv;
-    /* Streamed: a thread per NPATTN_GRAIN_STREAM flops while the units feed
-     * them; past the units, one per NPATTN_GRAIN, as for tiles. */
-    const double want = pl.stream ? fmax(fmin((double)pl.n_unit, flops / NPATTN_GRAIN_STREAM), flops / NPATTN_GRAIN)
-                                  : flops / NPATTN_GRAIN;
-    const struct npattn_threads threads =
-        npattn_plan_threads(flops, pl.stream ? NPATTN_WAKE_STREAM : NPATTN_WAKE, want, p->n_threads);
-    const int32_t plan_threads = threads.plan, run_threads = threads.run;
-    /* A small prefill of fewer units than threads (few kv heads), or whose
-     * heaviest unit is over a thread's share by half (the last query block
-     * of a causal one): query blocks of fewer rows, so that more threads
-     * share it, and evenly. Qwen2-0.5B L = S = 32 on 16 threads: 4 blocks of
-     * 16 rows, the last 37% of the work, or 8 of 8 rows, none over 22%. */
-    if (!pl.stream && !pl.bf16_qk && !pv_tiles && plan_threads > 1 && pl.bq > QBLOCK_MIN) {
-        const double share = pairs * (double)(pl.n_unit / (n_request * pl.n_qblock)) / plan_threads;
-        const double heaviest = (double)pl.bq * (double)most_keys;
-        int64_t bq = pl.bq;
-        if (pl.n_unit < plan_threads) bq /= (plan_threads + pl.n_unit - 1) / pl.n_unit;
-        if (heaviest > 1.5 * share) bq = min64(bq, (int64_t)((double)pl.bq * share / heaviest));
-        bq = max64(QBLOCK_MIN, (bq + QBLOCK_MIN - 1) / QBLOCK_MIN * QBLOCK_MIN);
-        if (bq < pl.bq) {
-            query_blocks(&pl, bq, n_batch);
-            count_work(&pl, n_request, &unit_keys_sum, &most_keys);
+    struct fwd_work work;
+    plan_tiles(&pl, p);
+    plan_products(&pl);
+    status = plan_work(&pl, &work);
+    if (status == NPATTN_STATUS_OK) {
+        cut_query_blocks(&pl, &work);
+        split_keys(&pl, &work);
+        group_kv_heads(&pl, &work);
+        const int64_t n_task = pl.n_unit * pl.n_split;
+        const int32_t n_slot = (int32_t)min64(work.threads.run, n_task);
+        status = plan_memory(&pl, n_task, n_slot);
+        if (status == NPATTN_STATUS_OK) {
+            npattn_blas_init();
+            npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
+            status = npattn_pool_run(run_task, &pl, n_task, n_slot, &pl.run);
         }
     }
-    /* Split-K when there are fewer units than threads (decode with few heads):
-     * each part of a unit's keys is a task, merged by log-sum-exp. */
-    pl.n_split = 1;
-    if (pl.n_unit < plan_threads && !p->weights.data) {
-        int64_t want = (2 * (int64_t)plan_threads + pl.n_unit - 1) / pl.n_unit;
-        pl.n_split = max64(1, min64(want, most_keys / SPLIT_MIN_KEYS));
-    }
-    /* A thread's fair share of all units' keys */
-    const double fair = unit_keys_sum * (double)(pl.n_unit / (n_request * pl.n_qblock)) / (double)plan_threads;
-    /* Requests of unequal lengths: split every unit so that the longest one's
-     * parts are no longer than a thread's fair share of all units' keys. */
-    if (n_request > 1 && plan_threads > 1 && !p->weights.data && unit_keys_sum > 0) {
-        if ((double)most_keys > 1.5 * fair) {
-            /* at most 64 tasks per thread in all, so that the partials stay small */
-            int64_t want = min64((int64_t)ceil((double)most_keys / fair), 64 * (int64_t)plan_threads / pl.n_unit);
-            pl.n_split = max64(pl.n_split, max64(1, min64(want, most_keys / SPLIT_MIN_KEYS)));
-        }
-    }
-    /* Decode where a kv head's rows lie together only a few KiB at a time (a
-     * small page's, or one row where the heads interleave, as in a
-     * (B, S, H_kv, D) cache), which memory serves well below its streaming
-     * rate: a unit takes all kv heads of its request and reads its keys a
-     * round at a time (kv_rounds: whole pages, or a tile), each round's rows
-     * of every head in turn. On several threads each unit's keys split bg
-     * times more, so that the tasks are as many as with a unit per kv head;
-     * but not where the units alone share out evenly, four a thread or more
-     * and none longer than a thread's share (a batch of requests on a few
-     * threads: Qwen2-0.5B, 8 requests, 2 threads, 0.84 -> 1.0 of the dense
-     * call without the merges). bg is smaller where the keys are too few,
-     * and where the unit would have more than MERGE_PARTS parts: the last of
-     * them merges bg times the rows of bg times the parts on its own. */
-    const int64_t page_size = p->pages ? p->pages->page_size : 0;
-    if (pl.stream && pl.k_direct && (pl.v_direct || Dv == 0) && !p->weights.data && pl.n_hblock == 1 &&
-        min64(head_run_bytes(&p->k, page_size, D), Dv > 0 ? head_run_bytes(&p->v, page_size, Dv) : INT64_MAX) <
-            HEAD_RUN_BYTES) {
-        int64_t bg = p->n_head_kv;
-        if (plan_threads > 1)
-            bg = max64(1, min64(bg, min64(most_keys / SPLIT_MIN_KEYS, MERGE_PARTS) / pl.n_split));
-        pl.bg = bg, pl.n_gblock = (p->n_head_kv + bg - 1) / bg;
-        pl.max_m *= bg;
-        pl.n_unit = n_batch * pl.n_gblock * pl.n_hblock * pl.n_qblock;
-        const int even = pl.n_unit * pl.n_split >= 4 * (int64_t)plan_threads &&
-                         (double)most_keys / (double)pl.n_split * (double)bg <= fair;
-        if (plan_threads > 1 && !even) pl.n_split *= bg;
-    }
-    int64_t n_task = pl.n_unit * pl.n_split;
-    const int32_t n_slot = (int32_t)min64(run_threads, n_task);
-
-    pl.lay = layout_of(&pl, pl.f64 ? sizeof(double) : sizeof(float), pl.k_direct, pl.v_direct);
-    pl.lay64 = pl.f64 ? pl.lay : layout_of(&pl, sizeof(double), 0, 0);
-    size_t slot_bytes = max64((int64_t)pl.lay.size, (int64_t)(max64(Dv, 1) * sizeof(double))); /* merge rows too */
-    status = npattn_slots_alloc(&pl.slots, n_slot, slot_bytes, pl.f64 ? 0 : pl.lay64.size);
-    if (status != NPATTN_STATUS_OK) {
-        npattn_free(pl.rank);
-        return status;
-    }
-    status = NPATTN_STATUS_NO_MEMORY;
-    /* (split float16 values are never subnormal; streamed, the kernel finds V's as it reads them) */
-    if ((pl.bf16_qk && !pl.qk_split) || (!pl.stream && (pl.bf16_pv || pl.pv_exact))) {
-        const size_t n = (size_t)(n_batch * p->n_head_kv);
-        pl.k_normal = npattn_alloc(2 * n);
-        if (!pl.k_normal) goto done;
-        memset((void *)pl.k_normal, 0, 2 * n);
-        pl.v_normal = pl.k_normal + n;
-    }
-    /* V's pairs, K's split rows, V's rows as float, shared by the units of
-     * a kv head where there are several */
-    const int k_rows = !pl.f64 && !pl.stream && !pl.k_direct && !pl.bf16_qk && D > 0;
-    const int v_rows = !pl.f64 && !pl.stream && !pl.v_direct && !pv_tiles && Dv > 0;
-    if ((pv_tiles || pl.qk_split || k_rows || v_rows) && pl.n_qblock * pl.n_hblock > 1) {
-        pl.n_ktile = (S + pl.bk - 1) / pl.bk;
-        const size_t n = (size_t)(n_batch * p->n_head_kv) * (size_t)pl.n_ktile;
-        const size_t v_pair_rows = pl.pv_split ? 2 * (size_t)pl.bk : (size_t)(pl.bk + 1) / 2; /* pv_tiles' V */
-        const size_t bytes[4] = {v_pair_rows * (size_t)pl.ldv2 * 4, (size_t)(pl.bk * D) * 8, (size_t)(pl.bk * D) * 4,
-                                 (size_t)(pl.bk * Dv) * 4};
-        struct shared_tiles *const tiles[4] = {&pl.v_tiles, &pl.k_split, &pl.k_rows, &pl.v_rows};
-        const int used[4] = {pv_tiles, pl.qk_split, k_rows, v_rows};
-        size_t total = 0;
-        for (int i = 0; i < 4; i++) {
-            const size_t size = used[i] ? shared_size(n, bytes[i]) : 0;
-            total = size > NPATTN_KEPT_MAX || total + size > NPATTN_KEPT_MAX ? NPATTN_KEPT_MAX + 1 : total + size;
-        }
-        /* none past the block kept between calls: a larger one would be
-         * mapped and its pages faulted in afresh on every call, which costs
-         * more than the copies save (a chunk of 128 queries against 32768
-         * keys: twice the time); none either where the block cannot be had */
-        if (total <= NPATTN_KEPT_MAX) {
-            pl.shared_bytes = total;
-            pl.shared = npattn_alloc_kept(&pl.shared_bytes);
-            char *at = pl.shared;
-            for (int i = 0; i < 4 && at; i++)
-                if (used[i]) shared_place(tiles[i], n, bytes[i], &at);
-        }
-    }
-    if (pl.n_split > 1) {
-        /* n_task < 64 * threads + n_unit here: small */
-        /* and after them, the units' counts of tasks left */
-        const size_t n_part = (size_t)n_task * (size_t)(pl.max_m * (Dv + 1));
-        pl.partials = npattn_alloc(n_part * sizeof(double) + (size_t)pl.n_unit * sizeof *pl.parts_left);
-        if (!pl.partials) goto done;
-        pl.parts_left = (_Atomic int64_t *)(pl.partials + n_part);
-        npattn_parts_init(pl.parts_left, pl.n_unit, pl.n_split);
-    }
-
-    npattn_blas_init();
-    npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
-    status = npattn_pool_run(run_task, &pl, n_task, n_slot, &pl.run);
-
-done:
-    npattn_free(pl.rank);
-    npattn_free(pl.partials);
-    npattn_free((void *)pl.k_normal);
-    npattn_free_kept(pl.shared, pl.shared_bytes);
-    npattn_slots_free(&pl.slots);
+    plan_free(&pl);
     return status;
 }

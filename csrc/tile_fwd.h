@@ -21,9 +21,9 @@
 struct CAT(fwd_task_, SFX) {
     struct unit u;
     int32_t slot;
-    int stream, k_direct;          /* streaming kernels; BLAS reads K in place */
-    int qk16, pv16;                /* QK^T, P @ V as bfloat16 dot products (Q's pairs in qp) */
-    int q_tiles;                   /* streamed: each kv head's rows of Q as the table's tiles, in qp */
+    enum qk_path qk;               /* the task's QK^T: the plan's, or a plainer one its operands need */
+    enum pv_path pv;               /* and its P @ V */
+    int stream, k_direct;          /* streaming kernels (qk_streams); BLAS reads K in place */
     uint32_t *qp, *pp, *vp;        /* the pairs of Q^T (or Q's tiles), P and V (float tasks) */
     REAL *qt, *st, *mt, *lt, *at, *row, *kt, *bias;
     int32_t *lo, *hi;
@@ -48,10 +48,10 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
     /* K in place where BLAS, or the streaming kernels in K's own type, can
      * read it; else converted here */
 #if !IS_F64
-    if (s->qk16 && pl->qk_split) { /* float16 rows split, then their dot products */
+    if (s->qk == QK_PATH_SPLIT_F16) { /* float16 rows split, then their dot products */
         const uint32_t *kp = tile_of(pl, &pl->k_split, SPLIT_K, &p->k, u, &s->kk, D, j0, nk, 1, s->kt);
         npattn_kernels()->scores_bf16(s->qp, pl->ldq2, M, 2 * D, (const uint16_t *)kp, 4 * D, nk, s->st, M);
-    } else if (s->qk16) { /* bfloat16 dot products, page by page */
+    } else if (s->qk == QK_PATH_BF16) { /* bfloat16 dot products, page by page */
         for (int64_t j = 0, run; j < nk; j += run) {
             const uint16_t *at = (const uint16_t *)npattn_kv_row(&s->kk, j0 + j, &run);
             run = min64(run, nk - j);
@@ -64,7 +64,7 @@ static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_ta
             for (int64_t gi = 0; gi < u->ng; gi++) {
                 const int64_t n_span = kv_spans(&s->kk, s->k_head, gi, u->ng, j0 + c, min64(s->k_keys, nk - c), u->j1,
                                                 s->k_dist, s->spans);
-                const uint32_t *qb = s->q_tiles ? s->qp + gi * D / 2 * 16 : NULL;
+                const uint32_t *qb = s->qk == QK_PATH_STREAM_Q_TILES ? s->qp + gi * D / 2 * 16 : NULL;
                 npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, p->k.dtype, s->spans, n_span,
                                          pl->ldk, qb, (float *)s->st + gi * s->mg * s->sld + c, s->sld);
             }
@@ -161,8 +161,10 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     locate(pl, task / pl->n_split, &s.u);
     const struct unit *u = &s.u;
     const int64_t M = u->M, nq = u->nq, i0 = u->i0, h0 = u->h0;
-    /* streaming kernels or gemms; the f64 copy always gemms */
-    s.stream = !f64 && pl->stream;
+    /* the plan's paths; the f64 copy always gemms */
+    s.qk = f64 ? QK_PATH_GEMM : pl->qk;
+    s.pv = f64 ? PV_PATH_GEMM : pl->pv;
+    s.stream = qk_streams(s.qk);
     s.k_direct = f64 == pl->f64 && pl->k_direct;
     const int v_direct = f64 == pl->f64 && pl->v_direct;
 
@@ -189,34 +191,34 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
      * (D, M) for the gemm, which then reads K in place as a plain NoTrans
      * product (a form OpenBLAS's small-matrix kernels take) */
     REAL *qrows = s.stream ? s.qt : (REAL *)(scratch + lay->qrows);
-#if IS_F64
-    s.qk16 = s.pv16 = s.q_tiles = 0;
-#else
-    s.qk16 = pl->bf16_qk && n_ktile > 0 &&
-             (pl->qk_split || rows_normal(&pl->k_normal[u->b * p->n_head_kv + u->g], &s.kk, u, D));
-    if (s.qk16 && pl->qk_split) { /* float16: split, never subnormal */
+#if !IS_F64
+    const int64_t state = u->b * p->n_head_kv + u->g; /* the request's kv head's subnormal states */
+    if ((s.qk == QK_PATH_BF16 || s.qk == QK_PATH_SPLIT_F16) && n_ktile == 0) s.qk = QK_PATH_GEMM;
+    if (s.qk == QK_PATH_BF16 && !rows_normal(&pl->k_normal[state], &s.kk, u, D)) s.qk = QK_PATH_GEMM;
+    if (s.qk == QK_PATH_SPLIT_F16) { /* float16: split, never subnormal */
         CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
         npattn_split_across(qrows, M, D, D, s.qp, pl->ldq2);
-    } else if (s.qk16 && !npattn_word_pairs(&p->q, u->off_q, h0, i0, nq, M, D, s.qp, pl->ldq2)) { /* through floats */
-        CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
-        s.qk16 = !npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2);
+    } else if (s.qk == QK_PATH_BF16 && !npattn_word_pairs(&p->q, u->off_q, h0, i0, nq, M, D, s.qp, pl->ldq2)) {
+        CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows); /* through floats */
+        if (npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2)) s.qk = QK_PATH_GEMM;
     }
-    s.pv16 = n_ktile > 0 &&
-             (s.stream ? pl->bf16_pv && u->ng == 1 /* V's subnormal values found as the kernel reads them */
-                       : pl->pv_split || ((pl->bf16_pv || pl->pv_exact) &&
-                                          rows_normal(&pl->v_normal[u->b * p->n_head_kv + u->g], &s.vv, u, Dv)));
+    if (n_ktile == 0) s.pv = s.stream ? PV_PATH_STREAM : PV_PATH_GEMM;
+    else if (s.pv == PV_PATH_STREAM_BF16 && u->ng > 1) s.pv = PV_PATH_STREAM; /* (V's subnormal values: as read) */
+    else if ((s.pv == PV_PATH_BF16 || s.pv == PV_PATH_BF16_TILES || s.pv == PV_PATH_EXACT_BF16) &&
+             !rows_normal(&pl->v_normal[state], &s.vv, u, Dv))
+        s.pv = PV_PATH_GEMM;
 #endif
     /* the bfloat16 P @ V of a table whose softmax makes P's tiles */
-    const int p_tiles = s.pv16 && pl->p_tiles;
+    const int p_tiles = s.pv == PV_PATH_BF16_TILES;
     if (s.stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
-    else if (!s.qk16) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
+    else if (s.qk == QK_PATH_GEMM) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
 #if !IS_F64
-    s.q_tiles = pl->q_tiles;
-    for (int64_t gi = 0; gi < u->ng && s.q_tiles; gi++)
-        s.q_tiles = npattn_kernels()->q_tiles((const float *)qrows + gi * s.mg * D, s.mg, D, s.qp + gi * D / 2 * 16);
+    for (int64_t gi = 0; gi < u->ng && s.qk == QK_PATH_STREAM_Q_TILES; gi++)
+        if (!npattn_kernels()->q_tiles((const float *)qrows + gi * s.mg * D, s.mg, D, s.qp + gi * D / 2 * 16))
+            s.qk = QK_PATH_STREAM;
 #endif
     if (s.stream) {
-        kv_rounds(pl, &s.kk, u->ng, s.q_tiles, 0, &s.k_keys, &s.k_dist);
+        kv_rounds(pl, &s.kk, u->ng, s.qk == QK_PATH_STREAM_Q_TILES, 0, &s.k_keys, &s.k_dist);
         kv_rounds(pl, &s.vv, u->ng, 0, s.mg, &s.v_keys, &s.v_dist);
     }
     /* The running max starts at the head's sink, whose weight exp(0) is 1;
@@ -227,7 +229,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
         lt[r] = sink == -INFINITY ? (REAL)0 : (REAL)1;
     }
     /* O's rows (M, D_v): zeros, unless the first tile's gemms write them */
-    const int o_by_gemm = !s.stream && !s.pv16 && t_end > t_begin;
+    const int o_by_gemm = s.pv == PV_PATH_GEMM && t_end > t_begin;
     if (!o_by_gemm) memset(ot, 0, (size_t)(M * Dv) * sizeof(REAL));
 
     /* scores (j, r): transposed (keys, M) for the gemms, by rows (M, bk) for
@@ -251,7 +253,7 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
          * read it, else converted here */
         if (Dv == 0) continue;
 #if !IS_F64
-        if (s.pv16 && s.stream) { /* bfloat16 dot products: P's rows as bfloat16, V's rows in place */
+        if (s.pv == PV_PATH_STREAM_BF16) { /* bfloat16 dot products: P's rows as bfloat16, V's rows in place */
             const struct npattn_kernels *kn = npattn_kernels();
             npattn_bf16_rows((const float *)s.st, M, nk, s.sld, (uint16_t *)s.pp, pl->bk);
             const int64_t n_span = kv_spans(&s.vv, s.v_head, 0, 1, j0, nk, u->j1, s.v_dist, s.spans);
@@ -259,17 +261,17 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
                 kn->add_f32((float *)ot, (const float *)s.vp, M * Dv);
                 continue;
             } /* else a value of V is subnormal: the FMAs below */
-        } else if (s.pv16 && pl->pv_split) { /* float16: P and V split, then their dot products */
+        } else if (s.pv == PV_PATH_SPLIT_F16) { /* float16: P and V split, then their dot products */
             const uint32_t *vp = tile_of(pl, &pl->v_tiles, SPLIT_V, &p->v, u, &s.vv, Dv, j0, nk, 1, s.vp);
             npattn_kernels()->split_tiles(s.st, nk, M, M, s.pp, pl->ldpa, (M + 15) / 16 * 16);
             npattn_kernels()->accumulate_tiles_bf16(s.pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
             continue;
-        } else if (s.pv16) { /* bfloat16 dot products */
+        } else if (pv_tiles(s.pv)) { /* bfloat16 dot products */
             const struct npattn_kernels *kn = npattn_kernels();
             /* V's pairs: the call's copy where its last pair is the copy's (nk even, or the whole tile) */
             const int whole_ok = nk % 2 == 0 || nk == min64(pl->bk, u->k1 - j0);
             const uint32_t *vp = tile_of(pl, &pl->v_tiles, V_PAIRS, &p->v, u, &s.vv, Dv, j0, nk, whole_ok, s.vp);
-            if (pl->pv_exact) { /* under "highest": P's three parts against V's pairs */
+            if (s.pv == PV_PATH_EXACT_BF16) { /* under "highest": P's three parts against V's pairs */
                 const int64_t rows = (M + 15) / 16 * 16; /* each part's A tiles */
                 kn->exact_tiles(s.st, nk, M, M, s.pp, pl->ldpa, rows);
                 for (int64_t k = 0; k < 3; k++)
