@@ -17,97 +17,386 @@
  * heads g .. g + ng - 1, each with its whole group, rows stacked head after
  * head (mg of each): the two products run per kv head, all else per row.
  */
-/* A task's scratch, and where its unit's rows are. */
+/* A task's paths, its scratch, and where its unit's rows are. */
 struct CAT(fwd_task_, SFX) {
     struct unit u;
+    int64_t task, split;           /* the task, and its part of the unit's keys (split-K) */
+    int64_t n_ktile;               /* the unit's key tiles, of which the task takes [t_begin, t_end) */
+    int64_t t_begin, t_end;
     int32_t slot;
     enum qk_path qk;               /* the task's QK^T: the plan's, or a plainer one its operands need */
     enum pv_path pv;               /* and its P @ V */
-    int stream, k_direct;          /* streaming kernels (qk_streams); BLAS reads K in place */
+    int stream;                    /* scores by rows for the streaming kernels (qk_streams) */
+    int k_direct, v_direct;        /* BLAS, or the streaming kernels, read K / V in place */
     uint32_t *qp, *pp, *vp;        /* the pairs of Q^T (or Q's tiles), P and V (float tasks) */
-    REAL *qt, *st, *mt, *lt, *at, *row, *kt, *bias;
+    REAL *qt, *qrows, *st, *ot, *mt, *lt, *at, *row, *kt, *vt, *bias;
     int32_t *lo, *hi;
     struct npattn_kv kk, vv;       /* K's and V's rows of the unit's (first) kv head */
     int64_t mg, k_head, v_head;    /* stacked rows per kv head; bytes from one kv head's K (V) rows to the next's */
-    struct npattn_span *spans;      /* streamed: a key tile's spans of one kv head's rows */
+    struct npattn_span *spans;     /* streamed: a key tile's spans of one kv head's rows */
     int64_t k_keys, k_dist, v_keys, v_dist; /* streamed: how the unit reads K and V (kv_rounds) */
     int64_t sld, sj, sr;           /* scores (j, r) at st[j * sj + r * sr], rows sld apart */
     SCORE_TILE tile;
 };
 
-/* One key tile [j0, j0 + nk) of the unit's rows: scores^T (nk, M) = K_tile
- * (nk, D) @ Q^T (D, M) (by rows when streaming), the mask as a bias tile and
- * the band where it cuts the tile, then one step of online softmax down each
- * column: st holds the probabilities exp(x - m), m, l and alpha are updated.
- * Returns 1 when a float tile met an extreme. */
-static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0,
-                                          int64_t nk, int p_tiles) {
+/* The task's unit and share of its key tiles, the plan's paths (the double
+ * copy's: the gemms), the scratch, and where K's and V's rows are. Scores
+ * (j, r): transposed (keys, M) for the gemms, by rows (M, bk) for the
+ * streaming kernels; the bias likewise. */
+static void CAT(task_begin_, SFX)(const struct fwd_plan *pl, int64_t task, int32_t slot, char *scratch,
+                                  struct CAT(fwd_task_, SFX) *s) {
+    const struct npattn_problem *p = pl->p;
+    const int f64 = sizeof(REAL) == sizeof(double);
+    const struct layout *lay = f64 ? &pl->lay64 : &pl->lay;
+    const struct unit *u = &s->u;
+    s->task = task, s->split = task % pl->n_split, s->slot = slot;
+    locate(pl, task / pl->n_split, &s->u);
+    s->qk = f64 ? QK_PATH_GEMM : pl->qk;
+    s->pv = f64 ? PV_PATH_GEMM : pl->pv;
+    s->stream = qk_streams(s->qk);
+    s->k_direct = f64 == pl->f64 && pl->k_direct;
+    s->v_direct = f64 == pl->f64 && pl->v_direct;
+#define AT(type, region) ((type *)(scratch + lay->region))
+    s->qt = AT(REAL, qt), s->st = AT(REAL, st), s->ot = AT(REAL, ot), s->mt = AT(REAL, m), s->lt = AT(REAL, l);
+    s->at = AT(REAL, alpha), s->row = AT(REAL, row), s->kt = AT(REAL, kt), s->vt = AT(REAL, vt);
+    s->bias = AT(REAL, bias), s->lo = AT(int32_t, lo), s->hi = AT(int32_t, hi);
+    s->qp = AT(uint32_t, qp), s->pp = AT(uint32_t, pp), s->vp = AT(uint32_t, vp);
+    s->spans = AT(struct npattn_span, spans);
+    s->qrows = s->stream ? s->qt : AT(REAL, qrows); /* streamed, Q's rows are what the kernels take */
+#undef AT
+    /* this split's share of the key tiles the band lets the rows see */
+    s->n_ktile = (u->j1 - u->j0 + pl->bk - 1) / pl->bk;
+    s->t_begin = s->n_ktile * s->split / pl->n_split, s->t_end = s->n_ktile * (s->split + 1) / pl->n_split;
+    s->kk = kv_of(pl, u, &p->k, s->n_ktile > 0, pl->k_page_bytes);
+    s->vv = kv_of(pl, u, &p->v, s->n_ktile > 0 && p->n_embd_v > 0, pl->v_page_bytes);
+    s->mg = u->M / u->ng;
+    s->k_head = p->k.head_stride * (int64_t)npattn_dtype_size(p->k.dtype);
+    s->v_head = p->v.head_stride * (int64_t)npattn_dtype_size(p->v.dtype);
+    s->sld = s->stream ? pl->bk : u->M, s->sj = s->stream ? 1 : u->M, s->sr = s->stream ? pl->bk : 1;
+    SCORE_TILE tile = {.M = u->M, .ld = s->sld, .scale = (REAL)p->scale, .softcap = (REAL)p->softcap};
+    s->tile = tile;
+}
+
+#if !IS_F64
+/* A float task's paths: the plan's, or the gemms' where the unit sees no
+ * key, or where a value is subnormal (a bfloat16 pair would read it as 0:
+ * K's and V's rows of the request, found once per call; Q's, as its pairs
+ * are made). Q's pairs for the bfloat16 dot products: split float16 values
+ * (never subnormal), else its bfloat16 words in place or through floats. */
+static void CAT(task_paths_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s) {
+    const struct npattn_problem *p = pl->p;
+    const struct unit *u = &s->u;
+    const int64_t D = p->n_embd_k, M = u->M, state = u->b * p->n_head_kv + u->g; /* the kv head's states */
+    if ((s->qk == QK_PATH_BF16 || s->qk == QK_PATH_SPLIT_F16) && s->n_ktile == 0) s->qk = QK_PATH_GEMM;
+    if (s->qk == QK_PATH_BF16 && !rows_normal(&pl->k_normal[state], &s->kk, u, D)) s->qk = QK_PATH_GEMM;
+    if (s->qk == QK_PATH_SPLIT_F16) {
+        CAT(stacked_rows_, SFX)(&p->q, u->off_q, u->h0, u->i0, u->nq, M, D, s->qrows);
+        npattn_split_across(s->qrows, M, D, D, s->qp, pl->ldq2);
+    } else if (s->qk == QK_PATH_BF16 && !npattn_word_pairs(&p->q, u->off_q, u->h0, u->i0, u->nq, M, D, s->qp, pl->ldq2)) {
+        CAT(stacked_rows_, SFX)(&p->q, u->off_q, u->h0, u->i0, u->nq, M, D, s->qrows);
+        if (npattn_pairs_across(s->qrows, M, D, D, s->qp, pl->ldq2)) s->qk = QK_PATH_GEMM;
+    }
+    if (s->n_ktile == 0) s->pv = s->stream ? PV_PATH_STREAM : PV_PATH_GEMM;
+    else if (s->pv == PV_PATH_STREAM_BF16 && u->ng > 1) s->pv = PV_PATH_STREAM; /* (subnormal V: found as read) */
+    else if ((s->pv == PV_PATH_BF16 || s->pv == PV_PATH_BF16_TILES || s->pv == PV_PATH_EXACT_BF16) &&
+             !rows_normal(&pl->v_normal[state], &s->vv, u, p->n_embd_v))
+        s->pv = PV_PATH_GEMM;
+}
+#endif
+
+/* Q as the task's QK^T takes it (its pairs: task_paths_): its rows (M, D)
+ * for the streaming kernels (and q's tiles where the table makes them);
+ * Q^T (D, M) for the gemm, which then reads K in place as a plain NoTrans
+ * product (a form OpenBLAS's small-matrix kernels take). Then how a
+ * streamed unit reads K and V; the running max, which starts at the head's
+ * sink, whose weight exp(0) is 1 (with split-K only the first split carries
+ * it); and O's rows (M, D_v): zeros, unless the first tile's gemms write them. */
+static void CAT(task_start_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s) {
+    const struct npattn_problem *p = pl->p;
+    const struct unit *u = &s->u;
+    const int64_t D = p->n_embd_k, M = u->M, nq = u->nq;
+    if (s->stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, u->h0, u->i0, nq, M, D, s->qrows);
+    else if (s->qk == QK_PATH_GEMM) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, u->h0, u->i0, nq, M, D, s->qrows, s->qt);
+#if !IS_F64
+    for (int64_t gi = 0; gi < u->ng && s->qk == QK_PATH_STREAM_Q_TILES; gi++)
+        if (!npattn_kernels()->q_tiles((const float *)s->qrows + gi * s->mg * D, s->mg, D, s->qp + gi * D / 2 * 16))
+            s->qk = QK_PATH_STREAM;
+#endif
+    if (s->stream) {
+        kv_rounds(pl, &s->kk, u->ng, s->qk == QK_PATH_STREAM_Q_TILES, 0, &s->k_keys, &s->k_dist);
+        kv_rounds(pl, &s->vv, u->ng, 0, s->mg, &s->v_keys, &s->v_dist);
+    }
+    for (int64_t r = 0; r < M; r++) {
+        double sink = p->sinks && s->split == 0 ? p->sinks[u->h0 + r / nq] : -INFINITY;
+        s->mt[r] = (REAL)sink;
+        s->lt[r] = sink == -INFINITY ? (REAL)0 : (REAL)1;
+    }
+    const int o_by_gemm = s->pv == PV_PATH_GEMM && s->t_end > s->t_begin;
+    if (!o_by_gemm) memset(s->ot, 0, (size_t)(M * p->n_embd_v) * sizeof(REAL));
+}
+
+#if !IS_F64
+/* Scores^T (nk, M) of key tile [j0, j0 + nk) as bfloat16 dot products:
+ * float16 rows split, or bfloat16 rows in place, page by page. */
+static void CAT(scores_dots_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+    const struct npattn_problem *p = pl->p;
+    const int64_t D = p->n_embd_k, M = s->u.M;
+    if (s->qk == QK_PATH_SPLIT_F16) {
+        const uint32_t *kp = tile_of(pl, &pl->k_split, SPLIT_K, &p->k, &s->u, &s->kk, D, j0, nk, 1, s->kt);
+        npattn_kernels()->scores_bf16(s->qp, pl->ldq2, M, 2 * D, (const uint16_t *)kp, 4 * D, nk, s->st, M);
+        return;
+    }
+    for (int64_t j = 0, run; j < nk; j += run) {
+        const uint16_t *at = (const uint16_t *)npattn_kv_row(&s->kk, j0 + j, &run);
+        run = min64(run, nk - j);
+        npattn_kernels()->scores_bf16(s->qp, pl->ldq2, M, D / 2, at, p->k.row_stride, run, s->st + j * M, M);
+    }
+}
+#endif
+
+/* Streamed scores (M, nk) of K's rows in place, as stored: the tile's spans
+ * (a page each), a round of keys at a time, kv head after kv head. */
+static void CAT(scores_spans_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+    const struct npattn_problem *p = pl->p;
+    const struct unit *u = &s->u;
+    const int64_t D = p->n_embd_k;
+    for (int64_t c = 0; c < nk; c += s->k_keys)
+        for (int64_t gi = 0; gi < u->ng; gi++) {
+            const int64_t n_span =
+                kv_spans(&s->kk, s->k_head, gi, u->ng, j0 + c, min64(s->k_keys, nk - c), u->j1, s->k_dist, s->spans);
+            const uint32_t *qb = s->qk == QK_PATH_STREAM_Q_TILES ? s->qp + gi * D / 2 * 16 : NULL;
+            npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, p->k.dtype, s->spans, n_span,
+                                     pl->ldk, qb, (float *)s->st + gi * s->mg * s->sld + c, s->sld);
+        }
+}
+
+/* Scores of K's rows as REAL, in place where BLAS reads them, else the
+ * call's float copy of the tile or converted here: each kv head's tile in
+ * turn, by a gemm, or streamed (converted: nothing to prefetch). */
+static void CAT(scores_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
     const struct npattn_problem *p = pl->p;
     const struct unit *u = &s->u;
     const int64_t D = p->n_embd_k, M = u->M;
-    /* K in place where BLAS, or the streaming kernels in K's own type, can
-     * read it; else converted here */
+    for (int64_t gi = 0; gi < u->ng; gi++) {
+        const struct npattn_kv kv = kv_head(s->kk, gi, s->k_head);
+        int64_t ldk;
+        int in_place;
+        const void *ktile = NULL;
 #if !IS_F64
-    if (s->qk == QK_PATH_SPLIT_F16) { /* float16 rows split, then their dot products */
-        const uint32_t *kp = tile_of(pl, &pl->k_split, SPLIT_K, &p->k, u, &s->kk, D, j0, nk, 1, s->kt);
-        npattn_kernels()->scores_bf16(s->qp, pl->ldq2, M, 2 * D, (const uint16_t *)kp, 4 * D, nk, s->st, M);
-    } else if (s->qk == QK_PATH_BF16) { /* bfloat16 dot products, page by page */
-        for (int64_t j = 0, run; j < nk; j += run) {
-            const uint16_t *at = (const uint16_t *)npattn_kv_row(&s->kk, j0 + j, &run);
-            run = min64(run, nk - j);
-            npattn_kernels()->scores_bf16(s->qp, pl->ldq2, M, D / 2, at, p->k.row_stride, run, s->st + j * M, M);
-        }
-    } else
+        if (!s->stream && u->ng == 1 && (ktile = tile_of(pl, &pl->k_rows, FLOAT_ROWS, &p->k, u, &s->kk, D, j0, nk, 1, NULL)))
+            ldk = D;
 #endif
-    if (s->stream && s->k_direct) { /* in place, as stored: the tile's spans (a page each), kv head after kv head */
-        for (int64_t c = 0; c < nk; c += s->k_keys)
-            for (int64_t gi = 0; gi < u->ng; gi++) {
-                const int64_t n_span = kv_spans(&s->kk, s->k_head, gi, u->ng, j0 + c, min64(s->k_keys, nk - c), u->j1,
-                                                s->k_dist, s->spans);
-                const uint32_t *qb = s->qk == QK_PATH_STREAM_Q_TILES ? s->qp + gi * D / 2 * 16 : NULL;
-                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, p->k.dtype, s->spans, n_span,
-                                         pl->ldk, qb, (float *)s->st + gi * s->mg * s->sld + c, s->sld);
-            }
-    } else {
-        for (int64_t gi = 0; gi < u->ng; gi++) { /* each kv head's tile in turn */
-            const struct npattn_kv kv = kv_head(s->kk, gi, s->k_head);
-            int64_t ldk;
-            int in_place;
-            const void *ktile = NULL;
-#if !IS_F64
-            if (!s->stream && u->ng == 1 && (ktile = tile_of(pl, &pl->k_rows, FLOAT_ROWS, &p->k, u, &s->kk, D, j0, nk, 1, NULL)))
-                ldk = D;
-#endif
-            if (!ktile) ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
-            if (s->stream) { /* converted: nothing to prefetch */
-                const struct npattn_span span = {ktile, ktile, nk};
-                npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, &span, 1,
-                                         ldk, NULL, (float *)s->st + gi * s->mg * s->sld, s->sld);
-            } else
-                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)s->mg, (int)D, (REAL)1,
-                     (const REAL *)ktile, (int)ldk, s->qt + gi * s->mg, (int)M, (REAL)0, s->st + gi * s->mg, (int)M);
-        }
+        if (!ktile) ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
+        if (s->stream) {
+            const struct npattn_span span = {ktile, ktile, nk};
+            npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, &span, 1, ldk,
+                                     NULL, (float *)s->st + gi * s->mg * s->sld, s->sld);
+        } else
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)s->mg, (int)D, (REAL)1, (const REAL *)ktile,
+                 (int)ldk, s->qt + gi * s->mg, (int)M, (REAL)0, s->st + gi * s->mg, (int)M);
     }
+}
+
+/* The mask's tile as a bias and the band where it cuts the tile [j0, j0 +
+ * nk). Returns 1 where the mask holds values float cannot hold: the task
+ * goes to double. */
+static int CAT(band_and_bias_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+    const struct npattn_problem *p = pl->p;
+    const struct unit *u = &s->u;
     s->tile.nk = nk;
     s->tile.bias = NULL;
     if (p->mask_kind != NPATTN_MASK_NONE) {
-        if (CAT(mask_tile_, SFX)(p, u->off_mask, u->h0, u->i0, u->nq, M, j0, nk, s->bias, s->sj, s->sr, s->row))
-            return 1; /* mask values float cannot hold: the task goes to double */
+        if (CAT(mask_tile_, SFX)(p, u->off_mask, u->h0, u->i0, u->nq, u->M, j0, nk, s->bias, s->sj, s->sr, s->row))
+            return 1;
         s->tile.bias = s->bias;
     }
-    int clipped = npattn_band_clip(&u->band, u->i0, u->nq, M, j0, nk, s->lo, s->hi);
+    int clipped = npattn_band_clip(&u->band, u->i0, u->nq, u->M, j0, nk, s->lo, s->hi);
     s->tile.lo = clipped ? s->lo : NULL;
     s->tile.hi = clipped ? s->hi : NULL;
+    return 0;
+}
+
+/* One key tile [j0, j0 + nk) of the unit's rows: its scores on the task's
+ * path (K in place where BLAS, or the streaming kernels in K's own type,
+ * can read it), the mask and the band, then one step of online softmax
+ * down each column: st holds the probabilities exp(x - m), m, l and alpha
+ * are updated (p_tiles: P's pairs made as the tiles take them, into pp).
+ * Returns 1 when a float tile met an extreme. */
+static inline int CAT(softmax_step_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0,
+                                          int64_t nk, int p_tiles) {
+#if !IS_F64
+    if (s->qk == QK_PATH_SPLIT_F16 || s->qk == QK_PATH_BF16) CAT(scores_dots_, SFX)(pl, s, j0, nk);
+    else
+#endif
+    if (s->stream && s->k_direct) CAT(scores_spans_, SFX)(pl, s, j0, nk);
+    else CAT(scores_rows_, SFX)(pl, s, j0, nk);
+    if (CAT(band_and_bias_, SFX)(pl, s, j0, nk)) return 1;
 #if IS_F64
     (void)p_tiles;
     npattn_softmax_f64(s->st, &s->tile, s->mt, s->lt, s->at);
     return 0;
 #else
-    if (p_tiles) /* P's pairs as the tiles take them, into pp */
-        return npattn_kernels()->softmax_tiles_f32(s->st, &s->tile, s->mt, s->lt, s->at, s->pp, pl->ldpa);
-    return (s->stream ? npattn_kernels()->softmax_rows_f32 : npattn_kernels()->softmax_f32)(s->st, &s->tile, s->mt,
-                                                                                             s->lt, s->at);
+    const struct npattn_kernels *kn = npattn_kernels();
+    if (p_tiles) return kn->softmax_tiles_f32(s->st, &s->tile, s->mt, s->lt, s->at, s->pp, pl->ldpa);
+    return (s->stream ? kn->softmax_rows_f32 : kn->softmax_f32)(s->st, &s->tile, s->mt, s->lt, s->at);
 #endif
+}
+
+#if !IS_F64
+/* O += P @ V_tile as bfloat16 dot products, on the task's path: streamed,
+ * P's rows as bfloat16 against V's rows in place; float16, P and V split;
+ * "highest", P's three parts against V's pairs; else P's pairs, made by the
+ * softmax as A tiles or here by rows. V's pairs are the call's copy where
+ * its last pair is the copy's (nk even, or the whole tile). A subnormal
+ * weight, below 2^-126, may read as 0. Returns 0 when the streamed V holds
+ * a subnormal value: the tile is then added by the FMAs. */
+static int CAT(pv_dots_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+    const struct npattn_problem *p = pl->p;
+    const struct npattn_kernels *kn = npattn_kernels();
+    const struct unit *u = &s->u;
+    const int64_t M = u->M, Dv = p->n_embd_v, np = (nk + 1) / 2;
+    float *ot = s->ot;
+    if (s->pv == PV_PATH_STREAM_BF16) {
+        npattn_bf16_rows(s->st, M, nk, s->sld, (uint16_t *)s->pp, pl->bk);
+        const int64_t n_span = kv_spans(&s->vv, s->v_head, 0, 1, j0, nk, u->j1, s->v_dist, s->spans);
+        if (kn->accumulate_pairs((const uint16_t *)s->pp, pl->bk, M, s->spans, n_span, pl->ldv, Dv, (float *)s->vp))
+            return 0;
+        kn->add_f32(ot, (const float *)s->vp, M * Dv);
+        return 1;
+    }
+    if (s->pv == PV_PATH_SPLIT_F16) {
+        const uint32_t *vp = tile_of(pl, &pl->v_tiles, SPLIT_V, &p->v, u, &s->vv, Dv, j0, nk, 1, s->vp);
+        kn->split_tiles(s->st, nk, M, M, s->pp, pl->ldpa, (M + 15) / 16 * 16);
+        kn->accumulate_tiles_bf16(s->pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
+        return 1;
+    }
+    const int whole_ok = nk % 2 == 0 || nk == min64(pl->bk, u->k1 - j0);
+    const uint32_t *vp = tile_of(pl, &pl->v_tiles, V_PAIRS, &p->v, u, &s->vv, Dv, j0, nk, whole_ok, s->vp);
+    if (s->pv == PV_PATH_EXACT_BF16) {
+        const int64_t rows = (M + 15) / 16 * 16; /* each part's A tiles */
+        kn->exact_tiles(s->st, nk, M, M, s->pp, pl->ldpa, rows);
+        for (int64_t k = 0; k < 3; k++)
+            kn->accumulate_tiles_bf16(s->pp + k * rows * pl->ldpa, pl->ldpa, M, np, vp, pl->ldv2, Dv, ot);
+    } else if (s->pv == PV_PATH_BF16_TILES) {
+        kn->accumulate_tiles_bf16(s->pp, pl->ldpa, M, np, vp, pl->ldv2, Dv, ot);
+    } else {
+        npattn_pairs_of_rows(s->st, nk, M, M, s->pp, pl->ldq2);
+        kn->accumulate_bf16(s->pp, pl->ldq2, M, np, vp, pl->ldv2, Dv, ot);
+    }
+    return 1;
+}
+#endif
+
+/* Streamed O += P @ V of V's rows in place, as stored: the tile's spans (a
+ * page each), a round of keys at a time, kv head after kv head. */
+static void CAT(pv_spans_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+    const struct npattn_problem *p = pl->p;
+    const struct unit *u = &s->u;
+    const int64_t Dv = p->n_embd_v;
+    for (int64_t c = 0; c < nk; c += s->v_keys)
+        for (int64_t gi = 0; gi < u->ng; gi++) {
+            const int64_t n_span =
+                kv_spans(&s->vv, s->v_head, gi, u->ng, j0 + c, min64(s->v_keys, nk - c), u->j1, s->v_dist, s->spans);
+            npattn_kernels()->accumulate((const float *)s->st + gi * s->mg * s->sld + c, s->sld, s->mg, s->spans,
+                                         n_span, p->v.dtype, pl->ldv, Dv, (float *)s->ot + gi * s->mg * Dv);
+        }
+}
+
+/* O += P @ V of V's rows as REAL, in place where BLAS reads them, else the
+ * call's float copy of the tile or converted here: each kv head's in turn,
+ * by a gemm (which writes O at the task's first tile), or streamed
+ * (converted: nothing to prefetch). */
+static void CAT(pv_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk,
+                               int first) {
+    const struct npattn_problem *p = pl->p;
+    const struct unit *u = &s->u;
+    const int64_t Dv = p->n_embd_v, M = u->M;
+    for (int64_t gi = 0; gi < u->ng; gi++) {
+        const struct npattn_kv kv = kv_head(s->vv, gi, s->v_head);
+        int64_t ldv;
+        int in_place;
+        const void *vtile = NULL;
+#if !IS_F64
+        if (!s->stream && u->ng == 1 && (vtile = tile_of(pl, &pl->v_rows, FLOAT_ROWS, &p->v, u, &s->vv, Dv, j0, nk, 1, NULL)))
+            ldv = Dv;
+#endif
+        if (!vtile) vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, s->v_direct, pl->ldv, s->vt, &ldv, &in_place);
+        if (s->stream) {
+            const struct npattn_span span = {vtile, vtile, nk};
+            npattn_kernels()->accumulate((const float *)s->st + gi * s->mg * s->sld, s->sld, s->mg, &span, 1,
+                                         NPATTN_DTYPE_F32, ldv, Dv, (float *)s->ot + gi * s->mg * Dv);
+        } else
+            GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s->mg, (int)Dv, (int)nk, (REAL)1, s->st + gi * s->mg,
+                 (int)M, (const REAL *)vtile, (int)ldv, (REAL)!first, s->ot + gi * s->mg * Dv, (int)Dv);
+    }
+}
+
+/* O (M, D_v) += P (M, nk) @ V_tile (nk, D_v), P stored as st, on the task's
+ * path; V in place where BLAS, or the streaming kernels in V's own type,
+ * can read it, else converted. */
+static void CAT(pv_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk, int first) {
+#if !IS_F64
+    if (s->pv != PV_PATH_GEMM && s->pv != PV_PATH_STREAM && CAT(pv_dots_, SFX)(pl, s, j0, nk)) return;
+#endif
+    if (s->stream && s->v_direct) CAT(pv_spans_, SFX)(pl, s, j0, nk);
+    else CAT(pv_rows_, SFX)(pl, s, j0, nk, first);
+}
+
+/* The task's rows of out, O / l, and their lse (a row that saw no key:
+ * zeros, not NaN, even where 0 * a NaN value was added). Float: a head's
+ * rows at a time, straight into out where its rows' elements lie together,
+ * else in place, then stored row by row. Returns 1 when a float
+ * accumulator overflowed (found as the rows are stored: one pass over O):
+ * the task is recomputed in double, which stores its rows again. */
+static int CAT(store_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s) {
+    const struct npattn_problem *p = pl->p;
+    const struct unit *u = &s->u;
+    const int64_t Dv = p->n_embd_v, M = u->M, nq = u->nq, i0 = u->i0, h0 = u->h0;
+    REAL *ot = s->ot, *lt = s->lt;
+    int overflowed = 0;
+#if IS_F64
+    for (int64_t r = 0; r < M && Dv > 0; r++) {
+        const REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r];
+        for (int64_t e = 0; e < Dv; e++) s->row[e] = inv == (REAL)0 ? (REAL)0 : ot[r * Dv + e] * inv;
+        STORE(p->out.dtype, s->row, Dv, npattn_elem(&p->out, pl->out_size, u->off_out, h0 + r / nq, i0 + r % nq),
+              p->out.col_stride);
+    }
+#else
+    const int direct = p->out.col_stride == 1 && p->out.dtype != NPATTN_DTYPE_F64;
+    for (int64_t r0 = 0; r0 < M && Dv > 0; r0 += nq) {
+        char *to = npattn_elem(&p->out, pl->out_size, u->off_out, h0 + r0 / nq, i0);
+        overflowed |= npattn_kernels()->finish_rows(ot + r0 * Dv, nq, Dv, lt + r0,
+                                                    direct ? p->out.dtype : NPATTN_DTYPE_F32,
+                                                    direct ? (void *)to : ot + r0 * Dv, direct ? p->out.row_stride : Dv);
+        for (int64_t r = r0; r < r0 + nq && !direct; r++)
+            STORE(p->out.dtype, ot + r * Dv, Dv, to + (r - r0) * p->out.row_stride * pl->out_size, p->out.col_stride);
+    }
+#endif
+    for (int64_t r = 0; r < M && p->lse.data; r++)
+        store_lse(p, u->off_lse, h0 + r / nq, i0 + r % nq,
+                  lt[r] == (REAL)0 ? -INFINITY : (double)s->mt[r] + log((double)lt[r]));
+    return overflowed;
+}
+
+/* Split-K: the task's part, (lse, O / l), for the merge, in double; a part
+ * that saw no key leaves O itself, 0 or the NaN of 0 * a NaN value, which
+ * the merge keeps where another part or the sink gives the row weight.
+ * Returns 1 when a float accumulator overflowed. */
+static int CAT(store_part_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s) {
+    const int64_t Dv = pl->p->n_embd_v, M = s->u.M;
+    const REAL *ot = s->ot, *mt = s->mt, *lt = s->lt;
+    double *part = pl->partials + (size_t)s->task * (size_t)(pl->max_m * (Dv + 1));
+    int overflowed = 0;
+    for (int64_t r = 0; r < M; r++) {
+        const REAL inv = lt[r] == (REAL)0 ? (REAL)1 : (REAL)1 / lt[r];
+        part[r] = lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]);
+        for (int64_t e = 0; e < Dv; e++) {
+            const REAL x = ot[r * Dv + e];
+            overflowed |= x - x != (REAL)0;
+            part[pl->max_m + r * Dv + e] = (double)(x * inv);
+        }
+    }
+    return overflowed;
 }
 
 /* Keys zeroed between two polls of the cancel flag: a row of the weights
@@ -149,219 +438,34 @@ __attribute__((noinline)) static int CAT(weights_, SFX)(struct fwd_plan *pl, str
     return 0;
 }
 
-/* Returns 1 when a float task must be recomputed in double. */
+/* One task: its paths and Q, then per key tile the probabilities (max and
+ * sum updated), O's rows rescaled where their max grew (O is zeros at the
+ * first tile), and P @ V added; then its rows, or its part under split-K,
+ * and the weights (never split-K). Returns 1 when a float task must be
+ * recomputed in double. */
 static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scratch) {
     struct fwd_plan *pl = plan;
     const struct npattn_problem *p = pl->p;
-    const int f64 = sizeof(REAL) == sizeof(double);
-    const struct layout *lay = f64 ? &pl->lay64 : &pl->lay;
-    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, split = task % pl->n_split;
+    const int64_t Dv = p->n_embd_v;
     struct CAT(fwd_task_, SFX) s;
-    s.slot = slot;
-    locate(pl, task / pl->n_split, &s.u);
-    const struct unit *u = &s.u;
-    const int64_t M = u->M, nq = u->nq, i0 = u->i0, h0 = u->h0;
-    /* the plan's paths; the f64 copy always gemms */
-    s.qk = f64 ? QK_PATH_GEMM : pl->qk;
-    s.pv = f64 ? PV_PATH_GEMM : pl->pv;
-    s.stream = qk_streams(s.qk);
-    s.k_direct = f64 == pl->f64 && pl->k_direct;
-    const int v_direct = f64 == pl->f64 && pl->v_direct;
-
-    s.qt = (REAL *)(scratch + lay->qt), s.st = (REAL *)(scratch + lay->st);
-    s.mt = (REAL *)(scratch + lay->m), s.lt = (REAL *)(scratch + lay->l), s.at = (REAL *)(scratch + lay->alpha);
-    s.row = (REAL *)(scratch + lay->row), s.kt = (REAL *)(scratch + lay->kt), s.bias = (REAL *)(scratch + lay->bias);
-    s.lo = (int32_t *)(scratch + lay->lo), s.hi = (int32_t *)(scratch + lay->hi);
-    REAL *ot = (REAL *)(scratch + lay->ot), *vt = (REAL *)(scratch + lay->vt);
-    REAL *mt = s.mt, *lt = s.lt, *at = s.at;
-
-    s.qp = (uint32_t *)(scratch + lay->qp), s.pp = (uint32_t *)(scratch + lay->pp), s.vp = (uint32_t *)(scratch + lay->vp);
-    s.spans = (struct npattn_span *)(scratch + lay->spans);
-
-    /* this split's share of the key tiles the band lets the rows see */
-    const int64_t n_ktile = (u->j1 - u->j0 + pl->bk - 1) / pl->bk;
-    const int64_t t_begin = n_ktile * split / pl->n_split, t_end = n_ktile * (split + 1) / pl->n_split;
-    s.kk = kv_of(pl, u, &p->k, n_ktile > 0, pl->k_page_bytes);
-    s.vv = kv_of(pl, u, &p->v, n_ktile > 0 && Dv > 0, pl->v_page_bytes);
-    s.mg = M / u->ng;
-    s.k_head = p->k.head_stride * (int64_t)npattn_dtype_size(p->k.dtype);
-    s.v_head = p->v.head_stride * (int64_t)npattn_dtype_size(p->v.dtype);
-    /* Q: its pairs for the dot products, unless a value is subnormal (they
-     * would read it as 0); its rows (M, D) for the streaming kernels; Q^T
-     * (D, M) for the gemm, which then reads K in place as a plain NoTrans
-     * product (a form OpenBLAS's small-matrix kernels take) */
-    REAL *qrows = s.stream ? s.qt : (REAL *)(scratch + lay->qrows);
+    CAT(task_begin_, SFX)(pl, task, slot, scratch, &s);
 #if !IS_F64
-    const int64_t state = u->b * p->n_head_kv + u->g; /* the request's kv head's subnormal states */
-    if ((s.qk == QK_PATH_BF16 || s.qk == QK_PATH_SPLIT_F16) && n_ktile == 0) s.qk = QK_PATH_GEMM;
-    if (s.qk == QK_PATH_BF16 && !rows_normal(&pl->k_normal[state], &s.kk, u, D)) s.qk = QK_PATH_GEMM;
-    if (s.qk == QK_PATH_SPLIT_F16) { /* float16: split, never subnormal */
-        CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
-        npattn_split_across(qrows, M, D, D, s.qp, pl->ldq2);
-    } else if (s.qk == QK_PATH_BF16 && !npattn_word_pairs(&p->q, u->off_q, h0, i0, nq, M, D, s.qp, pl->ldq2)) {
-        CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows); /* through floats */
-        if (npattn_pairs_across(qrows, M, D, D, s.qp, pl->ldq2)) s.qk = QK_PATH_GEMM;
-    }
-    if (n_ktile == 0) s.pv = s.stream ? PV_PATH_STREAM : PV_PATH_GEMM;
-    else if (s.pv == PV_PATH_STREAM_BF16 && u->ng > 1) s.pv = PV_PATH_STREAM; /* (V's subnormal values: as read) */
-    else if ((s.pv == PV_PATH_BF16 || s.pv == PV_PATH_BF16_TILES || s.pv == PV_PATH_EXACT_BF16) &&
-             !rows_normal(&pl->v_normal[state], &s.vv, u, Dv))
-        s.pv = PV_PATH_GEMM;
+    CAT(task_paths_, SFX)(pl, &s);
 #endif
-    /* the bfloat16 P @ V of a table whose softmax makes P's tiles */
+    CAT(task_start_, SFX)(pl, &s);
     const int p_tiles = s.pv == PV_PATH_BF16_TILES;
-    if (s.stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows);
-    else if (s.qk == QK_PATH_GEMM) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, h0, i0, nq, M, D, qrows, s.qt);
-#if !IS_F64
-    for (int64_t gi = 0; gi < u->ng && s.qk == QK_PATH_STREAM_Q_TILES; gi++)
-        if (!npattn_kernels()->q_tiles((const float *)qrows + gi * s.mg * D, s.mg, D, s.qp + gi * D / 2 * 16))
-            s.qk = QK_PATH_STREAM;
-#endif
-    if (s.stream) {
-        kv_rounds(pl, &s.kk, u->ng, s.qk == QK_PATH_STREAM_Q_TILES, 0, &s.k_keys, &s.k_dist);
-        kv_rounds(pl, &s.vv, u->ng, 0, s.mg, &s.v_keys, &s.v_dist);
-    }
-    /* The running max starts at the head's sink, whose weight exp(0) is 1;
-     * with split-K only the first split carries it. */
-    for (int64_t r = 0; r < M; r++) {
-        double sink = p->sinks && split == 0 ? p->sinks[h0 + r / nq] : -INFINITY;
-        mt[r] = (REAL)sink;
-        lt[r] = sink == -INFINITY ? (REAL)0 : (REAL)1;
-    }
-    /* O's rows (M, D_v): zeros, unless the first tile's gemms write them */
-    const int o_by_gemm = s.pv == PV_PATH_GEMM && t_end > t_begin;
-    if (!o_by_gemm) memset(ot, 0, (size_t)(M * Dv) * sizeof(REAL));
-
-    /* scores (j, r): transposed (keys, M) for the gemms, by rows (M, bk) for
-     * the streaming kernels; the bias likewise */
-    s.sld = s.stream ? pl->bk : M, s.sj = s.stream ? 1 : M, s.sr = s.stream ? pl->bk : 1;
-    SCORE_TILE tile = {.M = M, .ld = s.sld, .scale = (REAL)p->scale, .softcap = (REAL)p->softcap};
-    s.tile = tile;
-    for (int64_t t = t_begin; t < t_end; t++) {
+    const int64_t M = s.u.M;
+    for (int64_t t = s.t_begin; t < s.t_end; t++) {
         if (npattn_run_stopped(&pl->run, slot)) return 0;
-        const int64_t j0 = u->j0 + t * pl->bk, nk = min64(u->j1 - j0, pl->bk);
-
-        /* the probabilities of this key tile, max and sum updated */
+        const int64_t j0 = s.u.j0 + t * pl->bk, nk = min64(s.u.j1 - j0, pl->bk);
         if (CAT(softmax_step_, SFX)(pl, &s, j0, nk, p_tiles)) return 1;
-        if (t > t_begin) /* the rows whose max grew (O is zeros at the first tile) */
+        if (t > s.t_begin)
             for (int64_t r = 0; r < M; r++)
-                if (at[r] != (REAL)1)
-                    for (int64_t e = 0; e < Dv; e++) ot[r * Dv + e] *= at[r];
-
-        /* O (M, D_v) += P (M, nk) @ V_tile (nk, D_v), P stored as st; V in
-         * place where BLAS, or the streaming kernels in V's own type, can
-         * read it, else converted here */
-        if (Dv == 0) continue;
-#if !IS_F64
-        if (s.pv == PV_PATH_STREAM_BF16) { /* bfloat16 dot products: P's rows as bfloat16, V's rows in place */
-            const struct npattn_kernels *kn = npattn_kernels();
-            npattn_bf16_rows((const float *)s.st, M, nk, s.sld, (uint16_t *)s.pp, pl->bk);
-            const int64_t n_span = kv_spans(&s.vv, s.v_head, 0, 1, j0, nk, u->j1, s.v_dist, s.spans);
-            if (!kn->accumulate_pairs((const uint16_t *)s.pp, pl->bk, M, s.spans, n_span, pl->ldv, Dv, (float *)s.vp)) {
-                kn->add_f32((float *)ot, (const float *)s.vp, M * Dv);
-                continue;
-            } /* else a value of V is subnormal: the FMAs below */
-        } else if (s.pv == PV_PATH_SPLIT_F16) { /* float16: P and V split, then their dot products */
-            const uint32_t *vp = tile_of(pl, &pl->v_tiles, SPLIT_V, &p->v, u, &s.vv, Dv, j0, nk, 1, s.vp);
-            npattn_kernels()->split_tiles(s.st, nk, M, M, s.pp, pl->ldpa, (M + 15) / 16 * 16);
-            npattn_kernels()->accumulate_tiles_bf16(s.pp, pl->ldpa, M, 2 * nk, vp, pl->ldv2, Dv, ot);
-            continue;
-        } else if (pv_tiles(s.pv)) { /* bfloat16 dot products */
-            const struct npattn_kernels *kn = npattn_kernels();
-            /* V's pairs: the call's copy where its last pair is the copy's (nk even, or the whole tile) */
-            const int whole_ok = nk % 2 == 0 || nk == min64(pl->bk, u->k1 - j0);
-            const uint32_t *vp = tile_of(pl, &pl->v_tiles, V_PAIRS, &p->v, u, &s.vv, Dv, j0, nk, whole_ok, s.vp);
-            if (s.pv == PV_PATH_EXACT_BF16) { /* under "highest": P's three parts against V's pairs */
-                const int64_t rows = (M + 15) / 16 * 16; /* each part's A tiles */
-                kn->exact_tiles(s.st, nk, M, M, s.pp, pl->ldpa, rows);
-                for (int64_t k = 0; k < 3; k++)
-                    kn->accumulate_tiles_bf16(s.pp + k * rows * pl->ldpa, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv,
-                                              ot);
-                continue;
-            }
-            /* a subnormal weight, below 2^-126, may read as 0 */
-            if (p_tiles) {
-                kn->accumulate_tiles_bf16(s.pp, pl->ldpa, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
-                continue;
-            }
-            npattn_pairs_of_rows(s.st, nk, M, M, s.pp, pl->ldq2);
-            kn->accumulate_bf16(s.pp, pl->ldq2, M, (nk + 1) / 2, vp, pl->ldv2, Dv, ot);
-            continue;
-        }
-#endif
-        if (s.stream && v_direct) { /* in place, as stored: the tile's spans (a page each), kv head after kv head */
-            for (int64_t c = 0; c < nk; c += s.v_keys)
-                for (int64_t gi = 0; gi < u->ng; gi++) {
-                    const int64_t n_span = kv_spans(&s.vv, s.v_head, gi, u->ng, j0 + c, min64(s.v_keys, nk - c), u->j1,
-                                                    s.v_dist, s.spans);
-                    npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld + c, s.sld, s.mg, s.spans,
-                                                 n_span, p->v.dtype, pl->ldv, Dv, (float *)ot + gi * s.mg * Dv);
-                }
-            continue;
-        }
-        for (int64_t gi = 0; gi < u->ng; gi++) {
-            const struct npattn_kv kv = kv_head(s.vv, gi, s.v_head);
-            int64_t ldv;
-            int in_place;
-            const void *vtile = NULL;
-#if !IS_F64
-            if (!s.stream && u->ng == 1 && (vtile = tile_of(pl, &pl->v_rows, FLOAT_ROWS, &p->v, u, &s.vv, Dv, j0, nk, 1, NULL)))
-                ldv = Dv;
-#endif
-            if (!vtile) vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, v_direct, pl->ldv, vt, &ldv, &in_place);
-            if (s.stream) { /* converted: nothing to prefetch */
-                const struct npattn_span span = {vtile, vtile, nk};
-                npattn_kernels()->accumulate((const float *)s.st + gi * s.mg * s.sld, s.sld, s.mg, &span, 1,
-                                             NPATTN_DTYPE_F32, ldv, Dv, (float *)ot + gi * s.mg * Dv);
-            } else
-                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s.mg, (int)Dv, (int)nk, (REAL)1, s.st + gi * s.mg,
-                     (int)M, (const REAL *)vtile, (int)ldv, (REAL)(t > t_begin), ot + gi * s.mg * Dv, (int)Dv);
-        }
+                if (s.at[r] != (REAL)1)
+                    for (int64_t e = 0; e < Dv; e++) s.ot[r * Dv + e] *= s.at[r];
+        if (Dv > 0) CAT(pv_, SFX)(pl, &s, j0, nk, t == s.t_begin);
     }
-    /* a float accumulator that overflowed: the task is recomputed in double,
-     * which stores its rows again (found as they are stored: one pass over O) */
-    int overflowed = 0;
-    if (pl->n_split == 1) {
-        /* a row that saw no key: zeros, not NaN (even where 0 * a NaN value was added) */
-#if IS_F64
-        for (int64_t r = 0; r < M && Dv > 0; r++) {
-            const REAL inv = lt[r] == (REAL)0 ? (REAL)0 : (REAL)1 / lt[r];
-            for (int64_t e = 0; e < Dv; e++) s.row[e] = inv == (REAL)0 ? (REAL)0 : ot[r * Dv + e] * inv;
-            STORE(p->out.dtype, s.row, Dv, npattn_elem(&p->out, pl->out_size, u->off_out, h0 + r / nq, i0 + r % nq),
-                  p->out.col_stride);
-        }
-#else
-        /* a head's rows at a time: straight into out where its rows' elements
-         * lie together, else in place, then stored row by row */
-        const int direct = p->out.col_stride == 1 && p->out.dtype != NPATTN_DTYPE_F64;
-        for (int64_t r0 = 0; r0 < M && Dv > 0; r0 += nq) {
-            char *to = npattn_elem(&p->out, pl->out_size, u->off_out, h0 + r0 / nq, i0);
-            overflowed |= npattn_kernels()->finish_rows(ot + r0 * Dv, nq, Dv, lt + r0,
-                                                        direct ? p->out.dtype : NPATTN_DTYPE_F32,
-                                                        direct ? (void *)to : ot + r0 * Dv, direct ? p->out.row_stride : Dv);
-            for (int64_t r = r0; r < r0 + nq && !direct; r++)
-                STORE(p->out.dtype, ot + r * Dv, Dv, to + (r - r0) * p->out.row_stride * pl->out_size, p->out.col_stride);
-        }
-#endif
-        for (int64_t r = 0; r < M && p->lse.data; r++)
-            store_lse(p, u->off_lse, h0 + r / nq, i0 + r % nq,
-                      lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]));
-    } else {
-        /* split-K: leave (lse, O / l) for the merge, in double; a part that
-         * saw no key leaves O itself, 0 or the NaN of 0 * a NaN value, which
-         * the merge keeps where another part or the sink gives the row weight */
-        double *part = pl->partials + (size_t)task * (size_t)(pl->max_m * (Dv + 1));
-        for (int64_t r = 0; r < M; r++) {
-            const REAL inv = lt[r] == (REAL)0 ? (REAL)1 : (REAL)1 / lt[r];
-            part[r] = lt[r] == (REAL)0 ? -INFINITY : (double)mt[r] + log((double)lt[r]);
-            for (int64_t e = 0; e < Dv; e++) {
-                const REAL x = ot[r * Dv + e];
-                overflowed |= x - x != (REAL)0;
-                part[pl->max_m + r * Dv + e] = (double)(x * inv);
-            }
-        }
-    }
+    const int overflowed = pl->n_split == 1 ? CAT(store_rows_, SFX)(pl, &s) : CAT(store_part_, SFX)(pl, &s);
     if (!IS_F64 && overflowed) return 1;
-    /* the weights (never split-K) */
-    return p->weights.data ? CAT(weights_, SFX)(pl, &s, t_begin, t_end) : 0;
+    return p->weights.data ? CAT(weights_, SFX)(pl, &s, s.t_begin, s.t_end) : 0;
 }
