@@ -1,9 +1,11 @@
-/* backward.c: the backward driver. Checks a backward problem, sizes the
- * tiles, and runs one task per kv head of each slice of the batch that the
- * gradients keep (tile_bwd.h, written once for float and double): a batch
- * dim along which a gradient has stride 0 is summed, the task visiting its
- * entries in order. A head's key blocks are split across tasks when there
- * are fewer heads than threads and nothing is summed. */
+/* backward.c: the backward driver. npattn_sdpa_backward (at the end) checks
+ * a backward problem and plans it in named stages (tiles, the products'
+ * path, keys and units, split, memory), then runs one task per kv head of
+ * each slice of the batch that the gradients keep (tile_bwd.h, written once
+ * for float and double): a batch dim along which a gradient has stride 0 is
+ * summed, the task visiting its entries in order. A head's key blocks are
+ * split across tasks when there are fewer heads than threads and nothing is
+ * summed. */
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -22,6 +24,16 @@
 #define BWD_KEYS_BF16 96          /* keys per block with no OpenBLAS product: measured best of 48-128 on Zen 4 */
 _Static_assert(BWD_KEYS_BF16 % 2 == 0, "a block of K's pairs starts on a pair");
 #define BWD_CHUNK_BYTES (2 << 20) /* a chunk's K, V (converted) and dK, dV */
+
+/* How a backward tile computes its products (plan_products). A chunk of
+ * keys, or a query tile, takes the gemms where its operands need them (a
+ * subnormal value, which a bfloat16 pair would read as 0, or values that
+ * are not all finite); the double copy of a task always does. */
+enum bwd_path {
+    BWD_PATH_GEMM,      /* gemms in the computed type */
+    BWD_PATH_BF16,      /* bfloat16 q, k, v and dout: S^T and dP^T as the table's bfloat16 dot products (exact) */
+    BWD_PATH_BF16_FAST, /* and under "fast" the three products with P and dS too, those rounded to bfloat16 */
+};
 
 struct bwd_layout {
     size_t qrows, dorows, orows, qt, dot, st, dpt, dcap, bias, kt, vt, dk, dv, dq, lse, m, l, alpha, dvec, row, lo, hi;
@@ -43,12 +55,10 @@ struct bwd_plan {
     int64_t n_rep;             /* batch entries per unit: the product of the summed dims */
     int k_direct, v_direct;
     int64_t ldk, ldv;
-    /* bfloat16 q, k, v and dout: S^T and dP^T as the table's bfloat16 dot
-     * products (exact products), and under "fast" the three products with
-     * P and dS too, those rounded to bfloat16. Pairs' rows are ldm2, ldd2
-     * and ldv2 apart (16-lane multiples of M, D and Dv); P^T's and dS^T's
-     * bfloat16 rows m16 (M padded to the table's bf16_d_step). */
-    int bf16, bf16_fast;
+    enum bwd_path path;        /* the call's products */
+    /* the pairs' rows are ldm2, ldd2 and ldv2 apart (16-lane multiples of M,
+     * D and Dv); P^T's and dS^T's bfloat16 rows m16 (M padded to the
+     * table's bf16_d_step) */
     int64_t ldm2, ldd2, ldv2, m16;
     struct bwd_layout lay, lay64;
     struct npattn_slots slots; /* lay.size bytes each; lay64.size in double when a float task needs it */
@@ -115,7 +125,10 @@ static void add_product(const struct npattn_kernels *kn, const uint32_t *yp, int
 #define TASK "tile_bwd.h"
 #include "reals.h"
 
-static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k_direct, int v_direct) {
+/* The regions of one slot's scratch, elements of `real` bytes, for tasks
+ * that take `path` (the double copy: the gemms). */
+static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, enum bwd_path path, int k_direct,
+                                   int v_direct) {
     const struct npattn_problem *p = &pl->bp->fwd;
     const size_t D = (size_t)p->n_embd_k, Dv = (size_t)p->n_embd_v, M = (size_t)(pl->bh * pl->bq);
     const size_t bk = (size_t)pl->bk, nc = (size_t)(pl->chunk * pl->bk);
@@ -143,7 +156,7 @@ static struct bwd_layout layout_of(const struct bwd_plan *pl, size_t real, int k
     s.row = npattn_take(&at, (size_t)max64(max64((int64_t)D, (int64_t)Dv), (int64_t)bk) * real);
     s.lo = npattn_take(&at, M * sizeof(int32_t));
     s.hi = npattn_take(&at, M * sizeof(int32_t));
-    const int pairs = real == sizeof(float) && pl->bf16, fast = pairs && pl->bf16_fast;
+    const int pairs = path != BWD_PATH_GEMM, fast = path == BWD_PATH_BF16_FAST;
     const size_t u32 = sizeof(uint32_t), m16 = (size_t)pl->m16, bk2 = (bk + 1) / 2;
     const size_t ldm2 = (size_t)pl->ldm2, ldd2 = (size_t)pl->ldd2, ldv2 = (size_t)pl->ldv2;
     s.qp = npattn_take(&at, pairs ? (D + 1) / 2 * ldm2 * u32 : 0);   /* Q's pairs along D, for S^T */
@@ -188,102 +201,146 @@ static void run_task(void *arg, int64_t task, int32_t slot) {
         reduce_task(pl, task / pl->n_split, slot);
 }
 
+/* ---- the planner: tiles, products, split, allocation ---- */
+
+/* No query sees a key (no query head): dK and dV are zeros. */
+static void zero_kv_grads(const struct npattn_backward_problem *bp) {
+    const struct npattn_problem *p = &bp->fwd;
+    const double zero[1] = {0};
+    const struct npattn_tensor *grads[2] = {&bp->dk, &bp->dv};
+    const int64_t n_batch = npattn_n_batch(p);
+    for (int t = 0; t < 2; t++) {
+        const int64_t es = (int64_t)npattn_dtype_size(grads[t]->dtype), w = t ? p->n_embd_v : p->n_embd_k;
+        for (int64_t b = 0; b < n_batch; b++)
+            for (int64_t h = 0; h < p->n_head_kv; h++)
+                for (int64_t j = 0; j < p->n_key; j++)
+                    for (int64_t e = 0; e < w; e++)
+                        npattn_store_f64(grads[t]->dtype, zero, 1,
+                                         npattn_elem(grads[t], es, npattn_batch_offset(p, grads[t], b), h, j) +
+                                             e * grads[t]->col_stride * es,
+                                         1);
+    }
+}
+
+/* Tiles: the group's heads stacked with query rows, as in the forward pass. */
+static void plan_tiles(struct bwd_plan *pl, const struct npattn_backward_problem *bp) {
+    const struct npattn_problem *p = &bp->fwd;
+    memset(pl, 0, sizeof *pl);
+    pl->bp = bp;
+    pl->band = npattn_band_of(p);
+    pl->f64 = npattn_computes_f64(p, bp->dq.dtype);
+    pl->group = p->n_head_q / p->n_head_kv;
+    pl->bh = min64(pl->group, BWD_ROWS);
+    pl->n_hblock = (pl->group + pl->bh - 1) / pl->bh;
+    pl->bq = max64(1, min64(max64(p->n_query, 1), BWD_ROWS / pl->bh));
+}
+
+/* The products' path, and the pairs' leading dimensions. */
+static void plan_products(struct bwd_plan *pl) {
+    const struct npattn_backward_problem *bp = pl->bp;
+    const struct npattn_problem *p = &bp->fwd;
+    const struct npattn_kernels *kn = npattn_kernels();
+    const enum npattn_dtype b16 = NPATTN_DTYPE_BF16;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, M = pl->bh * pl->bq;
+    const int bf16 = !pl->f64 && kn->scores_bf16 && p->q.dtype == b16 && p->k.dtype == b16 && p->v.dtype == b16 &&
+                     bp->dout.dtype == b16 && p->k.col_stride == 1 && p->v.col_stride == 1 && D > 0 && Dv > 0 &&
+                     D % kn->bf16_d_step == 0 && Dv % kn->bf16_d_step == 0;
+    pl->path = !bf16 ? BWD_PATH_GEMM
+               : kn->accumulate_bf16 && p->precision == NPATTN_PRECISION_FAST ? BWD_PATH_BF16_FAST
+                                                                              : BWD_PATH_BF16;
+    const int64_t step = max64(2, kn->bf16_d_step);
+    pl->ldm2 = (M + 15) / 16 * 16, pl->ldd2 = (D + 15) / 16 * 16, pl->ldv2 = (Dv + 15) / 16 * 16;
+    pl->m16 = (M + step - 1) / step * step;
+}
+
+/* Key blocks sized for OpenBLAS's small-matrix path (or, with no OpenBLAS
+ * product, as the bfloat16 products ran best), chunks of them, the units
+ * (a kv head of a batch slice that the gradients keep, its repeats those
+ * of the summed dims), and which of K and V BLAS reads in place. */
+static void plan_keys(struct bwd_plan *pl) {
+    const struct npattn_backward_problem *bp = pl->bp;
+    const struct npattn_problem *p = &bp->fwd;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, S = p->n_key, width = max64(D, max64(Dv, 1));
+    pl->bk = pl->path == BWD_PATH_BF16_FAST ? BWD_KEYS_BF16 : BWD_FLOPS_BUDGET / (pl->bh * pl->bq * width) / 16 * 16;
+    pl->bk = min64(BWD_KEYS_MAX, max64(BWD_KEYS_MIN, pl->bk));
+    pl->n_kblock = (S + pl->bk - 1) / pl->bk;
+    pl->chunk = max64(1, BWD_CHUNK_BYTES / (pl->bk * 2 * width * (pl->f64 ? 8 : 4)));
+    pl->n_rep = 1;
+    for (int32_t d = 0; d < p->n_batch_dim; d++)
+        if (bwd_summed(bp, d)) pl->n_rep *= p->batch_shape[d];
+    pl->n_unit = npattn_n_batch(p) / pl->n_rep * p->n_head_kv;
+    enum npattn_dtype computed = pl->f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
+    pl->k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl->ldk);
+    pl->v_direct = Dv > 0 && npattn_blas_direct(&p->v, computed, S, Dv, &pl->ldv);
+}
+
+/* Threads planned as the forward pass plans them; a unit's key blocks split
+ * when there are fewer units than threads (each split then keeps its dQ
+ * apart), unless the unit sums repeats, whose dQ would need a partial per
+ * repeat. */
+static struct npattn_threads plan_split(struct bwd_plan *pl) {
+    const struct npattn_problem *p = &pl->bp->fwd;
+    const int64_t L = p->n_query, S = p->n_key, width = max64(p->n_embd_k, max64(p->n_embd_v, 1));
+    double pairs = 0;
+    for (int64_t kb = 0; kb < pl->n_kblock; kb++) {
+        int64_t j0 = kb * pl->bk, ia, ib;
+        npattn_band_rows(&pl->band, j0, min64(S, j0 + pl->bk), L, &ia, &ib);
+        pairs += (double)(ib - ia) * (double)min64(pl->bk, S - j0);
+    }
+    double flops = 10.0 * pairs * (double)width * (double)pl->group * (double)(pl->n_unit * pl->n_rep);
+    const struct npattn_threads threads = npattn_plan_threads(flops, NPATTN_WAKE, flops / NPATTN_GRAIN, p->n_threads);
+    pl->n_split = 1;
+    if (pl->n_unit < threads.plan && pl->n_kblock > 1 && pl->n_rep == 1)
+        pl->n_split = min64(pl->n_kblock, (2 * (int64_t)threads.plan + pl->n_unit - 1) / pl->n_unit);
+    return threads;
+}
+
+/* The call's memory: each slot's scratch (its reduce rows too), and
+ * split-K's dQ parts (n_task < 2 threads + n_unit: a few copies of one head
+ * group's dQ) with the units' counts of tasks left after them (n_unit <=
+ * n_task). */
+static enum npattn_status plan_memory(struct bwd_plan *pl, int64_t n_task, int32_t n_slot) {
+    const struct npattn_problem *p = &pl->bp->fwd;
+    const int64_t D = p->n_embd_k;
+    pl->lay = layout_of(pl, pl->f64 ? sizeof(double) : sizeof(float), pl->path, pl->k_direct, pl->v_direct);
+    pl->lay64 = pl->f64 ? pl->lay : layout_of(pl, sizeof(double), BWD_PATH_GEMM, 0, 0);
+    size_t slot_bytes = (size_t)max64((int64_t)pl->lay.size, (int64_t)((size_t)D * sizeof(double)));
+    enum npattn_status status = npattn_slots_alloc(&pl->slots, n_slot, slot_bytes, pl->f64 ? 0 : pl->lay64.size);
+    if (status != NPATTN_STATUS_OK || pl->n_split == 1) return status;
+    size_t each = (size_t)(pl->group * p->n_query * D);
+    if (each + 1 > SIZE_MAX / sizeof(double) / (size_t)n_task) return NPATTN_STATUS_NO_MEMORY;
+    pl->dq_parts = npattn_alloc((each * (size_t)n_task + (size_t)pl->n_unit) * sizeof(double));
+    if (!pl->dq_parts) return NPATTN_STATUS_NO_MEMORY;
+    pl->parts_left = (_Atomic int64_t *)(pl->dq_parts + each * (size_t)n_task);
+    npattn_parts_init(pl->parts_left, pl->n_unit, pl->n_split);
+    return NPATTN_STATUS_OK;
+}
+
+/* Plans the call in stages (tiles, products, keys and units, split,
+ * memory) and runs its tasks on the pool. */
 enum npattn_status npattn_sdpa_backward(const struct npattn_backward_problem *bp) {
     enum npattn_status status = npattn_check_backward(bp, NULL);
     if (status != NPATTN_STATUS_OK) return status;
     if (!npattn_blas_ok()) return NPATTN_STATUS_BLAS_WRONG;
     const struct npattn_problem *p = &bp->fwd;
-    const int64_t n_batch = npattn_n_batch(p), D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, S = p->n_key;
-    if (n_batch == 0) return NPATTN_STATUS_OK;
-    if (p->n_head_q == 0) { /* no query sees a key: dK and dV are zeros */
-        const double zero[1] = {0};
-        const struct npattn_tensor *grads[2] = {&bp->dk, &bp->dv};
-        for (int t = 0; t < 2; t++) {
-            const int64_t es = (int64_t)npattn_dtype_size(grads[t]->dtype), w = t ? Dv : D;
-            for (int64_t b = 0; b < n_batch; b++)
-                for (int64_t h = 0; h < p->n_head_kv; h++)
-                    for (int64_t j = 0; j < S; j++)
-                        for (int64_t e = 0; e < w; e++)
-                            npattn_store_f64(grads[t]->dtype, zero, 1,
-                                             npattn_elem(grads[t], es, npattn_batch_offset(p, grads[t], b), h, j) +
-                                                 e * grads[t]->col_stride * es, 1);
-        }
+    if (npattn_n_batch(p) == 0) return NPATTN_STATUS_OK;
+    if (p->n_head_q == 0) {
+        zero_kv_grads(bp);
         return NPATTN_STATUS_OK;
     }
-
     struct bwd_plan pl;
-    memset(&pl, 0, sizeof pl);
-    pl.bp = bp;
-    pl.band = npattn_band_of(p);
-    pl.f64 = npattn_computes_f64(p, bp->dq.dtype);
-    pl.group = p->n_head_q / p->n_head_kv;
-    /* Tile: the group's heads stacked with query rows, as in the forward pass;
-     * key blocks sized for OpenBLAS's small-matrix path. */
-    int64_t width = max64(D, max64(Dv, 1));
-    pl.bh = min64(pl.group, BWD_ROWS);
-    pl.n_hblock = (pl.group + pl.bh - 1) / pl.bh;
-    pl.bq = max64(1, min64(max64(L, 1), BWD_ROWS / pl.bh));
-    const struct npattn_kernels *kn = npattn_kernels();
-    const enum npattn_dtype b16 = NPATTN_DTYPE_BF16;
-    pl.bf16 = !pl.f64 && kn->scores_bf16 && p->q.dtype == b16 && p->k.dtype == b16 && p->v.dtype == b16 &&
-              bp->dout.dtype == b16 && p->k.col_stride == 1 && p->v.col_stride == 1 && D > 0 && Dv > 0 &&
-              D % kn->bf16_d_step == 0 && Dv % kn->bf16_d_step == 0;
-    pl.bf16_fast = pl.bf16 && kn->accumulate_bf16 && p->precision == NPATTN_PRECISION_FAST;
-    const int64_t step = max64(2, kn->bf16_d_step);
-    pl.ldm2 = (pl.bh * pl.bq + 15) / 16 * 16, pl.ldd2 = (D + 15) / 16 * 16, pl.ldv2 = (Dv + 15) / 16 * 16;
-    pl.m16 = (pl.bh * pl.bq + step - 1) / step * step;
-    pl.bk = pl.bf16_fast ? BWD_KEYS_BF16 : BWD_FLOPS_BUDGET / (pl.bh * pl.bq * width) / 16 * 16;
-    pl.bk = min64(BWD_KEYS_MAX, max64(BWD_KEYS_MIN, pl.bk));
-    pl.n_kblock = (S + pl.bk - 1) / pl.bk;
-    pl.chunk = max64(1, BWD_CHUNK_BYTES / (pl.bk * 2 * width * (pl.f64 ? 8 : 4)));
-    pl.n_rep = 1;
-    for (int32_t d = 0; d < p->n_batch_dim; d++)
-        if (bwd_summed(bp, d)) pl.n_rep *= p->batch_shape[d];
-    pl.n_unit = n_batch / pl.n_rep * p->n_head_kv;
-    enum npattn_dtype computed = pl.f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
-    pl.k_direct = npattn_blas_direct(&p->k, computed, S, D, &pl.ldk);
-    pl.v_direct = Dv > 0 && npattn_blas_direct(&p->v, computed, S, Dv, &pl.ldv);
-
-    /* Threads planned as the forward pass plans them; split a unit's key blocks when
-     * there are fewer units than threads (each split then keeps its dQ apart), unless
-     * the unit sums repeats, whose dQ would need a partial per repeat. */
-    double pairs = 0;
-    for (int64_t kb = 0; kb < pl.n_kblock; kb++) {
-        int64_t j0 = kb * pl.bk, ia, ib;
-        npattn_band_rows(&pl.band, j0, min64(S, j0 + pl.bk), L, &ia, &ib);
-        pairs += (double)(ib - ia) * (double)min64(pl.bk, S - j0);
+    plan_tiles(&pl, bp);
+    plan_products(&pl);
+    plan_keys(&pl);
+    const struct npattn_threads threads = plan_split(&pl);
+    const int64_t n_task = pl.n_unit * pl.n_split;
+    const int32_t n_slot = (int32_t)min64(threads.run, n_task);
+    status = plan_memory(&pl, n_task, n_slot);
+    if (status == NPATTN_STATUS_OK) {
+        npattn_blas_init();
+        npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
+        status = npattn_pool_run(run_task, &pl, n_task, n_slot, &pl.run);
     }
-    double flops = 10.0 * pairs * (double)width * (double)pl.group * (double)(pl.n_unit * pl.n_rep);
-    const struct npattn_threads threads = npattn_plan_threads(flops, NPATTN_WAKE, flops / NPATTN_GRAIN, p->n_threads);
-    const int32_t plan_threads = threads.plan, run_threads = threads.run;
-    pl.n_split = 1;
-    if (pl.n_unit < plan_threads && pl.n_kblock > 1 && pl.n_rep == 1)
-        pl.n_split = min64(pl.n_kblock, (2 * (int64_t)plan_threads + pl.n_unit - 1) / pl.n_unit);
-    int64_t n_task = pl.n_unit * pl.n_split;
-    const int32_t n_slot = (int32_t)min64(run_threads, n_task);
-
-    pl.lay = layout_of(&pl, pl.f64 ? sizeof(double) : sizeof(float), pl.k_direct, pl.v_direct);
-    pl.lay64 = pl.f64 ? pl.lay : layout_of(&pl, sizeof(double), 0, 0);
-    size_t slot_bytes = (size_t)max64((int64_t)pl.lay.size, (int64_t)((size_t)D * sizeof(double))); /* reduce rows too */
-    status = npattn_slots_alloc(&pl.slots, n_slot, slot_bytes, pl.f64 ? 0 : pl.lay64.size);
-    if (status != NPATTN_STATUS_OK) return status;
-    status = NPATTN_STATUS_NO_MEMORY;
-    if (pl.n_split > 1) {
-        /* n_task < 2 threads + n_unit: a few copies of one head group's dQ */
-        size_t each = (size_t)(pl.group * L * D);
-        if (each + 1 > SIZE_MAX / sizeof(double) / (size_t)n_task) goto done;
-        /* and after them, the units' counts of tasks left (n_unit <= n_task) */
-        pl.dq_parts = npattn_alloc((each * (size_t)n_task + (size_t)pl.n_unit) * sizeof(double));
-        if (!pl.dq_parts) goto done;
-        pl.parts_left = (_Atomic int64_t *)(pl.dq_parts + each * (size_t)n_task);
-        npattn_parts_init(pl.parts_left, pl.n_unit, pl.n_split);
-    }
-
-    npattn_blas_init();
-    npattn_run_init(&pl.run, p->cancel, p->cancel_arg);
-    status = npattn_pool_run(run_task, &pl, n_task, n_slot, &pl.run);
-
-done:
     npattn_free(pl.dq_parts);
     npattn_slots_free(&pl.slots);
     return status;

@@ -151,11 +151,11 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
 #if !IS_F64
         /* K's and V's bfloat16 rows, read in place by the dot products; a chunk
          * holding a subnormal value (read as 0 there) computes without them */
-        const int chunk16 = pl->bf16 && !rows_subnormal(kchunk, nc, D, ldk) && !rows_subnormal(vchunk, nc, Dv, ldv);
+        const int chunk16 = pl->path != BWD_PATH_GEMM && !rows_subnormal(kchunk, nc, D, ldk) && !rows_subnormal(vchunk, nc, Dv, ldv);
         const int64_t ldk16 = kk.row_bytes / 2, ldv16 = vv.row_bytes / 2;
         /* K's pairs along the keys for dQ, from its own rows, once a chunk (a
          * block's start is even: bk is) rather than once a block and query tile */
-        if (chunk16 && pl->bf16_fast) npattn_pairs_of_kv(&kk, c0, nc, D, kp, ldd2);
+        if (chunk16 && pl->path == BWD_PATH_BF16_FAST) npattn_pairs_of_kv(&kk, c0, nc, D, kp, ldd2);
 #endif
         memset(dk, 0, (size_t)(nc * D) * sizeof(REAL));
         memset(dv, 0, (size_t)(nc * Dv) * sizeof(REAL));
@@ -189,7 +189,7 @@ static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int
                               !npattn_pairs_across(qrows, M, D, D, qp, ldm2)) &&
                              (npattn_word_pairs(&bp->dout, off_do, h0, i0, nq, M, Dv, dop, ldm2) ||
                               !npattn_pairs_across(dorows, M, Dv, Dv, dop, ldm2));
-                if (tile16 && pl->bf16_fast) { /* and their pairs along the rows, zeros to m16 */
+                if (tile16 && pl->path == BWD_PATH_BF16_FAST) { /* and their pairs along the rows, zeros to m16 */
                     fast16 = 1;
                     /* dS scaled whole before its pairs: one of ds_scale and alpha is 1,
                      * so this rounds as scaling by one and then the other did */
