@@ -74,297 +74,443 @@ static void CAT(put_row_, SFX)(const struct npattn_tensor *t, char *at, const RE
     STORE(t->dtype, row, w, at, t->col_stride);
 }
 
-/* Adds one batch entry b (the task's repeat `rep`) of kv head g into the
- * gradients: its dQ rows into dq (or the partial), its dK and dV into dk and
- * dv, stored where rep is the first to reach their slice, else added.
- * Returns 1 when a float task must be redone in double. */
-static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int64_t g, int64_t split, double *part,
-                               int32_t slot, char *scratch) {
+/* One batch entry of a task: where its operands are, its scratch, and the
+ * chunk of keys, the query tile and the key block at hand. */
+struct CAT(bwd_task_, SFX) {
+    int64_t b, rep, g, hg0, split;   /* batch entry, the task's repeat, kv head and its first query head, split */
+    int32_t slot;
+    double *part;                    /* split-K: the task's dQ partial; else NULL */
+    struct npattn_band band;         /* the request's band */
+    int64_t k0, k1;                  /* the keys the request reads */
+    int64_t kb_begin, kb_end;        /* the task's key blocks */
+    int k_direct, v_direct;          /* BLAS reads K / V in place */
+    int dk_first, dv_first;          /* the repeat that stores dK's (dV's) slice rather than adds to it */
+    REAL scale, cap, ds_scale, alpha; /* dS's factor, and its products' (one of the two is 1) */
+    REAL *qrows, *dorows, *orows, *qt, *dot, *st, *dpt, *dcap, *bias, *kt, *vt, *dk, *dv, *dq;
+    REAL *lse, *mt, *lt, *at, *dvec, *row;
+    int32_t *lo, *hi;
+    uint32_t *qp, *dop, *qm, *dom, *dsk, *kp; /* float: Q's and dO's pairs along D (Dv) and along the rows, dS's
+                                                 along the keys, K's chunk's along the keys */
+    uint16_t *pbf, *dsbf;            /* float: P^T and dS^T as bfloat16 */
+    float *prod;                     /* float: a block's dK or dV terms */
+    int64_t off_q, off_o, off_do, off_dq, off_dk, off_dv, off_lse, off_mask; /* batch offsets, in elements */
+    struct npattn_kv kk, vv;         /* K's and V's rows of the entry's kv head */
+    /* the chunk: key blocks kc .. kc_end, keys c0 .. c1, K's and V's rows (ldk, ldv apart) */
+    int64_t kc, kc_end, c0, c1, nc, ldk, ldv;
+    const REAL *kchunk, *vchunk;
+    int kv_finite, chunk16;          /* its rows all finite (double); its rows for the dot products (float) */
+    /* the query tile: heads h0 .. h0 + nh - 1, rows i0 .. i0 + nq - 1, M stacked */
+    int64_t h0, nh, i0, nq, M;
+    int careful;                     /* operands not all finite: the products leave hidden pairs out */
+    int tile16, fast16;              /* S^T and dP^T as dot products; and the three others ("fast") */
+    REAL ds_by;                      /* dS's factor */
+    SCORE_TILE tile;
+};
+
+/* The entry's band and key blocks, its scratch, where its operands are, and
+ * whether it stores or adds the summed gradients' slices. A float tile
+ * scales dS before its products with Q and K when |scale| > 1: products of
+ * tiny dS and tiny q or k taken first would underflow where the scaled ones
+ * are normal (an overflow instead is redone in double). */
+static void CAT(entry_begin_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int64_t g, int64_t split, double *part,
+                                   int32_t slot, char *scratch, struct CAT(bwd_task_, SFX) *s) {
     const struct npattn_backward_problem *bp = pl->bp;
     const struct npattn_problem *p = &bp->fwd;
     const int f64 = sizeof(REAL) == sizeof(double);
     const struct bwd_layout *lay = f64 ? &pl->lay64 : &pl->lay;
-    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, S = p->n_key, hg0 = g * pl->group;
-    int64_t k0, k1; /* the keys this request reads, and its band */
-    const struct npattn_band band = npattn_band_request(p, &pl->band, b, &k0, &k1);
-    const int64_t n_kblock = (k1 - k0 + pl->bk - 1) / pl->bk;
-    const int k_direct = f64 == pl->f64 && pl->k_direct, v_direct = f64 == pl->f64 && pl->v_direct;
-    const REAL scale = (REAL)p->scale, cap = (REAL)p->softcap;
-    /* A float tile scales dS before its products with Q and K when |scale| > 1:
-     * products of tiny dS and tiny q or k taken first would underflow where the
-     * scaled ones are normal (an overflow instead is redone in double). */
+    s->b = b, s->rep = rep, s->g = g, s->hg0 = g * pl->group, s->split = split, s->part = part, s->slot = slot;
+    s->band = npattn_band_request(p, &pl->band, b, &s->k0, &s->k1);
+    const int64_t n_kblock = (s->k1 - s->k0 + pl->bk - 1) / pl->bk;
+    s->kb_begin = n_kblock * split / pl->n_split, s->kb_end = n_kblock * (split + 1) / pl->n_split;
+    s->k_direct = f64 == pl->f64 && pl->k_direct, s->v_direct = f64 == pl->f64 && pl->v_direct;
+    s->scale = (REAL)p->scale, s->cap = (REAL)p->softcap;
     const int scale_first = !f64 && fabs(p->scale) > 1;
-    const REAL ds_scale = scale_first ? scale : (REAL)1, alpha = scale_first ? (REAL)1 : scale;
-#define AT(region) ((REAL *)(scratch + lay->region))
-    REAL *qrows = AT(qrows), *dorows = AT(dorows), *orows = AT(orows), *st = AT(st), *dpt = AT(dpt);
-    REAL *qt = AT(qt), *dot = AT(dot);
-    REAL *dcap = AT(dcap), *bias = AT(bias), *kt = AT(kt), *vt = AT(vt), *dk = AT(dk), *dv = AT(dv), *dq = AT(dq);
-    REAL *lse = AT(lse), *mt = AT(m), *lt = AT(l), *at = AT(alpha), *dvec = AT(dvec), *row = AT(row);
-    int32_t *lo = (int32_t *)(scratch + lay->lo), *hi = (int32_t *)(scratch + lay->hi);
-#if !IS_F64
-#define PAIRS(region) ((uint32_t *)(scratch + lay->region))
-    uint32_t *qp = PAIRS(qp), *dop = PAIRS(dop), *qm = PAIRS(qm), *dom = PAIRS(dom), *dsk = PAIRS(dsk), *kp = PAIRS(kp);
-    uint16_t *pbf = (uint16_t *)(scratch + lay->pbf), *dsbf = (uint16_t *)(scratch + lay->dsbf);
-    float *prod = (float *)(scratch + lay->prod);
-    const struct npattn_kernels *kn = npattn_kernels();
-    const int64_t ldm2 = pl->ldm2, ldd2 = pl->ldd2, ldv2 = pl->ldv2, m16 = pl->m16;
-#undef PAIRS
-#endif
+    s->ds_scale = scale_first ? s->scale : (REAL)1, s->alpha = scale_first ? (REAL)1 : s->scale;
+#define AT(type, region) ((type *)(scratch + lay->region))
+    s->qrows = AT(REAL, qrows), s->dorows = AT(REAL, dorows), s->orows = AT(REAL, orows), s->qt = AT(REAL, qt);
+    s->dot = AT(REAL, dot), s->st = AT(REAL, st), s->dpt = AT(REAL, dpt), s->dcap = AT(REAL, dcap);
+    s->bias = AT(REAL, bias), s->kt = AT(REAL, kt), s->vt = AT(REAL, vt), s->dk = AT(REAL, dk), s->dv = AT(REAL, dv);
+    s->dq = AT(REAL, dq), s->lse = AT(REAL, lse), s->mt = AT(REAL, m), s->lt = AT(REAL, l), s->at = AT(REAL, alpha);
+    s->dvec = AT(REAL, dvec), s->row = AT(REAL, row), s->lo = AT(int32_t, lo), s->hi = AT(int32_t, hi);
+    s->qp = AT(uint32_t, qp), s->dop = AT(uint32_t, dop), s->qm = AT(uint32_t, qm), s->dom = AT(uint32_t, dom);
+    s->dsk = AT(uint32_t, dsk), s->kp = AT(uint32_t, kp), s->pbf = AT(uint16_t, pbf), s->dsbf = AT(uint16_t, dsbf);
+    s->prod = AT(float, prod);
 #undef AT
-    const int64_t off_q = npattn_batch_offset(p, &p->q, b), off_k = npattn_batch_offset(p, &p->k, b);
-    const int64_t off_v = npattn_batch_offset(p, &p->v, b), off_o = npattn_batch_offset(p, &p->out, b);
-    const int64_t off_do = npattn_batch_offset(p, &bp->dout, b), off_dq = npattn_batch_offset(p, &bp->dq, b);
-    const int64_t off_dk = npattn_batch_offset(p, &bp->dk, b), off_dv = npattn_batch_offset(p, &bp->dv, b);
-    const int64_t off_lse = npattn_batch_offset(p, &p->lse, b), ls = (int64_t)npattn_dtype_size(p->lse.dtype);
-    const int64_t off_mask = p->mask_kind != NPATTN_MASK_NONE ? npattn_batch_offset(p, &p->mask, b) : 0;
-    const int dk_first = bwd_first_visit(pl, &bp->dk, rep), dv_first = bwd_first_visit(pl, &bp->dv, rep);
-
+    s->off_q = npattn_batch_offset(p, &p->q, b), s->off_o = npattn_batch_offset(p, &p->out, b);
+    s->off_do = npattn_batch_offset(p, &bp->dout, b), s->off_dq = npattn_batch_offset(p, &bp->dq, b);
+    s->off_dk = npattn_batch_offset(p, &bp->dk, b), s->off_dv = npattn_batch_offset(p, &bp->dv, b);
+    s->off_lse = npattn_batch_offset(p, &p->lse, b);
+    s->off_mask = p->mask_kind != NPATTN_MASK_NONE ? npattn_batch_offset(p, &p->mask, b) : 0;
+    s->dk_first = bwd_first_visit(pl, &bp->dk, rep), s->dv_first = bwd_first_visit(pl, &bp->dv, rep);
     const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
-    const struct npattn_kv kk = {S > 0 ? npattn_elem(&p->k, ks, off_k, g, 0) : NULL, p->k.row_stride * ks, NULL, 0, 0};
-    const struct npattn_kv vv = {S > 0 && Dv > 0 ? npattn_elem(&p->v, vs, off_v, g, 0) : NULL, p->v.row_stride * vs, NULL,
+    const int64_t off_k = npattn_batch_offset(p, &p->k, b), off_v = npattn_batch_offset(p, &p->v, b);
+    const struct npattn_kv kk = {p->n_key > 0 ? npattn_elem(&p->k, ks, off_k, g, 0) : NULL, p->k.row_stride * ks, NULL,
                                  0, 0};
-    int in_place;
-    const int64_t kb_begin = n_kblock * split / pl->n_split, kb_end = n_kblock * (split + 1) / pl->n_split;
+    const struct npattn_kv vv = {p->n_key > 0 && p->n_embd_v > 0 ? npattn_elem(&p->v, vs, off_v, g, 0) : NULL,
+                                 p->v.row_stride * vs, NULL, 0, 0};
+    s->kk = kk, s->vv = vv;
+    SCORE_TILE tile = {.scale = s->scale, .softcap = s->cap};
+    s->tile = tile;
+}
+
+/* Keys the request never reads: zero gradients, stored by the first repeat
+ * to reach the slice (a later one adds nothing there). */
+static void CAT(zero_unread_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s) {
+    const struct npattn_backward_problem *bp = pl->bp;
+    const int64_t D = bp->fwd.n_embd_k, Dv = bp->fwd.n_embd_v, S = bp->fwd.n_key, k0 = s->k0, k1 = s->k1;
+    if (s->split != 0 || !(k0 > 0 || k1 < S) || !(s->dk_first || s->dv_first)) return;
     const int64_t dks = (int64_t)npattn_dtype_size(bp->dk.dtype), dvs = (int64_t)npattn_dtype_size(bp->dv.dtype);
-    /* keys the request never reads: zero gradients, stored by the first repeat to
-     * reach the slice (a later one adds nothing there) */
-    if (split == 0 && (k0 > 0 || k1 < S) && (dk_first || dv_first)) {
-        memset(row, 0, (size_t)max64(D, Dv) * sizeof *row);
-        for (int64_t j = k0 > 0 ? 0 : k1; j < S; j = j + 1 == k0 ? k1 : j + 1) {
-            if (dk_first) STORE(bp->dk.dtype, row, D, npattn_elem(&bp->dk, dks, off_dk, g, j), bp->dk.col_stride);
-            if (Dv > 0 && dv_first)
-                STORE(bp->dv.dtype, row, Dv, npattn_elem(&bp->dv, dvs, off_dv, g, j), bp->dv.col_stride);
+    memset(s->row, 0, (size_t)max64(D, Dv) * sizeof *s->row);
+    for (int64_t j = k0 > 0 ? 0 : k1; j < S; j = j + 1 == k0 ? k1 : j + 1) {
+        if (s->dk_first) STORE(bp->dk.dtype, s->row, D, npattn_elem(&bp->dk, dks, s->off_dk, s->g, j), bp->dk.col_stride);
+        if (Dv > 0 && s->dv_first)
+            STORE(bp->dv.dtype, s->row, Dv, npattn_elem(&bp->dv, dvs, s->off_dv, s->g, j), bp->dv.col_stride);
+    }
+}
+
+/* A chunk of key blocks, kc on: keys c0 .. c1, read (converted if need be)
+ * once, and its dK and dV zeroed. A double chunk whose rows are not all
+ * finite leaves hidden pairs out of its products. A float chunk takes K's
+ * and V's bfloat16 rows in place for the dot products, unless they hold a
+ * subnormal value (read as 0 there); and K's pairs along the keys for dQ,
+ * from its own rows, once a chunk (a block's start is even: bk is) rather
+ * than once a block and query tile. */
+static void CAT(chunk_begin_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s, int64_t kc) {
+    const struct npattn_problem *p = &pl->bp->fwd;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v;
+    int in_place;
+    s->kc = kc, s->kc_end = kc + pl->chunk < s->kb_end ? kc + pl->chunk : s->kb_end;
+    s->c0 = s->k0 + kc * pl->bk, s->c1 = min64(s->k0 + s->kc_end * pl->bk, s->k1), s->nc = s->c1 - s->c0;
+    const int64_t c0 = s->c0, nc = s->nc;
+    s->ldv = 1;
+    s->kchunk = CAT(kv_rows_, SFX)(&p->k, &s->kk, c0, nc, D, s->k_direct, pl->ldk, s->kt, &s->ldk, &in_place);
+    s->vchunk =
+        Dv > 0 ? CAT(kv_rows_, SFX)(&p->v, &s->vv, c0, nc, Dv, s->v_direct, pl->ldv, s->vt, &s->ldv, &in_place) : s->vt;
+    s->kv_finite = !IS_F64 || (CAT(rows_finite_, SFX)(s->kchunk, nc, D, s->ldk) &&
+                               (Dv == 0 || CAT(rows_finite_, SFX)(s->vchunk, nc, Dv, s->ldv)));
+    s->chunk16 = 0;
+#if !IS_F64
+    s->chunk16 = pl->path != BWD_PATH_GEMM && !rows_subnormal(s->kchunk, nc, D, s->ldk) &&
+                 !rows_subnormal(s->vchunk, nc, Dv, s->ldv);
+    if (s->chunk16 && pl->path == BWD_PATH_BF16_FAST) npattn_pairs_of_kv(&s->kk, c0, nc, D, s->kp, pl->ldd2);
+#endif
+    memset(s->dk, 0, (size_t)(nc * D) * sizeof(REAL));
+    memset(s->dv, 0, (size_t)(nc * Dv) * sizeof(REAL));
+}
+
+/* The query tile's rows: Q, dO and O stacked, D_i = rowsum(dO_i * O_i), and
+ * the lse, at which the running max starts. A double tile whose operands
+ * are not all finite is careful. */
+static void CAT(query_rows_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s, int64_t h0, int64_t nh,
+                                  int64_t i0) {
+    const struct npattn_backward_problem *bp = pl->bp;
+    const struct npattn_problem *p = &bp->fwd;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v, L = p->n_query, ls = (int64_t)npattn_dtype_size(p->lse.dtype);
+    const int64_t nq = L - i0 < pl->bq ? L - i0 : pl->bq, M = nh * nq;
+    s->h0 = h0, s->nh = nh, s->i0 = i0, s->nq = nq, s->M = M;
+    CAT(stacked_rows_, SFX)(&p->q, s->off_q, h0, i0, nq, M, D, s->qrows);
+    CAT(stacked_rows_, SFX)(&bp->dout, s->off_do, h0, i0, nq, M, Dv, s->dorows);
+    CAT(stacked_rows_, SFX)(&p->out, s->off_o, h0, i0, nq, M, Dv, s->orows);
+    for (int64_t r = 0; r < M; r++) {
+        REAL sum = 0;
+        for (int64_t e = 0; e < Dv; e++) sum += s->dorows[r * Dv + e] * s->orows[r * Dv + e];
+        s->dvec[r] = sum;
+        LOAD(p->lse.dtype, npattn_elem(&p->lse, ls, s->off_lse, h0 + r / nq, i0 + r % nq), 1, 1, s->lse + r);
+    }
+    s->careful = !s->kv_finite || (IS_F64 && !(CAT(rows_finite_, SFX)(s->qrows, M, D, D) &&
+                                               CAT(rows_finite_, SFX)(s->dorows, M, Dv, Dv) &&
+                                               CAT(rows_finite_, SFX)(s->orows, M, Dv, Dv) &&
+                                               CAT(rows_finite_, SFX)(s->lse, M, 1, 1)));
+}
+
+/* The query tile's operands for its products: a float tile of a chunk
+ * for the dot products takes Q's and dO's pairs (exact: their values are
+ * bfloat16), and under "fast" their pairs along the rows too, zeros to m16,
+ * dS then scaled whole before its pairs (one of ds_scale and alpha is 1, so
+ * this rounds as scaling by one and then the other did). Else Q^T and dO^T
+ * for the gemms, which then read K and V in place as plain NoTrans
+ * products, a form OpenBLAS's small-matrix kernels take (K Q^T as a Trans
+ * one was packed: 42% of a backward's time). */
+static void CAT(query_operands_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s) {
+    const struct npattn_backward_problem *bp = pl->bp;
+    const int64_t D = bp->fwd.n_embd_k, Dv = bp->fwd.n_embd_v, M = s->M;
+    s->tile16 = s->fast16 = 0;
+    s->ds_by = s->ds_scale;
+#if !IS_F64
+    const int64_t h0 = s->h0, i0 = s->i0, nq = s->nq, ldm2 = pl->ldm2, ldd2 = pl->ldd2, ldv2 = pl->ldv2, m16 = pl->m16;
+    s->tile16 = s->chunk16 && !s->careful &&
+                (npattn_word_pairs(&bp->fwd.q, s->off_q, h0, i0, nq, M, D, s->qp, ldm2) ||
+                 !npattn_pairs_across(s->qrows, M, D, D, s->qp, ldm2)) &&
+                (npattn_word_pairs(&bp->dout, s->off_do, h0, i0, nq, M, Dv, s->dop, ldm2) ||
+                 !npattn_pairs_across(s->dorows, M, Dv, Dv, s->dop, ldm2));
+    if (s->tile16 && pl->path == BWD_PATH_BF16_FAST) {
+        s->fast16 = 1;
+        s->ds_by = s->ds_scale * s->alpha;
+        npattn_pairs_of_rows(s->qrows, M, D, D, s->qm, ldd2);
+        npattn_pairs_of_rows(s->dorows, M, Dv, Dv, s->dom, ldv2);
+        const int64_t from = (M + 1) / 2;
+        memset(s->qm + from * ldd2, 0, (size_t)((m16 / 2 - from) * ldd2) * sizeof *s->qm);
+        memset(s->dom + from * ldv2, 0, (size_t)((m16 / 2 - from) * ldv2) * sizeof *s->dom);
+    }
+#endif
+    if (!s->tile16) {
+        CAT(transpose_, SFX)(s->qrows, D, M, D, s->qt, M);
+        CAT(transpose_, SFX)(s->dorows, Dv, M, Dv, s->dot, M);
+    }
+}
+
+/* P^T of key block [j0, j0 + nk): S^T (nk, M) = K_j (nk, D) @ Q^T (D, M),
+ * the cap's derivative cap' = 1 - tanh(s / cap)^2 from the raw scores, the
+ * mask and the band, then exp(S^T - lse): the forward step with the max
+ * preset to lse. In a careful double tile a NaN lse makes its whole column
+ * NaN: the row's hidden keys stay 0. Returns 1 when the task goes to double. */
+static int CAT(block_probs_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+    const struct npattn_problem *p = &pl->bp->fwd;
+    const int64_t D = p->n_embd_k, M = s->M;
+    REAL *st = s->st;
+#if !IS_F64
+    int64_t run;
+    if (s->tile16)
+        npattn_kernels()->scores_bf16(s->qp, pl->ldm2, M, D / 2, (const uint16_t *)npattn_kv_row(&s->kk, j0, &run),
+                                      s->kk.row_bytes / 2, nk, st, M);
+    else
+#endif
+        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1,
+             s->kchunk + (j0 - s->c0) * s->ldk, (int)s->ldk, s->qt, (int)M, (REAL)0, st, (int)M);
+    if (s->cap > 0)
+        for (int64_t x = 0; x < nk * M; x++) {
+            REAL t = (REAL)tanh((double)(st[x] * s->scale / s->cap));
+            s->dcap[x] = 1 - t * t;
+        }
+    s->tile.nk = nk, s->tile.M = M, s->tile.ld = M, s->tile.bias = NULL;
+    if (p->mask_kind != NPATTN_MASK_NONE) {
+        if (CAT(mask_tile_, SFX)(p, s->off_mask, s->h0, s->i0, s->nq, M, j0, nk, s->bias, M, 1, s->row)) return 1;
+        s->tile.bias = s->bias;
+    }
+    int clipped = npattn_band_clip(&s->band, s->i0, s->nq, M, j0, nk, s->lo, s->hi);
+    s->tile.lo = clipped ? s->lo : NULL, s->tile.hi = clipped ? s->hi : NULL;
+    for (int64_t r = 0; r < M; r++) s->mt[r] = s->lse[r], s->lt[r] = 0;
+#if IS_F64
+    npattn_softmax_f64(st, &s->tile, s->mt, s->lt, s->at);
+    if (s->careful)
+        for (int64_t j = 0; j < nk; j++)
+            for (int64_t r = 0; r < M; r++)
+                if (CAT(hidden_, SFX)(&s->tile, j, r)) st[j * M + r] = 0;
+    return 0;
+#else
+    return npattn_kernels()->softmax_f32(st, &s->tile, s->mt, s->lt, s->at) != 0;
+#endif
+}
+
+/* dV_j (nk, Dv) += P^T (nk, M) @ dO (M, Dv), and dP^T (nk, M) = V_j (nk, Dv)
+ * @ dO^T (Dv, M), each as the tile's path takes it. */
+static void CAT(block_dv_dp_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+    const int64_t Dv = pl->bp->fwd.n_embd_v, M = s->M;
+    if (Dv == 0) {
+        memset(s->dpt, 0, (size_t)(nk * M) * sizeof(REAL));
+        return;
+    }
+    REAL *dvj = s->dv + (j0 - s->c0) * Dv;
+#if !IS_F64
+    const struct npattn_kernels *kn = npattn_kernels();
+#endif
+    if (s->careful)
+        CAT(seen_product_, SFX)(&s->tile, s->st, 0, s->dorows, Dv, Dv, (REAL)1, dvj, Dv);
+#if !IS_F64
+    else if (s->fast16 && !npattn_bf16_rows(s->st, nk, M, M, s->pbf, pl->m16))
+        add_product(kn, s->dom, pl->ldv2, Dv, pl->m16, s->pbf, nk, s->prod, dvj);
+#endif
+    else
+        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)Dv, (int)M, (REAL)1, s->st, (int)M, s->dorows,
+             (int)Dv, (REAL)1, dvj, (int)Dv);
+#if !IS_F64
+    int64_t run;
+    if (s->tile16)
+        kn->scores_bf16(s->dop, pl->ldm2, M, Dv / 2, (const uint16_t *)npattn_kv_row(&s->vv, j0, &run),
+                        s->vv.row_bytes / 2, nk, s->dpt, M);
+    else
+#endif
+        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)Dv, (REAL)1,
+             s->vchunk + (j0 - s->c0) * s->ldv, (int)s->ldv, s->dot, (int)M, (REAL)0, s->dpt, (int)M);
+}
+
+/* dS^T = P^T * (dP^T - D) * cap', in place of dP^T, times the scale here
+ * (ds_by) or in the products. D_i = dO_i . O_i against dO_i . v_j cancels
+ * where P_ij is near 1 (a near one-hot row), and what is left is their
+ * rounding, which the scale then magnifies; there dP_ij - D_i is taken as
+ * dO_i . (v_j - O_i), exactly 0 for a one-hot row. A row may hold a weight
+ * >= 1/2 only if the tile's weights sum to 1/2 or more (l, against the max
+ * preset to lse) or a score passed lse. A careful tile's hidden keys get a
+ * dS of 0, not 0 * a NaN dP or D. */
+static void CAT(block_ds_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+    const int64_t Dv = pl->bp->fwd.n_embd_v, M = s->M;
+    const REAL *st = s->st, *dvec = s->dvec, *dcap = s->dcap, cap = s->cap, ds_by = s->ds_by;
+    REAL *dpt = s->dpt;
+    for (int64_t j = 0; j < nk; j++) {
+        REAL *ds = dpt + j * M;
+        const REAL *pj = st + j * M, *cj = dcap + j * M;
+        if (cap > 0)
+            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r] * ds_by;
+        else
+            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * ds_by;
+        if (s->careful)
+            for (int64_t r = 0; r < M; r++)
+                if (CAT(hidden_, SFX)(&s->tile, j, r)) ds[r] = 0;
+    }
+    const REAL *vtile = s->vchunk + (j0 - s->c0) * s->ldv;
+    for (int64_t r = 0; r < M; r++) {
+        if (!(s->lt[r] >= (REAL)0.5 || s->mt[r] != s->lse[r])) continue;
+        for (int64_t j = 0; j < nk; j++) {
+            const REAL pjr = st[j * M + r];
+            if (!(pjr >= (REAL)0.5)) continue;
+            const REAL *vj = vtile + j * s->ldv;
+            double gap = 0;
+            for (int64_t e = 0; e < Dv; e++)
+                gap += (double)s->dorows[r * Dv + e] * ((double)vj[e] - (double)s->orows[r * Dv + e]);
+            dpt[j * M + r] = pjr * (REAL)gap * (cap > 0 ? dcap[j * M + r] : (REAL)1) * ds_by;
         }
     }
-    SCORE_TILE tile = {.scale = scale, .softcap = cap};
-    for (int64_t kc = kb_begin; kc < kb_end; kc += pl->chunk) {
-        /* a chunk of key blocks: keys c0 .. c1, read (converted if need be) once */
-        const int64_t kc_end = kc + pl->chunk < kb_end ? kc + pl->chunk : kb_end;
-        const int64_t c0 = k0 + kc * pl->bk, c1 = min64(k0 + kc_end * pl->bk, k1), nc = c1 - c0;
-        int64_t ldk, ldv = 1;
-        const REAL *kchunk = CAT(kv_rows_, SFX)(&p->k, &kk, c0, nc, D, k_direct, pl->ldk, kt, &ldk, &in_place);
-        const REAL *vchunk =
-            Dv > 0 ? CAT(kv_rows_, SFX)(&p->v, &vv, c0, nc, Dv, v_direct, pl->ldv, vt, &ldv, &in_place) : vt;
-        /* a double tile whose rows are not all finite leaves hidden pairs out of its products */
-        const int kv_finite = !f64 || (CAT(rows_finite_, SFX)(kchunk, nc, D, ldk) &&
-                                       (Dv == 0 || CAT(rows_finite_, SFX)(vchunk, nc, Dv, ldv)));
+}
+
+/* dK_j (nk, D) += dS^T (nk, M) @ Q (M, D), and dQ (M, D) += dS (M, nk) @ K_j
+ * (nk, D) over the chunk's blocks (the first block's writes dQ). Careful:
+ * the products of the pairs the tile shows. "fast": dS scaled (ds_by), then
+ * its pairs both ways, dK's along the rows and dQ's along the keys. */
+static void CAT(block_dk_dq_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s, int64_t j0, int64_t nk,
+                                   int first) {
+    const int64_t D = pl->bp->fwd.n_embd_k, M = s->M;
+    const REAL *ktile = s->kchunk + (j0 - s->c0) * s->ldk;
+    REAL *dkj = s->dk + (j0 - s->c0) * D, *dpt = s->dpt;
+    if (s->careful) {
+        if (first) memset(s->dq, 0, (size_t)(M * D) * sizeof(REAL));
+        CAT(seen_product_, SFX)(&s->tile, dpt, 0, s->qrows, D, D, s->alpha, dkj, D);
+        CAT(seen_product_, SFX)(&s->tile, dpt, 1, ktile, s->ldk, D, s->alpha, s->dq, D);
+        return;
+    }
+    REAL ds_alpha = s->alpha;
 #if !IS_F64
-        /* K's and V's bfloat16 rows, read in place by the dot products; a chunk
-         * holding a subnormal value (read as 0 there) computes without them */
-        const int chunk16 = pl->path != BWD_PATH_GEMM && !rows_subnormal(kchunk, nc, D, ldk) && !rows_subnormal(vchunk, nc, Dv, ldv);
-        const int64_t ldk16 = kk.row_bytes / 2, ldv16 = vv.row_bytes / 2;
-        /* K's pairs along the keys for dQ, from its own rows, once a chunk (a
-         * block's start is even: bk is) rather than once a block and query tile */
-        if (chunk16 && pl->path == BWD_PATH_BF16_FAST) npattn_pairs_of_kv(&kk, c0, nc, D, kp, ldd2);
+    if (s->fast16) {
+        ds_alpha = 1;
+        if (!npattn_bf16_rows(dpt, nk, M, M, s->dsbf, pl->m16) && !npattn_pairs_of_rows(dpt, nk, M, M, s->dsk, pl->ldm2)) {
+            const struct npattn_kernels *kn = npattn_kernels();
+            if (first) memset(s->dq, 0, (size_t)(M * D) * sizeof(REAL));
+            add_product(kn, s->qm, pl->ldd2, D, pl->m16, s->dsbf, nk, s->prod, dkj);
+            kn->accumulate_bf16(s->dsk, pl->ldm2, M, (nk + 1) / 2, s->kp + (j0 - s->c0) / 2 * pl->ldd2, pl->ldd2, D,
+                                s->dq);
+            return;
+        }
+    }
 #endif
-        memset(dk, 0, (size_t)(nc * D) * sizeof(REAL));
-        memset(dv, 0, (size_t)(nc * Dv) * sizeof(REAL));
+    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, ds_alpha, dpt, (int)M, s->qrows, (int)D,
+         (REAL)1, dkj, (int)D);
+    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, ds_alpha, dpt, (int)M, ktile, (int)s->ldk,
+         (REAL)(first ? 0 : 1), s->dq, (int)D);
+}
+
+/* One key block kb of the chunk against the query tile, unless no row of
+ * the tile sees it; *first: no block has written dQ yet. Returns 1 when the
+ * task goes to double. */
+static int CAT(key_block_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s, int64_t kb, int *first) {
+    const int64_t j0 = s->k0 + kb * pl->bk, nk = min64(s->k1 - j0, pl->bk);
+    int64_t ja, jb;
+    npattn_band_rows(&s->band, j0, j0 + nk, pl->bp->fwd.n_query, &ja, &jb);
+    if (jb <= s->i0 || ja >= s->i0 + s->nq) return 0;
+    if (CAT(block_probs_, SFX)(pl, s, j0, nk)) return 1;
+    CAT(block_dv_dp_, SFX)(pl, s, j0, nk);
+    CAT(block_ds_, SFX)(pl, s, j0, nk);
+    CAT(block_dk_dq_, SFX)(pl, s, j0, nk, *first);
+    *first = 0;
+    return 0;
+}
+
+/* One query tile (heads h0 .. h0 + nh - 1, rows from i0) against the
+ * chunk's key blocks, its dQ then added into dq (or the partial). Returns 1
+ * when the task goes to double. */
+static int CAT(query_tile_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s, int64_t h0, int64_t nh,
+                                 int64_t i0) {
+    const struct npattn_backward_problem *bp = pl->bp;
+    CAT(query_rows_, SFX)(pl, s, h0, nh, i0);
+    CAT(query_operands_, SFX)(pl, s);
+    int first = 1;
+    for (int64_t kb = s->kc; kb < s->kc_end; kb++)
+        if (CAT(key_block_, SFX)(pl, s, kb, &first)) return 1;
+    if (first) return 0; /* no block of the chunk seen by this tile */
+    const int64_t D = bp->fwd.n_embd_k;
+#if !IS_F64
+    if (!npattn_all_finite_f32(s->dq, s->M * D)) return 1;
+#endif
+    CAT(add_rows_, SFX)(&bp->dq, s->off_dq, h0, s->hg0, i0, s->nq, s->M, D, bp->fwd.n_query, s->dq, s->part, s->row);
+    return 0;
+}
+
+/* The entry's share of the chunk's dK and dV is complete (no other task has
+ * its keys): stored by the first repeat to reach the slice, added by the
+ * later ones. Returns 1 when a float accumulator overflowed. */
+static int CAT(chunk_end_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s) {
+    const struct npattn_backward_problem *bp = pl->bp;
+    const int64_t D = bp->fwd.n_embd_k, Dv = bp->fwd.n_embd_v, nc = s->nc;
+#if !IS_F64
+    if (!npattn_all_finite_f32(s->dk, nc * D) || !npattn_all_finite_f32(s->dv, nc * Dv)) return 1;
+#endif
+    const int64_t dks = (int64_t)npattn_dtype_size(bp->dk.dtype), dvs = (int64_t)npattn_dtype_size(bp->dv.dtype);
+    for (int64_t j = 0; j < nc; j++) {
+        CAT(put_row_, SFX)(&bp->dk, npattn_elem(&bp->dk, dks, s->off_dk, s->g, s->c0 + j), s->dk + j * D, D,
+                           s->dk_first, s->row);
+        if (Dv > 0)
+            CAT(put_row_, SFX)(&bp->dv, npattn_elem(&bp->dv, dvs, s->off_dv, s->g, s->c0 + j), s->dv + j * Dv, Dv,
+                               s->dv_first, s->row);
+    }
+    return 0;
+}
+
+/* The sinks' gradient: d sum(dO * O) / d sink_h = -sum_i exp(sink_h - lse_i) D_i. */
+static void CAT(sinks_grad_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SFX) *s) {
+    const struct npattn_backward_problem *bp = pl->bp;
+    const struct npattn_problem *p = &bp->fwd;
+    const int64_t Dv = p->n_embd_v;
+    if (!p->sinks || s->split != 0) return;
+    for (int64_t h = s->hg0; h < s->hg0 + pl->group; h++) {
+        double sum = 0;
+        for (int64_t i = 0; i < p->n_query; i++) {
+            CAT(stacked_rows_, SFX)(&bp->dout, s->off_do, h, i, 1, 1, Dv, s->dorows);
+            CAT(stacked_rows_, SFX)(&p->out, s->off_o, h, i, 1, 1, Dv, s->orows);
+            double di = 0, lse;
+            for (int64_t e = 0; e < Dv; e++) di += (double)s->dorows[e] * (double)s->orows[e];
+            REAL l1;
+            LOAD(p->lse.dtype, npattn_elem(&p->lse, (int64_t)npattn_dtype_size(p->lse.dtype), s->off_lse, h, i), 1, 1,
+                 &l1);
+            lse = (double)l1;
+            if (di != 0) sum += exp(p->sinks[h] - lse) * di;
+        }
+        bp->dsinks[s->b * p->n_head_q + h] = -sum;
+    }
+}
+
+/* Adds one batch entry b (the task's repeat `rep`) of kv head g into the
+ * gradients: its dQ rows into dq (or the partial), its dK and dV into dk and
+ * dv, stored where rep is the first to reach their slice, else added; a
+ * chunk of keys at a time, against the query tiles the band lets see it.
+ * Returns 1 when a float task must be redone in double. */
+static int CAT(bwd_entry_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, int64_t g, int64_t split, double *part,
+                               int32_t slot, char *scratch) {
+    const int64_t L = pl->bp->fwd.n_query;
+    struct CAT(bwd_task_, SFX) s;
+    CAT(entry_begin_, SFX)(pl, b, rep, g, split, part, slot, scratch, &s);
+    CAT(zero_unread_, SFX)(pl, &s);
+    for (int64_t kc = s.kb_begin; kc < s.kb_end; kc += pl->chunk) {
+        CAT(chunk_begin_, SFX)(pl, &s, kc);
         int64_t ia, ib; /* the query rows that may see a key of this chunk */
-        npattn_band_rows(&band, c0, c1, L, &ia, &ib);
+        npattn_band_rows(&s.band, s.c0, s.c1, L, &ia, &ib);
         for (int64_t hb = 0; hb < pl->n_hblock && ia < ib; hb++) {
-            const int64_t h0 = hg0 + hb * pl->bh, nh = pl->group - hb * pl->bh < pl->bh ? pl->group - hb * pl->bh : pl->bh;
+            const int64_t h0 = s.hg0 + hb * pl->bh, nh = min64(pl->group - hb * pl->bh, pl->bh);
             for (int64_t i0 = ia / pl->bq * pl->bq; i0 < ib; i0 += pl->bq) {
                 if (npattn_run_stopped(&pl->run, slot)) return 0;
-                const int64_t nq = L - i0 < pl->bq ? L - i0 : pl->bq, M = nh * nq;
-                CAT(stacked_rows_, SFX)(&p->q, off_q, h0, i0, nq, M, D, qrows);
-                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h0, i0, nq, M, Dv, dorows);
-                CAT(stacked_rows_, SFX)(&p->out, off_o, h0, i0, nq, M, Dv, orows);
-                for (int64_t r = 0; r < M; r++) { /* D_i = rowsum(dO_i * O_i); the running max starts at lse */
-                    REAL sum = 0;
-                    for (int64_t e = 0; e < Dv; e++) sum += dorows[r * Dv + e] * orows[r * Dv + e];
-                    dvec[r] = sum;
-                    LOAD(p->lse.dtype, npattn_elem(&p->lse, ls, off_lse, h0 + r / nq, i0 + r % nq), 1, 1, lse + r);
-                }
-                const int careful = !kv_finite || (f64 && !(CAT(rows_finite_, SFX)(qrows, M, D, D) &&
-                                                            CAT(rows_finite_, SFX)(dorows, M, Dv, Dv) &&
-                                                            CAT(rows_finite_, SFX)(orows, M, Dv, Dv) &&
-                                                            CAT(rows_finite_, SFX)(lse, M, 1, 1)));
-                int tile16 = 0;
-                REAL ds_by = ds_scale; /* dS's factor */
-#if !IS_F64
-                int fast16 = 0;
-                tile16 = chunk16 && !careful;
-                if (tile16) /* Q's and dO's values are bfloat16: their pairs are exact */
-                    tile16 = (npattn_word_pairs(&p->q, off_q, h0, i0, nq, M, D, qp, ldm2) ||
-                              !npattn_pairs_across(qrows, M, D, D, qp, ldm2)) &&
-                             (npattn_word_pairs(&bp->dout, off_do, h0, i0, nq, M, Dv, dop, ldm2) ||
-                              !npattn_pairs_across(dorows, M, Dv, Dv, dop, ldm2));
-                if (tile16 && pl->path == BWD_PATH_BF16_FAST) { /* and their pairs along the rows, zeros to m16 */
-                    fast16 = 1;
-                    /* dS scaled whole before its pairs: one of ds_scale and alpha is 1,
-                     * so this rounds as scaling by one and then the other did */
-                    ds_by = ds_scale * alpha;
-                    npattn_pairs_of_rows(qrows, M, D, D, qm, ldd2);
-                    npattn_pairs_of_rows(dorows, M, Dv, Dv, dom, ldv2);
-                    const int64_t from = (M + 1) / 2;
-                    memset(qm + from * ldd2, 0, (size_t)((m16 / 2 - from) * ldd2) * sizeof *qm);
-                    memset(dom + from * ldv2, 0, (size_t)((m16 / 2 - from) * ldv2) * sizeof *dom);
-                }
-#endif
-                /* Q^T and dO^T for the gemms below, which then read K and V in place
-                 * as plain NoTrans products, a form OpenBLAS's small-matrix kernels
-                 * take (K Q^T as a Trans one was packed: 42% of a backward's time) */
-                if (!tile16) {
-                    CAT(transpose_, SFX)(qrows, D, M, D, qt, M);
-                    CAT(transpose_, SFX)(dorows, Dv, M, Dv, dot, M);
-                }
-                int first = 1;
-                for (int64_t kb = kc; kb < kc_end; kb++) {
-                    const int64_t j0 = k0 + kb * pl->bk, nk = min64(k1 - j0, pl->bk);
-                    int64_t ja, jb; /* skip a block no row of the tile sees */
-                    npattn_band_rows(&band, j0, j0 + nk, L, &ja, &jb);
-                    if (jb <= i0 || ja >= i0 + nq) continue;
-                    const REAL *ktile = kchunk + (j0 - c0) * ldk, *vtile = vchunk + (j0 - c0) * ldv;
-                    REAL *dkj = dk + (j0 - c0) * D, *dvj = dv + (j0 - c0) * Dv;
-                    /* S^T (nk, M) = K_j (nk, D) @ Q^T (D, M) */
-#if !IS_F64
-                    int64_t run; /* K's and V's rows from j0 (dense: all of them) */
-                    if (tile16)
-                        kn->scores_bf16(qp, ldm2, M, D / 2, (const uint16_t *)npattn_kv_row(&kk, j0, &run), ldk16, nk,
-                                        st, M);
-                    else
-#endif
-                        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)D, (REAL)1, ktile,
-                             (int)ldk, qt, (int)M, (REAL)0, st, (int)M);
-                    if (cap > 0) /* cap' = 1 - tanh(s / cap)^2, from the raw scores */
-                        for (int64_t x = 0; x < nk * M; x++) {
-                            REAL t = (REAL)tanh((double)(st[x] * scale / cap));
-                            dcap[x] = 1 - t * t;
-                        }
-                    tile.nk = nk, tile.M = M, tile.ld = M, tile.bias = NULL;
-                    if (p->mask_kind != NPATTN_MASK_NONE) {
-                        if (CAT(mask_tile_, SFX)(p, off_mask, h0, i0, nq, M, j0, nk, bias, M, 1, row)) return 1;
-                        tile.bias = bias;
-                    }
-                    int clipped = npattn_band_clip(&band, i0, nq, M, j0, nk, lo, hi);
-                    tile.lo = clipped ? lo : NULL, tile.hi = clipped ? hi : NULL;
-                    /* P^T = exp(S^T - lse): the forward step with the max preset to lse */
-                    for (int64_t r = 0; r < M; r++) mt[r] = lse[r], lt[r] = 0;
-#if IS_F64
-                    npattn_softmax_f64(st, &tile, mt, lt, at);
-                    if (careful) /* a NaN lse makes its whole column NaN: the row's hidden keys stay 0 */
-                        for (int64_t j = 0; j < nk; j++)
-                            for (int64_t r = 0; r < M; r++)
-                                if (CAT(hidden_, SFX)(&tile, j, r)) st[j * M + r] = 0;
-#else
-                    if (npattn_kernels()->softmax_f32(st, &tile, mt, lt, at)) return 1;
-#endif
-                    if (Dv > 0) {
-                        /* dV_j (nk, Dv) += P^T (nk, M) @ dO (M, Dv) */
-                        if (careful)
-                            CAT(seen_product_, SFX)(&tile, st, 0, dorows, Dv, Dv, (REAL)1, dvj, Dv);
-#if !IS_F64
-                        else if (fast16 && !npattn_bf16_rows(st, nk, M, M, pbf, m16))
-                            add_product(kn, dom, ldv2, Dv, m16, pbf, nk, prod, dvj);
-#endif
-                        else
-                            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)Dv, (int)M, (REAL)1, st,
-                                 (int)M, dorows, (int)Dv, (REAL)1, dvj, (int)Dv);
-                        /* dP^T (nk, M) = V_j (nk, Dv) @ dO^T (Dv, M) */
-#if !IS_F64
-                        if (tile16)
-                            kn->scores_bf16(dop, ldm2, M, Dv / 2, (const uint16_t *)npattn_kv_row(&vv, j0, &run), ldv16,
-                                            nk, dpt, M);
-                        else
-#endif
-                            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)M, (int)Dv, (REAL)1, vtile,
-                                 (int)ldv, dot, (int)M, (REAL)0, dpt, (int)M);
-                    } else {
-                        memset(dpt, 0, (size_t)(nk * M) * sizeof(REAL));
-                    }
-                    /* dS^T = P^T * (dP^T - D) * cap', in place of dP^T, times the scale
-                     * here or in the products below. D_i = dO_i . O_i against dO_i . v_j
-                     * cancels where P_ij is near 1 (a near one-hot row), and what is left
-                     * is their rounding, which the scale then magnifies; there dP_ij - D_i
-                     * is taken as dO_i . (v_j - O_i), exactly 0 for a one-hot row. */
-                    for (int64_t j = 0; j < nk; j++) {
-                        REAL *ds = dpt + j * M;
-                        const REAL *pj = st + j * M, *cj = dcap + j * M;
-                        if (cap > 0)
-                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * cj[r] * ds_by;
-                        else
-                            for (int64_t r = 0; r < M; r++) ds[r] = pj[r] * (ds[r] - dvec[r]) * ds_by;
-                        if (careful) /* a hidden key's dS is 0, not 0 * a NaN dP or D */
-                            for (int64_t r = 0; r < M; r++)
-                                if (CAT(hidden_, SFX)(&tile, j, r)) ds[r] = 0;
-                    }
-                    /* a row may hold a weight >= 1/2 here only if the tile's weights sum to
-                     * 1/2 or more (l, against the max preset to lse) or a score passed lse */
-                    for (int64_t r = 0; r < M; r++) {
-                        if (!(lt[r] >= (REAL)0.5 || mt[r] != lse[r])) continue;
-                        for (int64_t j = 0; j < nk; j++) {
-                            const REAL pjr = st[j * M + r];
-                            if (!(pjr >= (REAL)0.5)) continue;
-                            const REAL *vj = vtile + j * ldv;
-                            double gap = 0;
-                            for (int64_t e = 0; e < Dv; e++)
-                                gap += (double)dorows[r * Dv + e] * ((double)vj[e] - (double)orows[r * Dv + e]);
-                            dpt[j * M + r] = pjr * (REAL)gap * (cap > 0 ? dcap[j * M + r] : (REAL)1) * ds_by;
-                        }
-                    }
-                    if (careful) {
-                        if (first) memset(dq, 0, (size_t)(M * D) * sizeof(REAL));
-                        CAT(seen_product_, SFX)(&tile, dpt, 0, qrows, D, D, alpha, dkj, D);
-                        CAT(seen_product_, SFX)(&tile, dpt, 1, ktile, ldk, D, alpha, dq, D);
-                        first = 0;
-                        continue;
-                    }
-                    REAL ds_alpha = alpha;
-#if !IS_F64
-                    if (fast16) { /* dS scaled (ds_by), then its pairs both ways: dK's along the rows, dQ's along the keys */
-                        ds_alpha = 1;
-                        if (!npattn_bf16_rows(dpt, nk, M, M, dsbf, m16) &&
-                            !npattn_pairs_of_rows(dpt, nk, M, M, dsk, ldm2)) {
-                            if (first) memset(dq, 0, (size_t)(M * D) * sizeof(REAL));
-                            add_product(kn, qm, ldd2, D, m16, dsbf, nk, prod, dkj);
-                            kn->accumulate_bf16(dsk, ldm2, M, (nk + 1) / 2, kp + (j0 - c0) / 2 * ldd2, ldd2, D, dq);
-                            first = 0;
-                            continue;
-                        }
-                    }
-#endif
-                    /* dK_j (nk, D) += dS^T (nk, M) @ Q (M, D) */
-                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)D, (int)M, ds_alpha, dpt, (int)M,
-                         qrows, (int)D, (REAL)1, dkj, (int)D);
-                    /* dQ (M, D) += dS (M, nk) @ K_j (nk, D), over the chunk's blocks */
-                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)D, (int)nk, ds_alpha, dpt, (int)M, ktile,
-                         (int)ldk, (REAL)(first ? 0 : 1), dq, (int)D);
-                    first = 0;
-                }
-                if (first) continue; /* no block of the chunk seen by this tile */
-#if !IS_F64
-                if (!npattn_all_finite_f32(dq, M * D)) return 1;
-#endif
-                CAT(add_rows_, SFX)(&bp->dq, off_dq, h0, hg0, i0, nq, M, D, L, dq, part, row);
+                if (CAT(query_tile_, SFX)(pl, &s, h0, nh, i0)) return 1;
             }
         }
-#if !IS_F64
-        if (!npattn_all_finite_f32(dk, nc * D) || !npattn_all_finite_f32(dv, nc * Dv)) return 1;
-#endif
-        /* this entry's share of the chunk's dK and dV is complete: no other task has its
-         * keys; stored by the first repeat to reach the slice, added by the later ones */
-        for (int64_t j = 0; j < nc; j++) {
-            CAT(put_row_, SFX)(&bp->dk, npattn_elem(&bp->dk, dks, off_dk, g, c0 + j), dk + j * D, D, dk_first, row);
-            if (Dv > 0)
-                CAT(put_row_, SFX)(&bp->dv, npattn_elem(&bp->dv, dvs, off_dv, g, c0 + j), dv + j * Dv, Dv, dv_first, row);
-        }
+        if (CAT(chunk_end_, SFX)(pl, &s)) return 1;
     }
-    /* the sinks' gradient: d sum(dO * O) / d sink_h = -sum_i exp(sink_h - lse_i) D_i */
-    if (p->sinks && split == 0)
-        for (int64_t h = hg0; h < hg0 + pl->group; h++) {
-            double sum = 0;
-            for (int64_t i = 0; i < L; i++) {
-                CAT(stacked_rows_, SFX)(&bp->dout, off_do, h, i, 1, 1, Dv, dorows);
-                CAT(stacked_rows_, SFX)(&p->out, off_o, h, i, 1, 1, Dv, orows);
-                double di = 0, lse;
-                for (int64_t e = 0; e < Dv; e++) di += (double)dorows[e] * (double)orows[e];
-                REAL l1;
-                LOAD(p->lse.dtype, npattn_elem(&p->lse, (int64_t)npattn_dtype_size(p->lse.dtype), off_lse, h, i), 1, 1, &l1);
-                lse = (double)l1;
-                if (di != 0) sum += exp(p->sinks[h] - lse) * di;
-            }
-            bp->dsinks[b * p->n_head_q + h] = -sum;
-        }
+    CAT(sinks_grad_, SFX)(pl, &s);
     return 0;
 }
 
