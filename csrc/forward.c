@@ -100,7 +100,7 @@ struct fwd_plan {
     enum pv_path pv;              /* and P @ V */
     int k_direct, v_direct;       /* BLAS, or the streaming kernels, read K / V in place */
     int64_t ldq2, ldv2;           /* pairs: of Q^T and P (rows ldq2 apart), and of V (ldv2) */
-    int64_t ldpa;                 /* P's pairs as A tiles (softmax_tiles_f32, split_tiles, exact_tiles): pairs per row */
+    int64_t ldpa;                 /* P's pairs as A tiles (softmax_tiles_f32, split_tiles, exact_tiles), per row */
     _Atomic signed char *k_normal, *v_normal; /* bfloat16 pairs, per request and kv head: 0 not yet known, 1 no
                                                  subnormal value, -1 some */
     /* a kv head's keys met by several units: per key tile, made once
@@ -587,7 +587,8 @@ static enum pv_path pv_path_of(const struct fwd_plan *pl, enum qk_path qk) {
     const int fast = p->precision == NPATTN_PRECISION_FAST, v_ok = p->v.col_stride == 1 && p->n_embd_v > 0;
     const int bf16 = p->q.dtype == b16 && p->k.dtype == b16 && p->v.dtype == b16 && v_ok;
     if (pl->f64) return PV_PATH_GEMM;
-    if (qk_streams(qk)) return bf16 && fast && kn->accumulate_pairs && pl->v_direct ? PV_PATH_STREAM_BF16 : PV_PATH_STREAM;
+    if (qk_streams(qk))
+        return bf16 && fast && kn->accumulate_pairs && pl->v_direct ? PV_PATH_STREAM_BF16 : PV_PATH_STREAM;
     if (qk == QK_PATH_SPLIT_F16)
         return fast && kn->split_tiles && p->v.dtype == NPATTN_DTYPE_F16 && v_ok ? PV_PATH_SPLIT_F16 : PV_PATH_GEMM;
     if (bf16 && fast && kn->accumulate_bf16) return kn->softmax_tiles_f32 ? PV_PATH_BF16_TILES : PV_PATH_BF16;
@@ -773,7 +774,9 @@ static enum npattn_status plan_memory(struct fwd_plan *pl, int64_t n_task, int32
     size_t slot_bytes = max64((int64_t)pl->lay.size, (int64_t)(max64(Dv, 1) * sizeof(double)));
     enum npattn_status status = npattn_slots_alloc(&pl->slots, n_slot, slot_bytes, pl->f64 ? 0 : pl->lay64.size);
     if (status != NPATTN_STATUS_OK) return status;
-    if (pl->qk == QK_PATH_BF16 || pl->pv == PV_PATH_BF16 || pl->pv == PV_PATH_BF16_TILES || pl->pv == PV_PATH_EXACT_BF16) {
+    const int pairs_of_kv = pl->qk == QK_PATH_BF16 || pl->pv == PV_PATH_BF16 || pl->pv == PV_PATH_BF16_TILES ||
+                            pl->pv == PV_PATH_EXACT_BF16; /* K's or V's rows as bfloat16 pairs: checked per request */
+    if (pairs_of_kv) {
         const size_t n = (size_t)(pl->n_batch * p->n_head_kv);
         pl->k_normal = npattn_alloc(2 * n);
         if (!pl->k_normal) return NPATTN_STATUS_NO_MEMORY;

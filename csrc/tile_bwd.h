@@ -162,7 +162,8 @@ static void CAT(zero_unread_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SF
     const int64_t dks = (int64_t)npattn_dtype_size(bp->dk.dtype), dvs = (int64_t)npattn_dtype_size(bp->dv.dtype);
     memset(s->row, 0, (size_t)max64(D, Dv) * sizeof *s->row);
     for (int64_t j = k0 > 0 ? 0 : k1; j < S; j = j + 1 == k0 ? k1 : j + 1) {
-        if (s->dk_first) STORE(bp->dk.dtype, s->row, D, npattn_elem(&bp->dk, dks, s->off_dk, s->g, j), bp->dk.col_stride);
+        if (s->dk_first)
+            STORE(bp->dk.dtype, s->row, D, npattn_elem(&bp->dk, dks, s->off_dk, s->g, j), bp->dk.col_stride);
         if (Dv > 0 && s->dv_first)
             STORE(bp->dv.dtype, s->row, Dv, npattn_elem(&bp->dv, dvs, s->off_dv, s->g, j), bp->dv.col_stride);
     }
@@ -391,7 +392,8 @@ static void CAT(block_dk_dq_, SFX)(struct bwd_plan *pl, struct CAT(bwd_task_, SF
 #if !IS_F64
     if (s->fast16) {
         ds_alpha = 1;
-        if (!npattn_bf16_rows(dpt, nk, M, M, s->dsbf, pl->m16) && !npattn_pairs_of_rows(dpt, nk, M, M, s->dsk, pl->ldm2)) {
+        if (!npattn_bf16_rows(dpt, nk, M, M, s->dsbf, pl->m16) &&
+            !npattn_pairs_of_rows(dpt, nk, M, M, s->dsk, pl->ldm2)) {
             const struct npattn_kernels *kn = npattn_kernels();
             if (first) memset(s->dq, 0, (size_t)(M * D) * sizeof(REAL));
             add_product(kn, s->qm, pl->ldd2, D, pl->m16, s->dsbf, nk, s->prod, dkj);

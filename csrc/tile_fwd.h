@@ -92,7 +92,8 @@ static void CAT(task_paths_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX
     if (s->qk == QK_PATH_SPLIT_F16) {
         CAT(stacked_rows_, SFX)(&p->q, u->off_q, u->h0, u->i0, u->nq, M, D, s->qrows);
         npattn_split_across(s->qrows, M, D, D, s->qp, pl->ldq2);
-    } else if (s->qk == QK_PATH_BF16 && !npattn_word_pairs(&p->q, u->off_q, u->h0, u->i0, u->nq, M, D, s->qp, pl->ldq2)) {
+    } else if (s->qk == QK_PATH_BF16 &&
+               !npattn_word_pairs(&p->q, u->off_q, u->h0, u->i0, u->nq, M, D, s->qp, pl->ldq2)) {
         CAT(stacked_rows_, SFX)(&p->q, u->off_q, u->h0, u->i0, u->nq, M, D, s->qrows);
         if (npattn_pairs_across(s->qrows, M, D, D, s->qp, pl->ldq2)) s->qk = QK_PATH_GEMM;
     }
@@ -116,7 +117,8 @@ static void CAT(task_start_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX
     const struct unit *u = &s->u;
     const int64_t D = p->n_embd_k, M = u->M, nq = u->nq;
     if (s->stream) CAT(stacked_rows_, SFX)(&p->q, u->off_q, u->h0, u->i0, nq, M, D, s->qrows);
-    else if (s->qk == QK_PATH_GEMM) CAT(stacked_transposed_, SFX)(&p->q, u->off_q, u->h0, u->i0, nq, M, D, s->qrows, s->qt);
+    else if (s->qk == QK_PATH_GEMM)
+        CAT(stacked_transposed_, SFX)(&p->q, u->off_q, u->h0, u->i0, nq, M, D, s->qrows, s->qt);
 #if !IS_F64
     for (int64_t gi = 0; gi < u->ng && s->qk == QK_PATH_STREAM_Q_TILES; gi++)
         if (!npattn_kernels()->q_tiles((const float *)s->qrows + gi * s->mg * D, s->mg, D, s->qp + gi * D / 2 * 16))
@@ -170,23 +172,42 @@ static void CAT(scores_spans_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, S
         }
 }
 
-/* Scores of K's rows as REAL, in place where BLAS reads them, else the
- * call's float copy of the tile or converted here: each kv head's tile in
- * turn, by a gemm, or streamed (converted: nothing to prefetch). */
+/* Rows j0 .. j0 + nk of the unit's kv head gi of t (K or V: its rows kv,
+ * head_bytes from one kv head's to the next's, w wide) as REAL: the call's
+ * float copy of the tile (gemm tiles of one kv head), else in place where
+ * BLAS or the streaming kernels read them (direct), else converted into
+ * buf; *ld their leading dimension. */
+static const void *CAT(head_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s,
+                                        const struct npattn_tensor *t, const struct npattn_kv *kv, int64_t head_bytes,
+                                        int64_t gi, int64_t w, int direct, int64_t j0, int64_t nk, REAL *buf,
+                                        int64_t *ld) {
+    const struct npattn_kv head = kv_head(*kv, gi, head_bytes);
+    const int is_k = t == &pl->p->k;
+    int in_place;
+#if !IS_F64
+    const void *copy = !s->stream && s->u.ng == 1 ? tile_of(pl, is_k ? &pl->k_rows : &pl->v_rows, FLOAT_ROWS, t, &s->u,
+                                                            kv, w, j0, nk, 1, NULL)
+                                                  : NULL;
+    if (copy) {
+        *ld = w;
+        return copy;
+    }
+#else
+    (void)s;
+#endif
+    return CAT(kv_rows_, SFX)(t, &head, j0, nk, w, direct, is_k ? pl->ldk : pl->ldv, buf, ld, &in_place);
+}
+
+/* Scores of K's rows as REAL (head_rows_), each kv head's tile in turn, by
+ * a gemm, or streamed (converted: nothing to prefetch). */
 static void CAT(scores_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
     const struct npattn_problem *p = pl->p;
     const struct unit *u = &s->u;
     const int64_t D = p->n_embd_k, M = u->M;
     for (int64_t gi = 0; gi < u->ng; gi++) {
-        const struct npattn_kv kv = kv_head(s->kk, gi, s->k_head);
         int64_t ldk;
-        int in_place;
-        const void *ktile = NULL;
-#if !IS_F64
-        if (!s->stream && u->ng == 1 && (ktile = tile_of(pl, &pl->k_rows, FLOAT_ROWS, &p->k, u, &s->kk, D, j0, nk, 1, NULL)))
-            ldk = D;
-#endif
-        if (!ktile) ktile = CAT(kv_rows_, SFX)(&p->k, &kv, j0, nk, D, s->k_direct, pl->ldk, s->kt, &ldk, &in_place);
+        const void *ktile =
+            CAT(head_rows_, SFX)(pl, s, &p->k, &s->kk, s->k_head, gi, D, s->k_direct, j0, nk, s->kt, &ldk);
         if (s->stream) {
             const struct npattn_span span = {ktile, ktile, nk};
             npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, &span, 1, ldk,
@@ -302,25 +323,18 @@ static void CAT(pv_spans_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) 
         }
 }
 
-/* O += P @ V of V's rows as REAL, in place where BLAS reads them, else the
- * call's float copy of the tile or converted here: each kv head's in turn,
- * by a gemm (which writes O at the task's first tile), or streamed
- * (converted: nothing to prefetch). */
+/* O += P @ V of V's rows as REAL (head_rows_), each kv head's in turn, by
+ * a gemm (which writes O at the task's first tile), or streamed (converted:
+ * nothing to prefetch). */
 static void CAT(pv_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk,
                                int first) {
     const struct npattn_problem *p = pl->p;
     const struct unit *u = &s->u;
     const int64_t Dv = p->n_embd_v, M = u->M;
     for (int64_t gi = 0; gi < u->ng; gi++) {
-        const struct npattn_kv kv = kv_head(s->vv, gi, s->v_head);
         int64_t ldv;
-        int in_place;
-        const void *vtile = NULL;
-#if !IS_F64
-        if (!s->stream && u->ng == 1 && (vtile = tile_of(pl, &pl->v_rows, FLOAT_ROWS, &p->v, u, &s->vv, Dv, j0, nk, 1, NULL)))
-            ldv = Dv;
-#endif
-        if (!vtile) vtile = CAT(kv_rows_, SFX)(&p->v, &kv, j0, nk, Dv, s->v_direct, pl->ldv, s->vt, &ldv, &in_place);
+        const void *vtile =
+            CAT(head_rows_, SFX)(pl, s, &p->v, &s->vv, s->v_head, gi, Dv, s->v_direct, j0, nk, s->vt, &ldv);
         if (s->stream) {
             const struct npattn_span span = {vtile, vtile, nk};
             npattn_kernels()->accumulate((const float *)s->st + gi * s->mg * s->sld, s->sld, s->mg, &span, 1,
@@ -367,7 +381,8 @@ static int CAT(store_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX)
         char *to = npattn_elem(&p->out, pl->out_size, u->off_out, h0 + r0 / nq, i0);
         overflowed |= npattn_kernels()->finish_rows(ot + r0 * Dv, nq, Dv, lt + r0,
                                                     direct ? p->out.dtype : NPATTN_DTYPE_F32,
-                                                    direct ? (void *)to : ot + r0 * Dv, direct ? p->out.row_stride : Dv);
+                                                    direct ? (void *)to : ot + r0 * Dv,
+                                                    direct ? p->out.row_stride : Dv);
         for (int64_t r = r0; r < r0 + nq && !direct; r++)
             STORE(p->out.dtype, ot + r * Dv, Dv, to + (r - r0) * p->out.row_stride * pl->out_size, p->out.col_stride);
     }
