@@ -87,15 +87,18 @@ struct operand {
 };
 
 #define MAX_OWNED 24
-#define MAX_CONVERTED 8
+#define MAX_INPUTS 32
 
 struct call {
     const char *fn;                /* "sdpa", "attention_weights", "sdpa_backward": starts each message */
     PyObject *opt[N_OPTION];       /* the arguments as given (borrowed) */
     PyObject *owned[MAX_OWNED];    /* converted and new arrays, released at the end */
     int n_owned;
-    PyObject *converted[MAX_CONVERTED]; /* arrays given that were copied: out must overlap none */
-    int n_converted;
+    struct {
+        PyArrayObject *a;
+        const char *name;
+    } inputs[MAX_INPUTS];          /* every array read, as given and as converted: out must overlap none */
+    int n_inputs;
     int nb;                        /* broadcast batch dims */
     int64_t batch[NPY_MAXDIMS];
     int rank2;                     /* all of q, k (and v) rank 2: results without heads */
@@ -214,10 +217,27 @@ static int readable(PyObject *o, int bool_ok) {
     return 1;
 }
 
+/* Notes that the call reads x (if an array) under `name`: out must share no
+ * memory with it. Every argument read goes through here, as given and as
+ * converted (a converted array may be a view of what was given). */
+static int reads(struct call *c, PyObject *x, const char *name) {
+    if (!PyArray_Check(x)) return 1;
+    for (int i = 0; i < c->n_inputs; i++)
+        if (c->inputs[i].a == (PyArrayObject *)x) return 1;
+    if (c->n_inputs == MAX_INPUTS) {
+        PyErr_Format(PyExc_RuntimeError, "%s: internal error: too many inputs", c->fn);
+        return 0;
+    }
+    c->inputs[c->n_inputs].a = (PyArrayObject *)x;
+    c->inputs[c->n_inputs++].name = name;
+    return 1;
+}
+
 /* x as an array: itself where the core reads it in place, else what the
  * registered conversion function makes of it (a borrowed reference either
  * way; NULL with the conversion's error). */
 static PyArrayObject *array_of(struct call *c, PyObject *x, const char *name, int bool_ok) {
+    if (!reads(c, x, name)) return NULL;
     if (readable(x, bool_ok)) return (PyArrayObject *)x;
     if (!converter) {
         PyErr_Format(PyExc_RuntimeError, "%s: internal error: no conversion function registered", c->fn);
@@ -229,8 +249,7 @@ static PyArrayObject *array_of(struct call *c, PyObject *x, const char *name, in
         PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s was not converted to an array", c->fn, name);
         return NULL;
     }
-    if (a != x && PyArray_Check(x) && c->n_converted < MAX_CONVERTED) c->converted[c->n_converted++] = x;
-    return (PyArrayObject *)a;
+    return reads(c, a, name) ? (PyArrayObject *)a : NULL;
 }
 
 /* The last part of a type's name, as type(x).__name__. */
@@ -577,6 +596,7 @@ static int read_sinks(struct call *c) {
     p->sinks = NULL;
     if (x == Py_None) return 1;
     PyArrayObject *s = (PyArrayObject *)x;
+    if (!reads(c, x, "sinks")) return 0;
     if (!(PyArray_Check(x) && PyArray_TYPE(s) == NPY_FLOAT64 && PyArray_NDIM(s) == 1 &&
           PyArray_DIM(s, 0) == p->n_head_q && PyArray_IS_C_CONTIGUOUS(s) && PyArray_ISALIGNED(s) &&
           PyArray_ISNOTSWAPPED(s))) {
@@ -652,7 +672,7 @@ enum int_shape { PER_REQUEST, PER_PAGE };
  * given, c->table). Memory O(B), or O(B * max_pages). */
 static PyArrayObject *read_ints(struct call *c, PyObject *x, const char *name, enum int_shape shape) {
     PyArrayObject *a = (PyArrayObject *)own(c, PyArray_FromAny(x, NULL, 0, 0, 0, NULL));
-    if (!a) return NULL;
+    if (!a || !reads(c, x, name) || !reads(c, (PyObject *)a, name)) return NULL;
     const char kind = PyArray_DESCR(a)->kind;
     if (kind != 'i' && kind != 'u') {
         PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got dtype %S", c->fn, name,
@@ -959,31 +979,34 @@ static int read_out(struct call *c, const npy_intp *shape, int nd) {
     return 1;
 }
 
-static const char OUT_SHARES[] = "out must not share memory with an input (q, k, v, mask or sinks)";
+/* The bytes [*lo, *hi) that a's elements span; 0 for an empty array. */
+static int byte_span(PyArrayObject *a, const char **lo, const char **hi) {
+    if (PyArray_SIZE(a) == 0) return 0;
+    const char *l = PyArray_BYTES(a), *h = l;
+    for (int d = 0; d < PyArray_NDIM(a); d++) {
+        const npy_intp reach = (PyArray_DIM(a, d) - 1) * PyArray_STRIDE(a, d);
+        if (reach < 0) l += reach;
+        else h += reach;
+    }
+    *lo = l, *hi = h + PyArray_ITEMSIZE(a);
+    return 1;
+}
 
-/* The core sees the copies of converted inputs; out must overlap none of
- * the arrays given either (numpy.may_share_memory: their byte ranges). */
-static int out_clear_of_given(struct call *c) {
-    static PyObject *may_share;
-    if (!c->n_converted) return 1;
-    if (!may_share) {
-        PyObject *np = PyImport_ImportModule("numpy");
-        if (!np) return 0;
-        may_share = PyObject_GetAttrString(np, "may_share_memory");
-        Py_DECREF(np);
-        if (!may_share) return 0;
-    }
-    for (int i = 0; i < c->n_converted; i++) {
-        PyObject *r = PyObject_CallFunctionObjArgs(may_share, (PyObject *)c->out.a, c->converted[i], NULL);
-        if (!r) return 0;
-        int shares = PyObject_IsTrue(r);
-        Py_DECREF(r);
-        if (shares < 0) return 0;
-        if (shares) {
-            PyErr_Format(PyExc_ValueError, "%s: %s", c->fn, OUT_SHARES);
-            return 0;
-        }
-    }
+/* out shares memory with the input `name`: the ValueError. Returns 0. */
+static int out_shares(struct call *c, const char *name) {
+    PyErr_Format(PyExc_ValueError, "%s: out must not share memory with an input, got out sharing memory with %s", c->fn,
+                 name);
+    return 0;
+}
+
+/* out overlaps none of the arrays the call read, as given or as converted
+ * (numpy.may_share_memory's bounds): checked here once for every operand,
+ * the core's copies and int arrays included, before anything is written. */
+static int out_clear_of_inputs(struct call *c) {
+    const char *lo, *hi, *in_lo, *in_hi;
+    if (!byte_span(c->out.a, &lo, &hi)) return 1;
+    for (int i = 0; i < c->n_inputs; i++)
+        if (byte_span(c->inputs[i].a, &in_lo, &in_hi) && in_lo < hi && lo < in_hi) return out_shares(c, c->inputs[i].name);
     return 1;
 }
 
@@ -1080,7 +1103,7 @@ static PyObject *refused(struct call *c, enum npattn_status status, const struct
         }
         break;
     case NPATTN_STATUS_OVERLAPS:
-        if (why.operand == NPATTN_OPERAND_OUT) return PyErr_Format(PyExc_ValueError, "%s: %s", c->fn, OUT_SHARES);
+        if (why.operand == NPATTN_OPERAND_OUT) return out_shares(c, npattn_operand_name(why.other)), NULL;
         break;
     case NPATTN_STATUS_BAD_K_START:
     case NPATTN_STATUS_BAD_K_LENGTH: return bad_range(c), NULL;
@@ -1140,7 +1163,7 @@ static PyObject *forward_result(struct call *c) {
     /* the result first: a result too large to allocate fails before the core is asked */
     if (c->opt[OPT_out] == Py_None) {
         if (!(c->out.a = new_array(c, shape, nd, npy_type_of(c->result), "the result"))) goto done;
-    } else if (!read_out(c, shape, nd) || !out_clear_of_given(c)) {
+    } else if (!read_out(c, shape, nd) || !out_clear_of_inputs(c)) {
         goto done;
     }
     if (with_lse && !(c->lse.a = new_array(c, shape, nd - 1, npy_type_of(wide), "lse"))) goto done;
