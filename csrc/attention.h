@@ -33,6 +33,8 @@
  * over a long context costs O(L * window), not O(L * S). Per-request key
  * ranges (k_start, k_length) and positions (q_offsets) narrow each
  * request's keys and shift its band; tiles outside a range are skipped.
+ * q_bottom_right asks for the default position, the bottom-right corner of
+ * each request's own keys (npattn_request_positions says what it resolves to).
  *
  * A row that sees no key (every score -inf, no sink) comes out as zeros, never
  * NaN, with lse -inf; S = 0 gives such rows. NaN in the inputs propagates to
@@ -123,6 +125,8 @@ enum npattn_status {
                                          max_pages * page_size, k_start given, or a backward pass */
     NPATTN_STATUS_BAD_PAGE,           /* pages: a live block_table entry outside [0, n_page) */
     NPATTN_STATUS_BAD_PRECISION,      /* precision not one of enum npattn_precision */
+    NPATTN_STATUS_BAD_Q_OFFSET,       /* q_bottom_right with key ranges: a request's default
+                                         position, k_offset + k_length[b] - L, beyond int64 */
     NPATTN_STATUS_COUNT
 };
 
@@ -150,7 +154,8 @@ enum npattn_operand {
 struct npattn_verdict {
     enum npattn_status status;
     enum npattn_operand operand, other;
-    int64_t entry; /* NPATTN_STATUS_BAD_PAGE: the flat index b * max_pages + i of the entry */
+    int64_t entry; /* NPATTN_STATUS_BAD_PAGE: the flat index b * max_pages + i of the entry;
+                      BAD_K_START, BAD_K_LENGTH, BAD_Q_OFFSET: the request b (flattened batch); else -1 */
 };
 
 /* The most threads a problem may ask for (n_threads), and the most one call
@@ -212,6 +217,11 @@ struct npattn_problem {
 
     int32_t causal;                   /* nonzero: keys after the query's position are hidden */
     int64_t q_offset, k_offset;       /* positions of query row 0 and key row 0 */
+    int32_t q_bottom_right;           /* nonzero: q_offset and q_offsets are unused, and query row 0
+                                         sits at the bottom-right corner of its request's keys:
+                                         k_offset + k_length[b] - L with key ranges (k_start or
+                                         k_length given), else S - L (the default of sdpa's
+                                         q_offset=None) */
     int64_t window_left, window_right;/* >= 0, or NPATTN_UNBOUNDED */
 
     /* Per-request key ranges and positions, each NULL or [n_batch] over the
@@ -291,6 +301,14 @@ const char *npattn_blas_core(void);
  * named in *why when why is not NULL. */
 enum npattn_status npattn_check(const struct npattn_problem *p, struct npattn_verdict *why);
 enum npattn_status npattn_check_backward(const struct npattn_backward_problem *p, struct npattn_verdict *why);
+
+/* Request b's positions, the defaults resolved, as the core computes them:
+ * where its query row 0 sits (*q_offset), and the key rows it reads,
+ * [*k_start, *k_start + *k_length). b indexes the flattened batch, for a
+ * problem that npattn_check accepts; b = -1 gives the positions of the
+ * problem's scalars alone (k_start 0, k_length S, per-request arrays aside). */
+void npattn_request_positions(const struct npattn_problem *p, int64_t b, int64_t *q_offset, int64_t *k_start,
+                              int64_t *k_length);
 
 /* A sentence that says what a status means (for a rule: the rule). Never NULL. */
 const char *npattn_status_string(enum npattn_status status);

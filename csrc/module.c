@@ -55,7 +55,8 @@ static int check_signals(void *arg) {
 
 #define OPTIONS(X)                                                                                                     \
     X(q) X(k) X(v) X(dout) X(out) X(lse) X(scale) X(mask) X(sinks) X(window) X(softcap) X(q_offset) X(k_offset)        \
-        X(k_start) X(k_lengths) X(return_lse) X(precision) X(threads) X(block_table) X(context_lens) X(page_size)
+        X(k_start) X(k_lengths) X(return_lse) X(precision) X(threads) X(block_table) X(context_lens) X(page_size)        \
+            X(agree)
 #define AS_ENUM(name) OPT_##name,
 #define AS_NAME(name) #name,
 enum option { OPTIONS(AS_ENUM) N_OPTION };
@@ -71,7 +72,7 @@ static PyObject *option_strings[N_OPTION]; /* interned at import */
      BIT(k_offset) | BIT(k_start) | BIT(k_lengths) | BIT(precision) | BIT(threads))
 #define SDPA_OPTIONS (COMMON | BIT(v) | BIT(return_lse) | BIT(out))
 #define WEIGHTS_OPTIONS COMMON
-#define BACKWARD_OPTIONS (COMMON | BIT(v) | BIT(dout) | BIT(out) | BIT(lse))
+#define BACKWARD_OPTIONS (COMMON | BIT(v) | BIT(dout) | BIT(out) | BIT(lse) | BIT(agree))
 #define PAGED_OPTIONS                                                                                                  \
     (BIT(q) | BIT(k) | BIT(v) | BIT(block_table) | BIT(context_lens) | BIT(page_size) | BIT(scale) | BIT(mask) |       \
      BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) | BIT(return_lse) | BIT(precision) | BIT(out) |         \
@@ -719,15 +720,17 @@ static const int64_t *read_per_request(struct call *c, PyObject *x, const char *
     return a ? PyArray_DATA(a) : NULL;
 }
 
-/* q_offset (None: S - L, or 0 top-left; with key ranges k_offset + k_lengths[b] - L;
- * an int array: one per request), k_offset, k_start and k_lengths. */
+/* q_offset (None: the core's default, the bottom-right corner; 0 with
+ * mask="causal_top_left"; an int array: one per request), k_offset, k_start
+ * and k_lengths. */
 static int read_offsets(struct call *c) {
     PyObject *q_offset = c->opt[OPT_q_offset];
     struct npattn_problem *p = &c->p;
     const int scalar = q_offset == Py_None || PyLong_Check(q_offset) || PyFloat_Check(q_offset) ||
                        PyArray_IsScalar(q_offset, Generic) || PyUnicode_Check(q_offset) ||
                        !(PyArray_Check(q_offset) || PySequence_Check(q_offset) || PyObject_HasAttrString(q_offset, "__array__"));
-    p->q_offset = c->top_left ? 0 : p->n_key - p->n_query;
+    p->q_offset = 0;
+    p->q_bottom_right = q_offset == Py_None && !c->top_left;
     if (q_offset != Py_None) {
         if (scalar && !read_int64(c, q_offset, "q_offset", INT64_MIN, &p->q_offset)) return 0;
         if (!scalar && !(p->q_offsets = read_per_request(c, q_offset, "q_offset"))) return 0;
@@ -743,22 +746,6 @@ static int read_offsets(struct call *c) {
     PyObject *k_start = c->opt[OPT_k_start], *k_lengths = c->opt[OPT_k_lengths];
     if (k_start != Py_None && !(p->k_start = read_per_request(c, k_start, "k_start"))) return 0;
     if (k_lengths != Py_None && !(p->k_length = read_per_request(c, k_lengths, "k_lengths"))) return 0;
-    if (q_offset != Py_None || c->top_left || (!p->k_start && !p->k_length)) return 1;
-    /* the bottom-right corner of each request's own context: k_offset + k_lengths[b] - L */
-    npy_intp shape[NPY_MAXDIMS], n = 1;
-    for (int d = 0; d < c->nb; d++) n *= (shape[d] = (npy_intp)c->batch[d]);
-    PyArrayObject *q = new_array(c, shape, c->nb, NPY_INT64, "q_offset");
-    if (!q) return 0;
-    int64_t *at = PyArray_DATA(q);
-    for (npy_intp b = 0; b < n; b++) {
-        const int64_t length = p->k_length ? p->k_length[b] : p->n_key - (p->k_start ? p->k_start[b] : 0);
-        if (__builtin_add_overflow(p->k_offset, length - p->n_query, &at[b])) {
-            PyErr_Format(PyExc_ValueError, "%s: q_offset's default, k_offset + k_lengths[b] - L, passes int64; give q_offset",
-                         c->fn);
-            return 0;
-        }
-    }
-    p->q_offsets = at;
     return 1;
 }
 
@@ -1012,6 +999,19 @@ static int out_clear_of_inputs(struct call *c) {
 
 /* ---- running the core, and phrasing its verdict ---- */
 
+/* Request b's index in the batch shape, "[1, 0]" ("" without batch dims). */
+#define REQUEST_INDEX (24 * NPY_MAXDIMS + 3)
+static void request_index(const struct call *c, int64_t b, char index[REQUEST_INDEX]) {
+    size_t at = 0;
+    int64_t rest = b, digits[NPY_MAXDIMS];
+    index[0] = '\0';
+    if (c->nb == 0) return;
+    for (int d = c->nb - 1; d >= 0; d--) digits[d] = rest % c->batch[d], rest /= c->batch[d];
+    for (int d = 0; d < c->nb; d++)
+        at += (size_t)snprintf(index + at, REQUEST_INDEX - at, "%s%lld", d ? ", " : "[", (long long)digits[d]);
+    snprintf(index + at, REQUEST_INDEX - at, "]");
+}
+
 /* The first request whose key range breaks its rule, named with its batch
  * index: "k_lengths[1] = 9 runs past S = 7 (k_start[1] = 2)". Returns 0. */
 static int bad_range(struct call *c) {
@@ -1028,15 +1028,8 @@ static int bad_range(struct call *c) {
                          (long long)b, (long long)length, (long long)p->n_key);
             return 0;
         }
-        char index[24 * NPY_MAXDIMS + 3] = "";
-        if (c->nb > 0) {
-            size_t at = 0;
-            int64_t rest = b, digits[NPY_MAXDIMS];
-            for (int d = c->nb - 1; d >= 0; d--) digits[d] = rest % c->batch[d], rest /= c->batch[d];
-            for (int d = 0; d < c->nb; d++)
-                at += (size_t)snprintf(index + at, sizeof index - at, "%s%lld", d ? ", " : "[", (long long)digits[d]);
-            snprintf(index + at, sizeof index - at, "]");
-        }
+        char index[REQUEST_INDEX];
+        request_index(c, b, index);
         if (bad_start)
             PyErr_Format(PyExc_ValueError, "%s: k_start%s = %lld lies outside [0, S] = [0, %lld]", c->fn, index,
                          (long long)start, (long long)p->n_key);
@@ -1107,6 +1100,13 @@ static PyObject *refused(struct call *c, enum npattn_status status, const struct
         break;
     case NPATTN_STATUS_BAD_K_START:
     case NPATTN_STATUS_BAD_K_LENGTH: return bad_range(c), NULL;
+    case NPATTN_STATUS_BAD_Q_OFFSET: {
+        char index[REQUEST_INDEX];
+        request_index(c, why.entry, index);
+        return PyErr_Format(PyExc_ValueError,
+                            "%s: q_offset's default, k_offset + k_lengths%s - L, passes int64; give q_offset", c->fn,
+                            index);
+    }
     case NPATTN_STATUS_BAD_PAGE: {
         const int64_t m = c->pages.max_pages, b = why.entry / m, i = why.entry % m;
         /* the entry as given: a uint64 one beyond int64 wrapped in the copy the core read */
@@ -1145,11 +1145,58 @@ static enum npattn_status run_forward(struct call *c) {
     return status;
 }
 
+/* ---- the options a call computed under ---- */
+
+/* A window side: None where unbounded. */
+static PyObject *window_side(int64_t side) {
+    return side == NPATTN_UNBOUNDED ? Py_NewRef(Py_None) : PyLong_FromLongLong((long long)side);
+}
+
+/* The options the core computes a read call under, its defaults resolved:
+ * what the lse of sdpa records, and what sdpa_backward compares with it. A
+ * dict of scale (a float), window ((left, right), None where unbounded),
+ * softcap (a float, or None), k_offset, and each request's q_offset,
+ * k_start and k_lengths (npattn_request_positions): ints where no request
+ * has its own, else read-only int64 copies of the batch shape B. */
+static PyObject *options_used(struct call *c) {
+    const struct npattn_problem *p = &c->p;
+    PyObject *pos[3] = {NULL, NULL, NULL}, *result = NULL;
+    if (p->k_start || p->k_length || p->q_offsets) {
+        npy_intp shape[NPY_MAXDIMS], n = 1;
+        for (int d = 0; d < c->nb; d++) n *= (shape[d] = (npy_intp)c->batch[d]);
+        int64_t *at[3];
+        for (int i = 0; i < 3; i++) {
+            if (!(pos[i] = PyArray_SimpleNew(c->nb, shape, NPY_INT64))) goto done;
+            at[i] = PyArray_DATA((PyArrayObject *)pos[i]);
+        }
+        for (npy_intp b = 0; b < n; b++) npattn_request_positions(p, b, &at[0][b], &at[1][b], &at[2][b]);
+        for (int i = 0; i < 3; i++) PyArray_CLEARFLAGS((PyArrayObject *)pos[i], NPY_ARRAY_WRITEABLE);
+    } else {
+        int64_t v[3];
+        npattn_request_positions(p, -1, &v[0], &v[1], &v[2]);
+        for (int i = 0; i < 3; i++)
+            if (!(pos[i] = PyLong_FromLongLong((long long)v[i]))) goto done;
+    }
+    PyObject *left = window_side(p->window_left), *right = window_side(p->window_right);
+    PyObject *softcap = p->softcap > 0 ? PyFloat_FromDouble(p->softcap) : Py_NewRef(Py_None);
+    if (left && right && softcap)
+        result = Py_BuildValue("{s:d,s:(OO),s:O,s:L,s:O,s:O,s:O}", "scale", p->scale, "window", left, right, "softcap",
+                               softcap, "k_offset", (long long)p->k_offset, "q_offset", pos[0], "k_start", pos[1],
+                               "k_lengths", pos[2]);
+    Py_XDECREF(left);
+    Py_XDECREF(right);
+    Py_XDECREF(softcap);
+done:
+    for (int i = 0; i < 3; i++) Py_XDECREF(pos[i]);
+    return result;
+}
+
 /* ---- the entry points ---- */
 
 /* The forward result of a call whose operands and options are read: out,
- * or (out, lse) with return_lse. */
-static PyObject *forward_result(struct call *c) {
+ * or (out, lse) with return_lse, and with `record` the options the lse was
+ * computed under, (out, lse, options_used). */
+static PyObject *forward_result(struct call *c, int record) {
     PyObject *result = NULL;
     PyObject *return_lse = c->opt[OPT_return_lse];
     if (!PyBool_Check(return_lse) && !PyArray_IsScalar(return_lse, Bool)) {
@@ -1174,7 +1221,13 @@ static PyObject *forward_result(struct call *c) {
         refused(c, status, NULL);
         goto done;
     }
-    result = c->lse.a ? PyTuple_Pack(2, c->out.a, c->lse.a) : Py_NewRef((PyObject *)c->out.a);
+    if (c->lse.a && record) {
+        PyObject *used = options_used(c);
+        result = used ? PyTuple_Pack(3, c->out.a, c->lse.a, used) : NULL;
+        Py_XDECREF(used);
+    } else {
+        result = c->lse.a ? PyTuple_Pack(2, c->out.a, c->lse.a) : Py_NewRef((PyObject *)c->out.a);
+    }
 done:
     call_release(c);
     return result;
@@ -1188,7 +1241,7 @@ static PyObject *core_sdpa(PyObject *self, PyObject *const *args, Py_ssize_t nar
         call_release(&c);
         return NULL;
     }
-    return forward_result(&c);
+    return forward_result(&c, 1);
 }
 
 static PyObject *core_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -1200,7 +1253,7 @@ static PyObject *core_paged_attention(PyObject *self, PyObject *const *args, Py_
         call_release(&c);
         return NULL;
     }
-    return forward_result(&c);
+    return forward_result(&c, 0);
 }
 
 static PyObject *core_attention_weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -1309,6 +1362,17 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
         bp.dsinks = PyArray_DATA(dsinks);
     }
     bp.fwd = c.p;
+    if (c.opt[OPT_agree] != Py_None) { /* the lse's record against these options, the rules kept first */
+        enum npattn_status status = npattn_check_backward(&bp, NULL);
+        if (status != NPATTN_STATUS_OK) {
+            refused(&c, status, &bp);
+            goto done;
+        }
+        PyObject *used = options_used(&c), *agreed = used ? PyObject_CallOneArg(c.opt[OPT_agree], used) : NULL;
+        Py_XDECREF(used);
+        if (!agreed) goto done;
+        Py_DECREF(agreed);
+    }
     struct wait_state w;
     bp.fwd.cancel = check_signals;
     bp.fwd.cancel_arg = &w;
@@ -1502,7 +1566,7 @@ static PyMethodDef core_methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))core_sdpa, METH_FASTCALL | METH_KEYWORDS,
      "sdpa(*, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, return_lse, precision, out, "
      "threads)\n--\n\n"
-     "Private: npattn.sdpa's arguments, by name, as given."},
+     "Private: npattn.sdpa's arguments, by name, as given; with return_lse, (out, lse, the options used)."},
     {"attention_weights", (PyCFunction)(void (*)(void))core_attention_weights, METH_FASTCALL | METH_KEYWORDS,
      "attention_weights(*, q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, precision, "
      "threads)\n--\n\n"
@@ -1513,8 +1577,9 @@ static PyMethodDef core_methods[] = {
      "Private: npattn.paged_attention's arguments, by name, as given (k, v: the key and value pages)."},
     {"sdpa_backward", (PyCFunction)(void (*)(void))core_sdpa_backward, METH_FASTCALL | METH_KEYWORDS,
      "sdpa_backward(*, dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, "
-     "k_lengths, precision, threads)\n--\n\n"
-     "Private: (dq, dk, dv, dsinks) at the result's batch shape, and (q, k, v) as read."},
+     "k_lengths, precision, threads, agree)\n--\n\n"
+     "Private: (dq, dk, dv, dsinks) at the result's batch shape, and (q, k, v) as read; agree(options), if not None, "
+     "is called with the options used before computing, and may raise to refuse them."},
     {"check_mask", core_check_mask, METH_VARARGS,
      "check_mask(fn, mask, full)\n--\n\nThe mask as sdpa reads it for a result of shape full = (*B, H_q, L, S)."},
     {"check_scale", core_check_scale, METH_VARARGS, "check_scale(fn, scale, D)\n--\n\nThe scale as sdpa reads it."},

@@ -40,6 +40,7 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_BAD_PAGES] = "paged K/V needs a block table, page_size >= 1, S = max_pages * page_size, no k_start",
     [NPATTN_STATUS_BAD_PAGE] = "every live block_table entry must lie in [0, n_page)",
     [NPATTN_STATUS_BAD_PRECISION] = "precision must be one of enum npattn_precision",
+    [NPATTN_STATUS_BAD_Q_OFFSET] = "with q_bottom_right and key ranges, k_offset + k_length[b] - L must fit int64",
 };
 
 const char *npattn_status_string(enum npattn_status status) {
@@ -63,6 +64,23 @@ static enum npattn_status refuse(struct npattn_verdict *why, enum npattn_status 
                                  enum npattn_operand other) {
     why->status = status, why->operand = operand, why->other = other;
     return status;
+}
+
+/* A verdict on request b's key range or position. */
+static enum npattn_status refuse_request(struct npattn_verdict *why, enum npattn_status status, int64_t b) {
+    refuse(why, status, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE);
+    why->entry = b;
+    return status;
+}
+
+void npattn_request_positions(const struct npattn_problem *p, int64_t b, int64_t *q_offset, int64_t *k_start,
+                              int64_t *k_length) {
+    const int ranges = b >= 0 && (p->k_start || p->k_length);
+    *k_start = b >= 0 && p->k_start ? p->k_start[b] : 0;
+    *k_length = b >= 0 && p->k_length ? p->k_length[b] : p->n_key - *k_start;
+    if (!p->q_bottom_right) *q_offset = b >= 0 && p->q_offsets ? p->q_offsets[b] : p->q_offset;
+    else if (ranges) *q_offset = p->k_offset + *k_length - p->n_query; /* the bottom-right corner of its own keys */
+    else *q_offset = p->n_key - p->n_query;                             /* of all S keys, whatever k_offset */
 }
 
 /* ---- extents and overlaps ---- */
@@ -260,9 +278,13 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
     }
     for (int64_t b = 0; b < n_batch && (p->k_start || p->k_length); b++) {
         const int64_t start = p->k_start ? p->k_start[b] : 0;
-        if (start < 0 || start > p->n_key) return refuse(why, NPATTN_STATUS_BAD_K_START, none, none);
+        int64_t at;
+        if (start < 0 || start > p->n_key) return refuse_request(why, NPATTN_STATUS_BAD_K_START, b);
         if (p->k_length && (p->k_length[b] < 0 || p->k_length[b] > p->n_key - start))
-            return refuse(why, NPATTN_STATUS_BAD_K_LENGTH, none, none);
+            return refuse_request(why, NPATTN_STATUS_BAD_K_LENGTH, b);
+        const int64_t length = p->k_length ? p->k_length[b] : p->n_key - start;
+        if (p->q_bottom_right && __builtin_add_overflow(p->k_offset, length - p->n_query, &at))
+            return refuse_request(why, NPATTN_STATUS_BAD_Q_OFFSET, b);
     }
     if (pg) {
         for (int64_t b = 0; b < n_batch; b++) {

@@ -792,6 +792,13 @@ static void test_invalid(void) {
     INVALID("k_start past S", p.k_start = start_past, NPATTN_STATUS_BAD_K_START, NONE, NONE);
     INVALID("k_length past S", (p.k_start = start_ok, p.k_length = length_past), NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
     INVALID("negative k_length", p.k_length = length_negative, NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
+    expect(why.entry == 0, "verdict: the request is named");
+    const int64_t length_all[1] = {5};
+    INVALID("the default q_offset past int64", (p.q_bottom_right = 1, p.k_offset = INT64_MAX, p.k_length = length_all),
+            NPATTN_STATUS_BAD_Q_OFFSET, NONE, NONE);
+    expect(why.entry == 0, "verdict: the request is named");
+    INVALID("the default q_offset without key ranges: S - L, whatever k_offset",
+            (p.q_bottom_right = 1, p.k_offset = INT64_MAX), NPATTN_STATUS_OK, NONE, NONE);
     INVALID("precision unknown", p.precision = (enum npattn_precision)7, NPATTN_STATUS_BAD_PRECISION, NONE, NONE);
     INVALID("precision fast is OK", p.precision = NPATTN_PRECISION_FAST, NPATTN_STATUS_OK, NONE, NONE);
     INVALID("a key range within S is OK", (p.k_start = start_ok, p.k_length = start_ok), NPATTN_STATUS_OK, NONE, NONE);
@@ -862,6 +869,22 @@ static void test_key_ranges(void) {
         for (int64_t b = 0; b < B; b++) q_offsets[b] = length[b] - L; /* each request's bottom-right corner */
         p.q_offsets = q_offsets;
         expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "key ranges: the batch");
+        /* q_bottom_right: the same corners, resolved by the core */
+        static double out2[B * HQ * L * D];
+        p.out.data = out2, p.q_offsets = NULL, p.q_offset = 12345, p.q_bottom_right = 1;
+        expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "key ranges: the default corners");
+        expect(max_err(out2, out, B * HQ * L * D, 0) == 0, "key ranges: q_bottom_right is each request's corner");
+        for (int64_t b = 0; b < B; b++) {
+            int64_t qo, k0, n;
+            npattn_request_positions(&p, b, &qo, &k0, &n);
+            expect(qo == q_offsets[b] && k0 == start[b] && n == length[b], "key ranges: a request's positions");
+        }
+        const int64_t bad[B] = {0, 13, 41};
+        struct npattn_verdict why;
+        p.k_start = bad;
+        expect(npattn_check(&p, &why) == NPATTN_STATUS_BAD_K_START && why.entry == 2,
+               "key ranges: the verdict names the request");
+        p.k_start = start, p.out.data = out;
         for (int64_t b = 0; b < B; b++) {
             const struct case_ one = {1, HQ, HKV, L, length[b], D, D, causal, 5, NPATTN_UNBOUNDED, INT64_MIN, 0,
                                       MASK_NONE, 0, 0, 1};

@@ -351,6 +351,13 @@ ROWS = [
         "q_offset",
         (f"below 2**63, got {2**63}",),
     ),
+    (
+        "q_offset's default beyond int64",
+        call(k_offset=2**63 - 1, k_lengths=5),
+        ValueError,
+        "q_offset",
+        ("q_offset's default, k_offset + k_lengths[0] - L, passes int64",),
+    ),
     ("q_offset array not broadcastable", call(q_offset=[[1], [2]]), ValueError, "q_offset", ("B = (1,)",)),
     ("q_offset array of floats", call(q_offset=np.array([1.0])), TypeError, "q_offset", ("dtype float64",)),
     ("q_offset array with causal_top_left", call(q_offset=[1], mask="causal_top_left"), ValueError, "q_offset", ()),
@@ -525,7 +532,6 @@ def test_npattn_num_threads_is_read():
             np.testing.assert_array_equal(npattn.sdpa(q, k, v), npattn.sdpa(q, k, v, threads=threads))
 
 
-
 # ---- out against every operand (issue 56, item 1) ----
 
 
@@ -580,6 +586,7 @@ def test_out_sharing_memory_with_any_operand_is_refused(capfd, operand):
     function = "paged_attention" if operand in ("value_pages", "block_table", "context_lens") else "sdpa"
     assert_raises_naming(capfd, fn, ValueError, "out", (f"sharing memory with {operand}",), function=function)
     np.testing.assert_array_equal(buf, before)
+
 
 # ---- what an adversarial probe found (issue 19, items 9-12) ----
 
