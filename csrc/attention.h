@@ -122,7 +122,8 @@ enum npattn_status {
     NPATTN_STATUS_BAD_K_START,        /* a k_start[b] outside [0, S] */
     NPATTN_STATUS_BAD_K_LENGTH,       /* a k_length[b] < 0, or past S from k_start[b] */
     NPATTN_STATUS_BAD_PAGES,          /* pages: no block table, page_size < 1, n_page < 0, S not
-                                         max_pages * page_size, k_start given, or a backward pass */
+                                         max_pages * page_size, table_stride < 0, k_start given, or a
+                                         backward pass */
     NPATTN_STATUS_BAD_PAGE,           /* pages: a live block_table entry outside [0, n_page) */
     NPATTN_STATUS_BAD_PRECISION,      /* precision not one of enum npattn_precision */
     NPATTN_STATUS_BAD_Q_OFFSET,       /* q_bottom_right with key ranges: a request's default
@@ -180,17 +181,20 @@ struct npattn_tensor {
  * batch dims: row r of page P of k's head h starts at element
  *     P * k_page_stride + h * k.head_stride + r * k.row_stride
  * (their batch strides are unused), and v likewise. Request b's key row j is
- * row j % page_size of page block_table[b * max_pages + j / page_size], and
+ * row j % page_size of page block_table[b * table_stride + j / page_size], and
  * the problem's S is max_pages * page_size. Only the live pages of a request
  * (those that hold its rows below k_length[b]; every page without k_length)
  * are read, so entries past them may hold anything (-1, customarily); two
  * requests may share a page. Pages never appear in a backward problem. */
 struct npattn_pages {
-    const int64_t *block_table;       /* [n_batch][max_pages], row-major */
+    const int64_t *block_table;       /* request b's entries at b * table_stride + i, i < max_pages */
     int64_t max_pages;                /* >= 0 */
     int64_t n_page;                   /* physical pages, >= 0 */
     int64_t page_size;                /* rows per page, >= 1 */
     int64_t k_page_stride, v_page_stride; /* elements from one page to the next */
+    int64_t table_stride;             /* entries from one request's row of block_table to the next's:
+                                         0 is max_pages (a row-major [n_batch][max_pages] table); a
+                                         table of each request's live entries alone may be narrower */
 };
 
 /* One attention problem. */

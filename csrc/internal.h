@@ -80,6 +80,11 @@ struct npattn_kv {
     int64_t page_size, page_bytes;
 };
 
+/* Request b's row of a paged problem's block table. */
+static inline const int64_t *npattn_table_row(const struct npattn_pages *pg, int64_t b) {
+    return pg->block_table + b * (pg->table_stride ? pg->table_stride : pg->max_pages);
+}
+
 /* Row j's address, and in *run how many rows from j on lie row_bytes apart
  * (to the end of its page; INT64_MAX when dense). */
 static inline const char *npattn_kv_row(const struct npattn_kv *kv, int64_t j, int64_t *run) {

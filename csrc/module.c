@@ -659,65 +659,179 @@ static int read_softcap(struct call *c) {
 
 static PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, int npy_type, const char *what);
 
-/* The two shapes an array of ints comes in: one int per request, broadcast
- * to the batch shape B (k_start, k_lengths, q_offset, context_lens), or a
- * block table of exactly (B, max_pages). */
-enum int_shape { PER_REQUEST, PER_PAGE };
-
-/* x, an int or an array of ints (any integer dtype) of `shape`: a new
- * C-contiguous int64 copy owned by the call (NULL with the error naming
- * it). Every value of a request is read, so a uint64 one beyond int64 is
- * refused with its value; a block table's entries beyond a request's live
- * pages are never read, so there a uint64 one wraps (negative: the core
- * refuses it where it is live, and refused() reads its value from the table
- * given, c->table). Memory O(B), or O(B * max_pages). */
-static PyArrayObject *read_ints(struct call *c, PyObject *x, const char *name, enum int_shape shape) {
+/* x, an int or an array of ints of any integer dtype (a Python int beyond
+ * int64 too, which NumPy holds as an object), as an array; NULL with the
+ * error naming it, `what` saying what it must be. */
+static PyArrayObject *int_array(struct call *c, PyObject *x, const char *name, const char *what) {
     PyArrayObject *a = (PyArrayObject *)own(c, PyArray_FromAny(x, NULL, 0, 0, 0, NULL));
     if (!a || !reads(c, x, name) || !reads(c, (PyObject *)a, name)) return NULL;
     const char kind = PyArray_DESCR(a)->kind;
-    if (kind != 'i' && kind != 'u') {
-        PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got dtype %S", c->fn, name,
-                     shape == PER_REQUEST ? "an int or an array of ints" : "an array of ints", PyArray_DESCR(a));
+    if (kind == 'i' || kind == 'u') return a;
+    if (kind == 'O') { /* only ints */
+        PyArrayObject *flat = (PyArrayObject *)own(c, PyArray_Ravel(a, NPY_CORDER));
+        if (!flat) return NULL;
+        PyObject **items = PyArray_DATA(flat);
+        npy_intp n = PyArray_SIZE(flat), i = 0;
+        while (i < n && !PyBool_Check(items[i]) && (PyLong_Check(items[i]) || PyArray_IsScalar(items[i], Integer))) i++;
+        if (i == n) return a;
+        PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got dtype object holding %s", c->fn, name, what,
+                     type_name(items[i]));
         return NULL;
     }
-    npy_intp want[NPY_MAXDIMS];
-    int nd = PyArray_NDIM(a), want_nd = c->nb, fits = nd <= c->nb;
-    for (int d = 0; d < c->nb; d++) want[d] = (npy_intp)c->batch[d];
-    if (shape == PER_PAGE) {
-        want_nd = 2, fits = nd == 2 && PyArray_DIM(a, 0) == want[0];
-        if (fits) want[1] = PyArray_DIM(a, 1);
+    PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got dtype %S", c->fn, name, what, PyArray_DESCR(a));
+    return NULL;
+}
+
+/* Element i (C order) of a, an array int_array read, as an int64: 1; 0 if
+ * it lies beyond int64 (a Python int, or a uint64 past 2**63 - 1). */
+static int int64_at(PyArrayObject *a, npy_intp i, int64_t *v) {
+    PyObject *x = PyArray_GETITEM(a, PyArray_GETPTR1(a, i));
+    if (!x) return -1;
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(x, &overflow);
+    Py_DECREF(x);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    *v = (int64_t)n;
+    return !overflow;
+}
+
+/* The request that element i (C order) of a, broadcast to the batch shape,
+ * first reaches: its flat index. */
+static int64_t request_of(const struct call *c, PyArrayObject *a, npy_intp i) {
+    const int nd = PyArray_NDIM(a);
+    int64_t b = 0, step = 1;
+    for (int d = c->nb - 1; d >= 0; d--) {
+        const int ad = d - (c->nb - nd);
+        npy_intp digit = 0;
+        if (ad >= 0) digit = i % PyArray_DIM(a, ad), i /= PyArray_DIM(a, ad);
+        b += (int64_t)digit * step, step *= c->batch[d];
     }
-    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == 1 || PyArray_DIM(a, d) == want[want_nd - nd + d];
+    return b;
+}
+
+static void request_index(const struct call *c, int64_t b, char *index);
+#define REQUEST_INDEX (24 * NPY_MAXDIMS + 3)
+
+/* x, an int or an array of ints (any integer dtype) broadcastable to the
+ * batch shape B, one per request (k_start, k_lengths, q_offset,
+ * context_lens): a new C-contiguous int64 copy of shape B owned by the call,
+ * its data (NULL with the error naming it; a value beyond int64 named with
+ * its request). Memory O(B). */
+static const int64_t *read_per_request(struct call *c, PyObject *x, const char *name) {
+    PyArrayObject *a = int_array(c, x, name, "an int or an array of ints");
+    if (!a) return NULL;
+    npy_intp want[NPY_MAXDIMS];
+    int nd = PyArray_NDIM(a), fits = nd <= c->nb;
+    for (int d = 0; d < c->nb; d++) want[d] = (npy_intp)c->batch[d];
+    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == 1 || PyArray_DIM(a, d) == want[c->nb - nd + d];
     if (!fits) {
         PyObject *batch = tuple_of(want, c->nb), *got = shape_of(a);
-        if (batch && got && shape == PER_REQUEST)
+        if (batch && got)
             PyErr_Format(PyExc_ValueError, "%s: %s must broadcast to the batch shape B = %S, got shape %S", c->fn, name,
                          batch, got);
-        else if (batch && got)
-            PyErr_Format(PyExc_ValueError, "%s: %s must have shape (B, max_pages) with B = %lld, got %S", c->fn, name,
-                         (long long)want[0], got);
         Py_XDECREF(batch);
         Py_XDECREF(got);
         return NULL;
     }
-    if (shape == PER_REQUEST && kind == 'u' && PyArray_ITEMSIZE(a) == 8 && PyArray_SIZE(a) > 0) {
-        /* beyond int64 would wrap */
-        PyObject *most = PyArray_Max(a, NPY_RAVEL_AXIS, NULL), *limit = PyLong_FromLongLong(INT64_MAX);
-        int over = most && limit ? PyObject_RichCompareBool(most, limit, Py_GT) : -1;
-        if (over > 0) PyErr_Format(PyExc_ValueError, "%s: %s must hold ints below 2**63, got %S", c->fn, name, most);
-        Py_XDECREF(most);
-        Py_XDECREF(limit);
-        if (over) return NULL;
+    const char kind = PyArray_DESCR(a)->kind;
+    if (kind == 'O' || (kind == 'u' && PyArray_ITEMSIZE(a) == 8)) { /* values that may lie beyond int64 */
+        PyArrayObject *flat = (PyArrayObject *)own(c, PyArray_Ravel(a, NPY_CORDER));
+        PyArrayObject *values = flat ? (PyArrayObject *)own(c, PyArray_NewLikeArray(a, NPY_CORDER,
+                                                                                      PyArray_DescrFromType(NPY_INT64), 0))
+                                     : NULL;
+        if (!values) return NULL;
+        int64_t *v = PyArray_DATA(values);
+        for (npy_intp i = 0; i < PyArray_SIZE(flat); i++) {
+            const int fits64 = int64_at(flat, i, &v[i]);
+            if (fits64 < 0) return NULL;
+            if (fits64) continue;
+            char index[REQUEST_INDEX];
+            request_index(c, request_of(c, a, i), index);
+            PyObject *given = PyArray_GETITEM(flat, PyArray_GETPTR1(flat, i));
+            if (given)
+                PyErr_Format(PyExc_ValueError, "%s: %s%s = %S lies outside int64, [-2**63, 2**63 - 1]", c->fn, name,
+                             index, given);
+            Py_XDECREF(given);
+            return NULL;
+        }
+        a = values;
     }
-    if (shape == PER_PAGE) c->table = a;
-    PyArrayObject *copy = new_array(c, want, want_nd, NPY_INT64, name);
-    return copy && PyArray_CopyInto(copy, a) == 0 ? copy : NULL;
+    PyArrayObject *copy = new_array(c, want, c->nb, NPY_INT64, name);
+    return copy && PyArray_CopyInto(copy, a) == 0 ? PyArray_DATA(copy) : NULL;
 }
 
-/* read_ints' per-request ints: their data. */
-static const int64_t *read_per_request(struct call *c, PyObject *x, const char *name) {
-    PyArrayObject *a = read_ints(c, x, name, PER_REQUEST);
-    return a ? PyArray_DATA(a) : NULL;
+/* The entries of a request's row of the block table that the core reads:
+ * those of the pages that hold its `length` keys; none where the length or
+ * the page size breaks its rule (the core refuses the call before it reads
+ * the table). */
+static int64_t live_pages(int64_t length, int64_t page_size, int64_t max_pages) {
+    if (page_size < 1 || length < 0 || length / page_size > max_pages) return 0;
+    const int64_t n = length / page_size + (length % page_size != 0);
+    return n <= max_pages ? n : 0;
+}
+
+/* paged_attention's block_table, (B, max_pages) ints of any integer dtype,
+ * strides and size: the live entries alone (live_pages), copied as int64
+ * into a table of B rows as wide as the longest, the rest -1
+ * (pages->table_stride). The
+ * dead entries are never read: a broadcast view of any width costs no more
+ * than its live entries, and a dead one may hold anything (a Python int
+ * beyond int64 too). A live entry beyond int64 becomes -1, which the core
+ * refuses, and refused() names it with its value as given (c->table). */
+static int read_block_table(struct call *c, struct npattn_pages *pages) {
+    PyArrayObject *a = int_array(c, c->opt[OPT_block_table], "block_table", "an array of ints");
+    if (!a) return 0;
+    const npy_intp B = (npy_intp)c->batch[0];
+    if (PyArray_NDIM(a) != 2 || PyArray_DIM(a, 0) != B) {
+        PyObject *got = shape_of(a);
+        if (got)
+            PyErr_Format(PyExc_ValueError, "%s: block_table must have shape (B, max_pages) with B = %lld, got %S", c->fn,
+                         (long long)B, got);
+        Py_XDECREF(got);
+        return 0;
+    }
+    const int typed = PyArray_DESCR(a)->kind != 'O';
+    if (typed && !(a = (PyArrayObject *)own(c, PyArray_FromAny((PyObject *)a, NULL, 0, 0, NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED, NULL))))
+        return 0;
+    const int64_t max_pages = PyArray_DIM(a, 1), page_size = pages->page_size, *length = c->p.k_length;
+    int64_t widest = 0;
+    for (npy_intp b = 0; b < B; b++) {
+        const int64_t n = live_pages(length[b], page_size, max_pages);
+        widest = n > widest ? n : widest;
+    }
+    const npy_intp shape[2] = {B, (npy_intp)widest};
+    PyArrayObject *table = new_array(c, shape, 2, NPY_INT64, "block_table");
+    if (!table) return 0;
+    int64_t *at = PyArray_DATA(table);
+    const char kind = PyArray_DESCR(a)->kind;
+    const int size = (int)PyArray_ITEMSIZE(a);
+    for (npy_intp b = 0; b < B; b++) {
+        const int64_t n = live_pages(length[b], page_size, max_pages);
+        for (npy_intp i = 0; i < widest; i++) {
+            int64_t v = -1;
+            const char *e = i < n ? PyArray_GETPTR2(a, b, i) : NULL;
+            if (!e) {
+            } else if (!typed) {
+                int overflow = 0;
+                long long n64 = PyLong_AsLongLongAndOverflow(*(PyObject *const *)e, &overflow);
+                if (n64 == -1 && PyErr_Occurred()) return 0;
+                v = overflow ? -1 : (int64_t)n64;
+            } else if (kind == 'i') {
+                v = size == 1 ? *(const int8_t *)e : size == 2 ? *(const int16_t *)e : size == 4 ? *(const int32_t *)e
+                                                                                                 : *(const int64_t *)e;
+            } else {
+                const uint64_t u = size == 1 ? *(const uint8_t *)e : size == 2 ? *(const uint16_t *)e
+                                   : size == 4 ? *(const uint32_t *)e : *(const uint64_t *)e;
+                v = u > (uint64_t)INT64_MAX ? -1 : (int64_t)u;
+            }
+            at[b * widest + i] = v;
+        }
+    }
+    c->table = a;
+    pages->block_table = at;
+    pages->max_pages = max_pages;
+    pages->table_stride = widest;
+    return 1;
 }
 
 /* q_offset (None: the core's default, the bottom-right corner; 0 with
@@ -818,15 +932,12 @@ static int read_paged(struct call *c) {
     c->nb = 1;
     c->batch[0] = qs[0];
 
-    PyArrayObject *table = read_ints(c, c->opt[OPT_block_table], "block_table", PER_PAGE);
-    if (!table) return 0;
     struct npattn_problem *p = &c->p;
     if (!(p->k_length = read_per_request(c, c->opt[OPT_context_lens], "context_lens"))) return 0;
-
-    c->pages.block_table = PyArray_DATA(table);
-    c->pages.max_pages = PyArray_DIM(table, 1);
     c->pages.n_page = ks[0];
     c->pages.page_size = page_size;
+    if (!read_block_table(c, &c->pages)) return 0;
+
     p->pages = &c->pages;
     p->n_batch_dim = 1;
     p->batch_shape = c->batch;
@@ -1000,8 +1111,7 @@ static int out_clear_of_inputs(struct call *c) {
 /* ---- running the core, and phrasing its verdict ---- */
 
 /* Request b's index in the batch shape, "[1, 0]" ("" without batch dims). */
-#define REQUEST_INDEX (24 * NPY_MAXDIMS + 3)
-static void request_index(const struct call *c, int64_t b, char index[REQUEST_INDEX]) {
+static void request_index(const struct call *c, int64_t b, char *index) {
     size_t at = 0;
     int64_t rest = b, digits[NPY_MAXDIMS];
     index[0] = '\0';

@@ -37,7 +37,7 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_OVERLAPS] = "an output must share no byte with another operand",
     [NPATTN_STATUS_BAD_K_START] = "every k_start[b] must lie in [0, S]",
     [NPATTN_STATUS_BAD_K_LENGTH] = "every k_length[b] must be at least 0, with k_start[b] + k_length[b] at most S",
-    [NPATTN_STATUS_BAD_PAGES] = "paged K/V needs a block table, page_size >= 1, S = max_pages * page_size, no k_start",
+    [NPATTN_STATUS_BAD_PAGES] = "paged K/V needs a block table, page_size >= 1, S = max_pages * page_size, table_stride >= 0, no k_start",
     [NPATTN_STATUS_BAD_PAGE] = "every live block_table entry must lie in [0, n_page)",
     [NPATTN_STATUS_BAD_PRECISION] = "precision must be one of enum npattn_precision",
     [NPATTN_STATUS_BAD_Q_OFFSET] = "with q_bottom_right and key ranges, k_offset + k_length[b] - L must fit int64",
@@ -272,7 +272,8 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
     const struct npattn_pages *pg = p->pages;
     if (pg) { /* before the key ranges, which S = max_pages * page_size bounds */
         int64_t S;
-        if (!pg->block_table || pg->page_size < 1 || pg->n_page < 0 || pg->max_pages < 0 || p->k_start ||
+        if (!pg->block_table || pg->page_size < 1 || pg->n_page < 0 || pg->max_pages < 0 || pg->table_stride < 0 ||
+            p->k_start ||
             __builtin_mul_overflow(pg->max_pages, pg->page_size, &S) || S != p->n_key)
             return refuse(why, NPATTN_STATUS_BAD_PAGES, none, none);
     }
@@ -290,8 +291,9 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
         for (int64_t b = 0; b < n_batch; b++) {
             /* the pages that hold rows below k_length[b] */
             const int64_t live = p->k_length ? (p->k_length[b] + pg->page_size - 1) / pg->page_size : pg->max_pages;
+            const int64_t *row = npattn_table_row(pg, b);
             for (int64_t i = 0; i < live; i++) {
-                const int64_t page = pg->block_table[b * pg->max_pages + i];
+                const int64_t page = row[i];
                 if (page < 0 || page >= pg->n_page) {
                     refuse(why, NPATTN_STATUS_BAD_PAGE, NPATTN_OPERAND_NONE, none);
                     why->entry = b * pg->max_pages + i;

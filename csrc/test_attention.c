@@ -804,11 +804,15 @@ static void test_invalid(void) {
     INVALID("a key range within S is OK", (p.k_start = start_ok, p.k_length = start_ok), NPATTN_STATUS_OK, NONE, NONE);
     /* paged: the one page of 5 rows holds the 5 keys */
     const int64_t table_ok[1] = {0}, table_past[1] = {1}, no_key[1] = {0};
-    struct npattn_pages pages = {table_ok, 1, 1, 5, 0, 0};
+    struct npattn_pages pages = {table_ok, 1, 1, 5, 0, 0, 0};
     INVALID("pages: one page of every key is OK", p.pages = &pages, NPATTN_STATUS_OK, NONE, NONE);
     INVALID("pages: S not max_pages * page_size", (p.pages = &pages, p.n_key = 4), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
     INVALID("pages: with k_start", (p.pages = &pages, p.k_start = start_ok), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
     INVALID("pages: no block table", (pages.block_table = NULL, p.pages = &pages), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
+    pages.block_table = table_ok;
+    INVALID("pages: a negative table stride", (pages.table_stride = -1, p.pages = &pages), NPATTN_STATUS_BAD_PAGES, NONE,
+            NONE);
+    pages.table_stride = 0;
     pages.page_size = 0; /* the pages' rule before the key ranges, which a page size of 0 leaves no room */
     INVALID("pages: page_size 0", (p.pages = &pages, p.n_key = 0, p.k_length = length_past), NPATTN_STATUS_BAD_PAGES,
             NONE, NONE);
@@ -919,6 +923,11 @@ static void test_pages(void) {
         for (int64_t i = 0; i < (length[b] + PS - 1) / PS; i++) table[b * MAXP + i] = (next++ * 5 + 3) % NP; /* scattered */
     static float q[B * HQ * LMAX * D], kp[NP * HKV * PS * 2 * D], vp[NP * HKV * PS * 2 * D];
     static float k[B * HKV * S * D], v[B * HKV * S * D], want[B * HQ * LMAX * D], got[B * HQ * LMAX * D];
+    static float got_live[B * HQ * LMAX * D];
+    enum { MAXP_LIVE = (18 + PS - 1) / PS }; /* the longest request's live pages */
+    int64_t live_table[B * MAXP_LIVE];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < MAXP_LIVE; i++) live_table[b * MAXP_LIVE + i] = table[b * MAXP + i];
     for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) q[i] = (float)uniform();
     for (size_t i = 0; i < sizeof kp / sizeof kp[0]; i++) kp[i] = (float)uniform(), vp[i] = (float)uniform();
     for (int stride = 1; stride <= 2; stride++) { /* rows D (contiguous) or 2 D apart */
@@ -932,7 +941,7 @@ static void test_pages(void) {
                         k[((b * HKV + h) * S + j) * D + e] = kp[at];
                         v[((b * HKV + h) * S + j) * D + e] = vp[at];
                     }
-        const struct npattn_pages pages = {table, MAXP, NP, PS, page, page};
+        const struct npattn_pages pages = {table, MAXP, NP, PS, page, page, 0};
         for (int64_t L = 1; L <= LMAX; L += LMAX - 1)
             for (int t = 0; t < N_KERNEL_TABLES; t++) {
                 if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
@@ -955,6 +964,13 @@ static void test_pages(void) {
                 double err = 0;
                 for (int64_t i = 0; i < B * HQ * L * D; i++) err = fmax(err, fabs((double)got[i] - (double)want[i]));
                 expect(err < 1e-6, "pages: equal to the dense problem on the gathered keys");
+                /* the live entries alone, each request's row MAXP_LIVE apart: the same bits */
+                struct npattn_pages live = pages;
+                live.block_table = live_table, live.table_stride = MAXP_LIVE;
+                p.pages = &live, p.out.data = got_live;
+                expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "pages: a table of the live entries");
+                expect(memcmp(got, got_live, sizeof(float) * (size_t)(B * HQ * L * D)) == 0,
+                       "pages: a table of the live entries gives the same bits");
             }
         npattn_kernels_force("");
     }
