@@ -549,8 +549,8 @@ static int read_mask(struct call *c) {
         } else if (PyUnicode_CompareWithASCIIString(mask, "causal_top_left") == 0) {
             p->causal = c->top_left = 1;
         } else {
-            PyErr_Format(PyExc_ValueError, "%s: mask must be \"causal\", \"causal_top_left\", None or an array, got %R",
-                         c->fn, mask);
+            PyErr_Format(PyExc_ValueError, "%s: mask must be \"causal\", \"causal_top_left\"%s, got %R", c->fn,
+                         c->paged ? " or None" : ", None or an array", mask);
             return 0;
         }
         return 1;

@@ -256,6 +256,16 @@ def test_argument_errors(rng, capfd):
         assert_raises_naming(capfd, fn, exc, name, texts, function=P_ERR)
 
 
+@pytest.mark.parametrize("mask", ["bogus", "Causal", ""])
+def test_unknown_mask_string_lists_only_what_paged_attention_takes(rng, mask):
+    """An unknown mask string lists "causal", "causal_top_left" and None, the values
+    paged_attention takes, and no array, which it refuses (issue 56, item 4)."""
+    q, kp, vp, table, cl = paged_problem(rng, B=2, L=1, page_size=4, lengths=(5, 3))
+    with pytest.raises(ValueError) as info:
+        npattn.paged_attention(q, kp, vp, table, cl, mask=mask)
+    assert str(info.value) == f'paged_attention: mask must be "causal", "causal_top_left" or None, got {mask!r}'
+
+
 def test_out_sharing_a_page_store_is_refused(rng, capfd):
     q, kp, vp, table, cl = paged_problem(rng, B=2, L=1, page_size=4, lengths=(5, 3), D=8, D_v=8)
     out = kp.reshape(-1)[: 2 * 4 * 8].reshape(2, 4, 1, 8)  # the result's shape, inside key_pages
