@@ -22,13 +22,28 @@ the weighted sum over the ``n`` keys it sees adds about ``sqrt(n)`` ulps of
 with ``max|logit_i|`` the bound ``|scale| |q_i| max|k_j|``, plus the largest
 finite ``|mask_ij|``, plus ``|sink|``, plus the softcap, and ``max|v|_i``,
 ``max|k_j|``, ``max|mask_ij|`` taken over the keys ``j`` row ``i`` sees only
-(a hidden key cannot move the result). ``ulps`` is 64 for float64, 8 for
+(a hidden key cannot move the result). ``ulps`` is 64 for float64 and 8 for
 float32 (a peer's float32 kernel, such as MLX's or PyTorch's, uses a fraction
-of it: npattn's own tests hold npattn to 4), and 2 for float16 and bfloat16,
-plus the float32 bound, for an implementation that rounds its scores and
-weights to the half dtype, as MLX's does. ``floor``, ``ulps * (1 + sqrt(n_i))``
-of the dtype's smallest subnormal (of float32 too for the half dtypes), is
-what the roundings of subnormal terms add, where the relative bound vanishes.
+of it: npattn's own tests hold npattn to 4). ``floor``, ``ulps * (1 +
+sqrt(n_i))`` of the dtype's smallest subnormal, is what the roundings of
+subnormal terms add, where the relative bound vanishes.
+
+float16 and bfloat16 results are allowed what an implementation that computes
+in float32 and rounds its scaled inputs, its scores, its weights and its result
+to the half type (each once, as MLX's and PyTorch's CPU paths do) can be off
+by, plus the float32 bound above (4 ulps)::
+
+    atol_i = 2 * eps_half * (1 + m_i) * max|v|_i  +  float32 bound  +  floor
+
+with ``m_i`` the largest ``|s_ij + mask_ij| + |scale| |q_i * k_j|`` over the
+keys row ``i`` sees, plus ``|sink|``: a score rounded to the half type moves by
+half an ulp of itself, and the rounding of its scaled inputs, independent
+errors over the ``D`` products ``q_id k_jd``, by half an ulp of their 2-norm;
+softmax turns that into at most twice as much of ``max|v|`` on the output; the
+weights and the result rounded add an ulp (the ``1``). No sum of ``n_i`` terms
+is made in the half type, so no ``sqrt(n_i)`` of its ulps (the float32 bound
+has them). This is what tells a half-precision result apart from a
+near miss; docs/checking.md says how near.
 
 ``precision="fast"`` (SPEC section 11) adds, for float16 and bfloat16 results,
 two ulps of the half type, ``2 * eps_half * max|v|_i``: rounding each weight
@@ -153,8 +168,14 @@ def max_logit(q: _Any, k: _Any, scale=None, mask=None, sinks=None, softcap=None)
 
 
 def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
-    """Per query row, over the keys that row sees: (max|logit|, max|v|, number of keys),
-    each of shape (*B, H_q, L) (or (L,) for rank-2 operands). Inputs float64."""
+    """Per query row, over the keys that row sees: (max|logit|, the half logit, max|v|,
+    number of keys), each of shape (*B, H_q, L) (or (L,) for rank-2 operands). Inputs
+    float64. max|logit| is the Cauchy-Schwarz bound |scale| |q_i| max|k_j| (plus the
+    largest |mask|, |sink| and the cap), what a float32 dot product's rounding scales
+    with; the half logit is the largest |s_ij + mask_ij| of the row's actual scores
+    (capped), plus the spread of rounding its scaled inputs, |scale| |q_i * k_j| (the
+    2-norm of the products: independent roundings), plus |sink|: what rounding the
+    scores and their inputs to a half type scales with."""
     all_rank_2 = q.ndim == k.ndim == v.ndim == 2
     q, k, v = (x[None] if x.ndim == 2 else x for x in (q, k, v))
     H_q, L, D = q.shape[-3:]
@@ -181,6 +202,7 @@ def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
         a = _np.sqrt((a * a).sum(axis=-1)) if norm else a.max(axis=-1, initial=0.0)
         return _np.repeat(a, n_rep, axis=-2)[..., None, :]
 
+    f = _factor(scale, D)
     with _np.errstate(over="ignore", invalid="ignore"):
         q_norm = _np.sqrt((_finite(q) ** 2).sum(axis=-1))  # (*B, H_q, L)
         k_row = _np.where(visible, per_key(k, True), 0.0).max(axis=-1, initial=0.0)
@@ -188,33 +210,45 @@ def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
         bias_row = _np.where(visible, bias, 0.0).max(axis=-1, initial=0.0)
         n_row = _np.broadcast_to(visible, _np.broadcast_shapes(visible.shape, (H_q, L, S))).sum(axis=-1)
         sink = _finite(_np.asarray(sinks, dtype=_np.float64)).reshape(H_q, 1) if sinks is not None else 0.0
-        logit = _factor(scale, D) * q_norm * k_row + bias_row + sink + (abs(float(softcap)) if softcap else 0.0)
-    logit, v_row, n_row = _np.broadcast_arrays(logit, v_row, n_row)
+        logit = f * q_norm * k_row + bias_row + sink + (abs(float(softcap)) if softcap else 0.0)
+        # the actual scores (*B, H_q, L, S), and the 2-norms of their products
+        q_fin, k_all = (_np.where(_np.isfinite(x), x, 0.0) for x in (q, _np.repeat(k, n_rep, axis=-3)))
+        scores = f * _np.abs(q_fin @ k_all.swapaxes(-1, -2))
+        if softcap:
+            scores = abs(float(softcap)) * _np.tanh(scores / abs(float(softcap)))
+        spread = f * _np.sqrt(q_fin**2 @ (k_all**2).swapaxes(-1, -2))
+        half_logit = _np.where(visible, _finite(scores + bias + spread), 0.0).max(axis=-1, initial=0.0) + sink
+    logit, half_logit, v_row, n_row = _np.broadcast_arrays(logit, half_logit, v_row, n_row)
     if all_rank_2:
-        logit, v_row, n_row = logit[0], v_row[0], n_row[0]
-    return logit, v_row, n_row
+        logit, half_logit, v_row, n_row = logit[0], half_logit[0], v_row[0], n_row[0]
+    return logit, half_logit, v_row, n_row
 
 
 def _row_tolerance(
     q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision,
     k_start=None, k_lengths=None,
 ):  # fmt: skip
-    """(atol per row, its parts (max|logit|, max|v|, n)) for a result of dtype `name`."""
-    logit, v_row, n_row = _row_bounds(
+    """(atol per row, its parts (the logit bound it used, max|v|, n)) for a result of
+    dtype `name`."""
+    logit, half_logit, v_row, n_row = _row_bounds(
         q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths
     )
     ulps = ULPS[name] if ulps is None else ulps
     spread = 1.0 + logit + _np.sqrt(n_row)
     with _np.errstate(over="ignore", invalid="ignore"):
-        # the relative bound, and the roundings of subnormal terms (where it vanishes)
-        atol = ulps * EPS[name] * spread * v_row + ulps * (1 + _np.sqrt(n_row)) * TINY[name]
-        if name in ("float16", "bfloat16"):
-            # the float32 computation the half result is rounded from
-            atol = atol + 4 * EPS["float32"] * spread * v_row + 4 * (1 + _np.sqrt(n_row)) * TINY["float32"]
-            if precision == "fast":
-                atol = atol + FAST_HALF_ULPS * EPS[name] * v_row  # the weights rounded to the half type
-                atol = atol + (n_row + 1) * NORMAL_F32  # sums below normal flushed to 0
-    return atol, (logit, v_row, n_row)
+        if name not in ("float16", "bfloat16"):
+            # the relative bound, and the roundings of subnormal terms (where it vanishes)
+            atol = ulps * EPS[name] * spread * v_row + ulps * (1 + _np.sqrt(n_row)) * TINY[name]
+            return atol, (logit, v_row, n_row)
+        # the half type rounds the scores, their scaled inputs, the weights and the result,
+        # each once: no sum of n terms in it (the float32 bound below has those)
+        atol = ulps * EPS[name] * (1.0 + half_logit) * v_row + ulps * TINY[name]
+        # the float32 computation the half result is rounded from
+        atol = atol + 4 * EPS["float32"] * spread * v_row + 4 * (1 + _np.sqrt(n_row)) * TINY["float32"]
+        if precision == "fast":
+            atol = atol + FAST_HALF_ULPS * EPS[name] * v_row  # the weights rounded to the half type
+            atol = atol + (n_row + 1) * NORMAL_F32  # sums below normal flushed to 0
+    return atol, (half_logit, v_row, n_row)
 
 
 def tolerance(
@@ -240,7 +274,9 @@ def tolerance(
 
     ``atol_i = ulps * eps * (1 + max|logit_i| + sqrt(n_i)) * max|v|_i + floor``
     for each query row ``i``, over the ``n_i`` keys it sees (see the module's
-    docstring); for float16 and bfloat16 the float32 bound is added, and with
+    docstring); for float16 and bfloat16 ``ulps * eps * (1 + m_i) * max|v|_i``,
+    ``m_i`` the row's largest actual score and the spread of rounding its
+    inputs, plus the float32 bound, and with
     ``precision="fast"`` two ulps of the half type and ``(n_i + 1) * 2**-126``
     (sums flushed to 0). ``mask``, ``window`` and
     the offsets and key ranges say which keys a row sees, as in :func:`npattn.sdpa` (``mask``
@@ -665,10 +701,12 @@ def assert_attention_close(
     else:
         row = worst[:-1]
         logit, v_row, n_row = (float(x[row]) for x in parts)
+        half = name in ("float16", "bfloat16")
         how = (
-            f"atol {float(atol_rows[row]):.3g} = {ULPS[name]} * eps({name}) * (1 + max|logit| {logit:.4g} "
-            f"+ sqrt(keys seen) {_np.sqrt(n_row):.3g}) * max|v| {v_row:.4g}"
-            + (" + the float32 bound" if name in ("float16", "bfloat16") else "")
+            f"atol {float(atol_rows[row]):.3g} = {ULPS[name]} * eps({name}) * (1 + max|logit| {logit:.4g}"
+            + ("" if half else f" + sqrt(keys seen) {_np.sqrt(n_row):.3g}")
+            + f") * max|v| {v_row:.4g}"
+            + (" + the float32 bound" if half else "")
             + (
                 " + 2 ulps of the half type and (keys seen + 1) * 2**-126 (precision='fast')"
                 if precision == "fast" and "16" in name
@@ -722,7 +760,9 @@ def assert_attention_close(
                 "MLX's CPU path gives such rows the mean of V (a bool mask, or its causal mask with L > S) "
                 "or NaN (a -inf mask): a known difference of MLX, not an error in the rest of the output"
             )
-    lines.insert(1, _diagnosis(got64, q64, k64, v64, options, name, atol if given else None, rtol, precision))
+    lines.insert(
+        1, _diagnosis(got64, q64, k64, v64, options, name, atol if given else None, rtol, precision, want, atol)
+    )
     lines += checked
     raise AssertionError("\n".join(lines))
 
@@ -774,9 +814,15 @@ def assert_paged_attention_close(
     )  # fmt: skip
 
 
-def _diagnosis(got, q, k, v, options, name, atol, rtol, precision) -> str:
-    """Which of the usual mistakes `got` matches within tolerance, in one sentence."""
-    matched, tried = [], []
+def _diagnosis(got, q, k, v, options, name, atol, rtol, precision, want, want_atol) -> str:
+    """Which of the usual mistakes `got` matches, in one sentence. A match must be
+    earned: `got` lies within the mistake's tolerance of its result, and that
+    tolerance separates the result from the right answer `want` and from every
+    mistake `got` does not match (each lies outside it somewhere); otherwise a
+    tolerance wider than the results differ (a half type's, with scores of a wrong
+    scale) would name whatever it covers. Mistakes that `got` matches and that
+    cannot be told apart from each other are named together."""
+    tried, results = [], []  # (what, result, its tolerance)
     for what, change in _mistakes(q, k, v, **options):
         tried.append(what.split(" (")[0].split(":")[0])
         with _np.errstate(all="ignore"):
@@ -790,8 +836,14 @@ def _diagnosis(got, q, k, v, options, name, atol, rtol, precision) -> str:
             allowed = atol
             if allowed is None:
                 allowed = _row_tolerance(**call, name=name, ulps=None, precision=precision)[0][..., None]
-            if not _beyond(got, result, allowed, rtol).any():
-                matched.append(what)
-    if matched:
-        return "the result matches, within tolerance, " + "; and also ".join(matched)
+        results.append((what, result, allowed))
+
+    def apart(a, b):  # b's result lies outside a's tolerance somewhere
+        return bool(_beyond(b[1], a[1], a[2], rtol).any())
+
+    matches = [c for c in results if not _beyond(got, c[1], c[2], rtol).any()]
+    others = [c for c in results if c not in matches] + [("the right answer", want, want_atol)]
+    earned = [c[0] for c in matches if all(apart(c, d) for d in others)]
+    if earned:
+        return "the result matches, within tolerance, " + "; and also ".join(earned)
     return "the result matches none of the usual mistakes tried: " + "; ".join(tried)
