@@ -112,6 +112,8 @@ enum npattn_status {
     NPATTN_STATUS_BAD_WINDOW,         /* a window side below NPATTN_UNBOUNDED */
     NPATTN_STATUS_BAD_MASK_KIND,      /* mask_kind not one of enum npattn_mask_kind */
     NPATTN_STATUS_BAD_THREADS,        /* n_threads outside 0 .. NPATTN_MAX_THREADS */
+    NPATTN_STATUS_BAD_THREADS_ENV,    /* n_threads 0 and NPATTN_NUM_THREADS set, but not to an int
+                                         from 1 to NPATTN_MAX_THREADS */
     NPATTN_STATUS_BAD_DTYPE,          /* an operand's dtype is not one of enum npattn_dtype */
     NPATTN_STATUS_NOT_WIDE,           /* lse, dq, dk or dv neither F32 nor F64 */
     NPATTN_STATUS_NO_STRIDES,         /* batch dims, but the operand has no batch_stride */
@@ -250,10 +252,13 @@ struct npattn_problem {
     enum npattn_precision precision;  /* HIGHEST (0) unless asked */
 
     int32_t n_threads;                /* 1 .. NPATTN_MAX_THREADS: at most this many threads, the caller included;
-                                         0: the CPUs this process may run on (capped by
-                                         npattn_set_num_threads). It also decides how work
-                                         is split, so the same value gives bitwise-identical
-                                         results, however many threads actually start. */
+                                         0: the environment's NPATTN_NUM_THREADS where it is
+                                         set (an int from 1 to NPATTN_MAX_THREADS, spaces
+                                         around it allowed), else the CPUs this process may
+                                         run on (capped by npattn_set_num_threads). It also
+                                         decides how work is split, so the same value gives
+                                         bitwise-identical results, however many threads
+                                         actually start. */
 
     /* NULL, or polled by the calling thread about every 50 ms; nonzero stops
      * the call between tiles with NPATTN_STATUS_CANCELLED. */
@@ -327,30 +332,6 @@ const char *npattn_simd(void);
 const char *npattn_blas_library(void);
 const char *npattn_blas_config(void);
 
-/* The most bytes this machine could ever hold at once: its physical memory
- * plus swap, where the system says (Linux); 0 where unknown. A result beyond
- * it can never be written, whatever the kernel's overcommit policy would let
- * an allocation promise, so the glue refuses it before allocating. */
-uint64_t npattn_memory_limit(void);
-
-/* dst[j] = src[j] rounded to nearest even in dtype (F32, F16 or BF16;
- * subnormals kept, overflow to infinity, NaN stays NaN) for j < n, by the
- * kernel table's SIMD, in blocks on at most n_threads threads (0: the
- * default): the glue's cast of float32 gradients to a half-precision
- * operand's dtype. Returns NPATTN_STATUS_OK, or BAD_THREADS. */
-enum npattn_status npattn_narrow_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst,
-                                     int32_t n_threads);
-
-/* The float32 FMA peak of the calling thread's core in GFLOP/s, for the
- * kernel table in use: a loop of FMAs in registers only, timed for about
- * `seconds`. A ceiling the benchmarks read decode against; attention never
- * calls it. */
-double npattn_fma_peak(double seconds);
-
-/* Forces the named kernel table, for the tests ("" restores the best this
- * CPU runs); nonzero where this CPU cannot run it. */
-int npattn_debug_force_simd(const char *name);
-
 /* Stops every call in flight (they return NPATTN_STATUS_CANCELLED, as every
  * later call does) and waits, at most 5 s, until none computes: for a
  * program's exit, so that no tile runs while libraries are torn down. The
@@ -358,9 +339,9 @@ int npattn_debug_force_simd(const char *name);
  * (Python does, before it stops its threads). */
 void npattn_shutdown(void);
 
-/* The default thread count (n_threads = 0): the CPUs this process may run on,
- * at most n if npattn_set_num_threads(n) was called with n >= 1 (n < 1 lifts
- * the cap). For threadpoolctl and alike, which find them by name in a shared
+/* The default thread count (n_threads = 0) where NPATTN_NUM_THREADS is not
+ * set: the CPUs this process may run on, at most n if
+ * npattn_set_num_threads(n) was called with n >= 1 (n < 1 lifts the cap). For threadpoolctl and alike, which find them by name in a shared
  * library built with hidden visibility: hence exported. */
 #if defined(__GNUC__) || defined(__clang__)
 #define NPATTN_EXPORTED __attribute__((visibility("default")))
@@ -369,15 +350,6 @@ void npattn_shutdown(void);
 #endif
 NPATTN_EXPORTED int npattn_get_num_threads(void);
 NPATTN_EXPORTED void npattn_set_num_threads(int n);
-
-/* Test hooks, not for production use and not thread-safe with concurrent calls:
- * after n more successful allocations inside the core every allocation fails
- * (n < 0, the default, turns it off); the pool's mode: 0 normal, 1 no
- * helper thread ever starts, 2 helpers join whatever the size of the work;
- * and the time between two polls of the cancel callback (ns <= 0: 50 ms). */
-void npattn_debug_fail_alloc_after(int64_t n);
-void npattn_debug_pool_mode(int mode);
-void npattn_debug_poll_interval(int64_t ns);
 
 #ifdef __cplusplus
 }

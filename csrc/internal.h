@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "attention.h"
+#include "hooks.h"
 
 /* ---- core.c: checked allocation (with the test hook), batch offsets ---- */
 /* (rules.c checks the rules of attention.h: npattn_check, npattn_check_backward) */
@@ -203,8 +204,14 @@ typedef void (*npattn_task_fn)(void *arg, int64_t task, int32_t slot);
 enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task, int32_t n_threads,
                                    struct npattn_run *run);
 
-/* n_threads of a problem resolved: 0 becomes the default thread count. */
+/* n_threads of a problem resolved: 0 becomes NPATTN_NUM_THREADS where it is
+ * set and valid, else the default thread count. */
 int32_t npattn_pool_threads(int32_t n_threads);
+
+/* NPATTN_NUM_THREADS: its value (1 .. NPATTN_MAX_THREADS), 0 where it is not
+ * set, -1 where it is set to anything else (rules.c refuses that). Read on
+ * each call, as the environment may change between calls. */
+int32_t npattn_env_threads(void);
 
 /* The test hook's mode (npattn_debug_pool_mode). */
 int npattn_pool_mode(void);

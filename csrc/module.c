@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "hooks.h"
 
 static int bfloat16_type = -1; /* ml_dtypes.bfloat16's type number, once Python has seen it */
 static atomic_int shutting_down; /* _core.shutdown() ran: the interpreter is exiting */
@@ -863,30 +864,13 @@ static int read_offsets(struct call *c) {
     return 1;
 }
 
-/* threads: an int from 1 to NPATTN_MAX_THREADS; None: NPATTN_NUM_THREADS
- * if set, else 0 (the core's default). */
+/* threads: an int from 1 to NPATTN_MAX_THREADS, or None: 0, the core's
+ * default (NPATTN_NUM_THREADS where set, else the CPUs). */
 static int read_threads(struct call *c) {
     PyObject *x = c->opt[OPT_threads];
     int64_t n;
-    if (x == Py_None) {
-        const char *env = getenv("NPATTN_NUM_THREADS");
-        c->p.n_threads = 0;
-        if (!env) return 1;
-        char *end;
-        errno = 0;
-        long long v = strtoll(env, &end, 10);
-        while (end != env && (*end == ' ' || *end == '\t' || *end == '\n')) end++;
-        if (end == env || *end != '\0' || errno || v < 1 || v > NPATTN_MAX_THREADS) {
-            PyObject *text = PyUnicode_DecodeFSDefault(env);
-            if (text)
-                PyErr_Format(PyExc_ValueError, "%s: NPATTN_NUM_THREADS must be an int from 1 to %d, got %R", c->fn,
-                             NPATTN_MAX_THREADS, text);
-            Py_XDECREF(text);
-            return 0;
-        }
-        c->p.n_threads = (int32_t)v;
-        return 1;
-    }
+    c->p.n_threads = 0;
+    if (x == Py_None) return 1;
     if (PyBool_Check(x) || !(PyLong_Check(x) || PyArray_IsScalar(x, Integer))) {
         PyErr_Format(PyExc_TypeError, "%s: threads must be an int >= 1 or None, got %s", c->fn, type_name(x));
         return 0;
@@ -1122,36 +1106,24 @@ static void request_index(const struct call *c, int64_t b, char *index) {
     snprintf(index + at, REQUEST_INDEX - at, "]");
 }
 
-/* The first request whose key range breaks its rule, named with its batch
- * index: "k_lengths[1] = 9 runs past S = 7 (k_start[1] = 2)". Returns 0. */
-static int bad_range(struct call *c) {
+/* Request b's key range broke its rule (status): the error naming the
+ * request, "k_lengths[1] = 9 runs past S = 7 (k_start[1] = 2)". */
+static void bad_range(struct call *c, enum npattn_status status, int64_t b) {
     const struct npattn_problem *p = &c->p;
-    int64_t n = 1;
-    for (int d = 0; d < c->nb; d++) n *= c->batch[d];
-    for (int64_t b = 0; b < n; b++) {
-        const int64_t start = p->k_start ? p->k_start[b] : 0, length = p->k_length ? p->k_length[b] : 0;
-        const int bad_start = start < 0 || start > p->n_key;
-        if (!bad_start && (length >= 0 && length <= p->n_key - start)) continue;
-        if (c->paged) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s: context_lens[%lld] = %lld lies outside [0, max_pages * page_size] = [0, %lld]", c->fn,
-                         (long long)b, (long long)length, (long long)p->n_key);
-            return 0;
-        }
-        char index[REQUEST_INDEX];
-        request_index(c, b, index);
-        if (bad_start)
-            PyErr_Format(PyExc_ValueError, "%s: k_start%s = %lld lies outside [0, S] = [0, %lld]", c->fn, index,
-                         (long long)start, (long long)p->n_key);
-        else if (length < 0)
-            PyErr_Format(PyExc_ValueError, "%s: k_lengths%s = %lld must be at least 0", c->fn, index, (long long)length);
-        else
-            PyErr_Format(PyExc_ValueError, "%s: k_lengths%s = %lld runs past S = %lld (k_start%s = %lld)", c->fn, index,
-                         (long long)length, (long long)p->n_key, index, (long long)start);
-        return 0;
-    }
-    PyErr_Format(PyExc_RuntimeError, "%s: internal error: no bad key range found", c->fn);
-    return 0;
+    const int64_t start = p->k_start ? p->k_start[b] : 0, length = p->k_length ? p->k_length[b] : 0;
+    char index[REQUEST_INDEX];
+    request_index(c, b, index);
+    if (c->paged)
+        PyErr_Format(PyExc_ValueError, "%s: context_lens[%lld] = %lld lies outside [0, max_pages * page_size] = [0, %lld]",
+                     c->fn, (long long)b, (long long)length, (long long)p->n_key);
+    else if (status == NPATTN_STATUS_BAD_K_START)
+        PyErr_Format(PyExc_ValueError, "%s: k_start%s = %lld lies outside [0, S] = [0, %lld]", c->fn, index,
+                     (long long)start, (long long)p->n_key);
+    else if (length < 0)
+        PyErr_Format(PyExc_ValueError, "%s: k_lengths%s = %lld must be at least 0", c->fn, index, (long long)length);
+    else
+        PyErr_Format(PyExc_ValueError, "%s: k_lengths%s = %lld runs past S = %lld (k_start%s = %lld)", c->fn, index,
+                     (long long)length, (long long)p->n_key, index, (long long)start);
 }
 
 /* Raises the exception a refused call deserves; returns NULL. bp: the
@@ -1209,7 +1181,16 @@ static PyObject *refused(struct call *c, enum npattn_status status, const struct
         if (why.operand == NPATTN_OPERAND_OUT) return out_shares(c, npattn_operand_name(why.other)), NULL;
         break;
     case NPATTN_STATUS_BAD_K_START:
-    case NPATTN_STATUS_BAD_K_LENGTH: return bad_range(c), NULL;
+    case NPATTN_STATUS_BAD_K_LENGTH: return bad_range(c, why.status, why.entry), NULL;
+    case NPATTN_STATUS_BAD_THREADS_ENV: {
+        const char *env = getenv("NPATTN_NUM_THREADS");
+        PyObject *text = env ? PyUnicode_DecodeFSDefault(env) : PyUnicode_FromString("");
+        if (text)
+            PyErr_Format(PyExc_ValueError, "%s: NPATTN_NUM_THREADS must be an int from 1 to %d, got %R", c->fn,
+                         NPATTN_MAX_THREADS, text);
+        Py_XDECREF(text);
+        return NULL;
+    }
     case NPATTN_STATUS_BAD_Q_OFFSET: {
         char index[REQUEST_INDEX];
         request_index(c, why.entry, index);

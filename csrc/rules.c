@@ -28,6 +28,7 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_BAD_WINDOW] = "window_left and window_right must be at least 0, or NPATTN_UNBOUNDED",
     [NPATTN_STATUS_BAD_MASK_KIND] = "mask_kind must be one of enum npattn_mask_kind",
     [NPATTN_STATUS_BAD_THREADS] = "n_threads must be from 0 to NPATTN_MAX_THREADS",
+    [NPATTN_STATUS_BAD_THREADS_ENV] = "NPATTN_NUM_THREADS, where set, must be an int from 1 to NPATTN_MAX_THREADS",
     [NPATTN_STATUS_BAD_DTYPE] = "an operand's dtype must be one of enum npattn_dtype",
     [NPATTN_STATUS_NOT_WIDE] = "lse, dq, dk and dv must be F32 or F64",
     [NPATTN_STATUS_NO_STRIDES] = "an operand with batch dims needs a batch_stride",
@@ -267,6 +268,7 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
     if (p->mask_kind < NPATTN_MASK_NONE || p->mask_kind > NPATTN_MASK_ADD)
         return refuse(why, NPATTN_STATUS_BAD_MASK_KIND, NPATTN_OPERAND_MASK, none);
     if (p->n_threads < 0 || p->n_threads > NPATTN_MAX_THREADS) return refuse(why, NPATTN_STATUS_BAD_THREADS, none, none);
+    if (p->n_threads == 0 && npattn_env_threads() < 0) return refuse(why, NPATTN_STATUS_BAD_THREADS_ENV, none, none);
     if (p->precision != NPATTN_PRECISION_HIGHEST && p->precision != NPATTN_PRECISION_FAST)
         return refuse(why, NPATTN_STATUS_BAD_PRECISION, none, none);
     const struct npattn_pages *pg = p->pages;

@@ -11,6 +11,7 @@
  * Prints one line per failure and a final "N passed, N failed" line; exits
  * nonzero on any failure.
  */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -771,6 +772,18 @@ static void test_invalid(void) {
     INVALID("negative threads", p.n_threads = -1, NPATTN_STATUS_BAD_THREADS, NONE, NONE);
     INVALID("threads beyond the cap", p.n_threads = NPATTN_MAX_THREADS + 1, NPATTN_STATUS_BAD_THREADS, NONE, NONE);
     INVALID("threads at the cap", p.n_threads = NPATTN_MAX_THREADS, NPATTN_STATUS_OK, NONE, NONE);
+    /* the default thread count: NPATTN_NUM_THREADS where set */
+    const char *const env_values[] = {"abc", "0", "-3", "1.5", "", "257", " "};
+    for (size_t e = 0; e < sizeof env_values / sizeof env_values[0]; e++) {
+        setenv("NPATTN_NUM_THREADS", env_values[e], 1);
+        INVALID("a bad NPATTN_NUM_THREADS", p.n_threads = 0, NPATTN_STATUS_BAD_THREADS_ENV, NONE, NONE);
+        INVALID("a bad NPATTN_NUM_THREADS, threads given", p.n_threads = 2, NPATTN_STATUS_OK, NONE, NONE);
+    }
+    setenv("NPATTN_NUM_THREADS", " 2 ", 1);
+    INVALID("NPATTN_NUM_THREADS 2", p.n_threads = 0, NPATTN_STATUS_OK, NONE, NONE);
+    expect(npattn_env_threads() == 2, "NPATTN_NUM_THREADS is read, spaces around it allowed");
+    unsetenv("NPATTN_NUM_THREADS");
+    expect(npattn_env_threads() == 0, "NPATTN_NUM_THREADS unset");
     INVALID("unknown mask kind", p.mask_kind = (enum npattn_mask_kind)7, NPATTN_STATUS_BAD_MASK_KIND,
             NPATTN_OPERAND_MASK, NONE);
     INVALID("unknown dtype", p.q.dtype = (enum npattn_dtype)9, NPATTN_STATUS_BAD_DTYPE, Q, NONE);
