@@ -4,7 +4,7 @@ Each hands its arguments to the C glue by name, exactly as given, in one
 call. The glue reads and checks each one, converting through
 ``_args.convert`` what it cannot read in place, computes, and raises the
 error that names the argument; an option added to a signature is passed on
-by name here and read in one place there (``OPTIONS`` in csrc/module.c).
+by name here and read in one place there (``OPTIONS`` in csrc/module.h).
 """
 
 import functools
