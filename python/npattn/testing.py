@@ -167,8 +167,9 @@ def max_logit(q: _Any, k: _Any, scale=None, mask=None, sinks=None, softcap=None)
     return bound + _largest(_f64(mask)) + _largest(_f64(sinks)) + (float(softcap) if softcap else 0.0)
 
 
-def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
-    """Per query row, over the keys that row sees: (max|logit|, the half logit, max|v|,
+def _row_bounds(q, k, v, options):
+    """Per query row of a call with these options (reference._Options), over the keys
+    that row sees: (max|logit|, the half logit, max|v|,
     number of keys), each of shape (*B, H_q, L) (or (L,) for rank-2 operands). Inputs
     float64. max|logit| is the Cauchy-Schwarz bound |scale| |q_i| max|k_j| (plus the
     largest |mask|, |sink| and the cap), what a float32 dot product's rounding scales
@@ -181,13 +182,11 @@ def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
     H_q, L, D = q.shape[-3:]
     H_kv, S = k.shape[-3], k.shape[-2]
     n_rep = H_q // H_kv if H_kv else 0
-    # The keys each row sees: the positions' rule, and a bool or -inf mask.
-    if reference._per_request_options(q_offset, k_start, k_lengths):  # (*B, 1, L, S): each request's own keys
-        B = _np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
-        visible = reference.request_visible_keys(B, L, S, mask, window, q_offset, k_offset, k_start, k_lengths)
-        visible = visible[..., None, :, :]
-    else:
-        visible = reference.visible_keys(L, S, mask, window, q_offset, k_offset)
+    mask, sinks, softcap = options.mask, options.sinks, options.softcap
+    # The keys each row sees: the positions' rule ((L, S), or (*B, 1, L, S) where a request
+    # has its own keys), and a bool or -inf mask.
+    B = _np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    visible = reference._visible(B, L, S, options)
     bias = _np.zeros((L, S))
     if mask is not None and not isinstance(mask, str):
         m = _np.asarray(mask)
@@ -202,7 +201,7 @@ def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
         a = _np.sqrt((a * a).sum(axis=-1)) if norm else a.max(axis=-1, initial=0.0)
         return _np.repeat(a, n_rep, axis=-2)[..., None, :]
 
-    f = _factor(scale, D)
+    f = _factor(options.scale, D)
     with _np.errstate(over="ignore", invalid="ignore"):
         q_norm = _np.sqrt((_finite(q) ** 2).sum(axis=-1))  # (*B, H_q, L)
         k_row = _np.where(visible, per_key(k, True), 0.0).max(axis=-1, initial=0.0)
@@ -224,15 +223,10 @@ def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
     return logit, half_logit, v_row, n_row
 
 
-def _row_tolerance(
-    q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision,
-    k_start=None, k_lengths=None,
-):  # fmt: skip
+def _row_tolerance(q, k, v, options, name, ulps, precision):
     """(atol per row, its parts (the logit bound it used, max|v|, n)) for a result of
-    dtype `name`."""
-    logit, half_logit, v_row, n_row = _row_bounds(
-        q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths
-    )
+    dtype `name` of a call with these options (reference._Options)."""
+    logit, half_logit, v_row, n_row = _row_bounds(q, k, v, options)
     ulps = ULPS[name] if ulps is None else ulps
     spread = 1.0 + logit + _np.sqrt(n_row)
     with _np.errstate(over="ignore", invalid="ignore"):
@@ -294,9 +288,8 @@ def tolerance(
     if name not in ULPS:
         raise TypeError(f"tolerance: no tolerance for dtype {name}; float16, bfloat16, float32 or float64")
     q, k, v, mask, sinks = (_f64(x) for x in (q, k, v, mask, sinks))
-    atol, _ = _row_tolerance(
-        q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision, k_start, k_lengths
-    )
+    options = reference._Options(scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths)
+    atol, _ = _row_tolerance(q, k, v, options, name, ulps, precision)
     if rows:
         return atol[..., None]
     floor = (ULPS[name] if ulps is None else ulps) * TINY[name]
@@ -306,7 +299,7 @@ def tolerance(
 # ---- the backward pass ----
 
 
-def _backward_magnitudes(q, k, v, dout, **options):
+def _backward_magnitudes(q, k, v, dout, options):
     """What each gradient's rounding errors scale with, in float64: every product of
     the backward pass taken in absolute values, with the reference's weights W
     (npattn.reference.sdpa_backward's steps; e_ij a bound on |ds_ij|):
@@ -323,11 +316,11 @@ def _backward_magnitudes(q, k, v, dout, **options):
         return x if x.ndim == 2 else _np.broadcast_to(x, (*batch, *x.shape[-3:]))
 
     with _np.errstate(all="ignore"):
-        W = reference.attention_weights(whole(q), whole(k), **options)
+        W = reference.attention_weights(whole(q), whole(k), **options.keywords())
         lse = None
-        if options.get("sinks") is not None:
+        if options.sinks is not None:
             zeros = _np.zeros((*whole(k).shape[:-1], 1))
-            lse = reference.sdpa(whole(q), whole(k), zeros, return_lse=True, **options)[1]
+            lse = reference.sdpa(whole(q), whole(k), zeros, return_lse=True, **options.keywords())[1]
     q, k, v, g = (_np.abs(x) for x in (q, k, v, dout))
     q, k, v, g, W = (x[None] if x.ndim == 2 else x for x in (q, k, v, g, W))
     H_q, H_kv = q.shape[-3], k.shape[-3]
@@ -335,7 +328,7 @@ def _backward_magnitudes(q, k, v, dout, **options):
     k_all, v_all = (_np.repeat(x, n_rep, axis=-3) for x in (k, v))
     g_dot_o = (g * (W @ v_all)).sum(axis=-1, keepdims=True)
     e = W * (g @ v_all.swapaxes(-1, -2) + g_dot_o)
-    f = _factor(options.get("scale"), q.shape[-1])
+    f = _factor(options.scale, q.shape[-1])
 
     def grouped(full):  # (*B, H_q, S, w) -> (*B, H_kv, S, w), the group summed
         return full.reshape(*full.shape[:-3], H_kv, n_rep, *full.shape[-2:]).sum(axis=-3)
@@ -344,7 +337,7 @@ def _backward_magnitudes(q, k, v, dout, **options):
     dv = grouped(W.swapaxes(-1, -2) @ g)
     dsinks = _np.zeros(H_q)
     if lse is not None:  # the sink's weight exp(sink - lse)
-        per_row = _np.exp(_np.asarray(options["sinks"])[:, None] - lse) * g_dot_o[..., 0]  # (*B, H_q, L)
+        per_row = _np.exp(_np.asarray(options.sinks)[:, None] - lse) * g_dot_o[..., 0]  # (*B, H_q, L)
         per_head = per_row.sum(axis=-1)
         dsinks = per_head.sum(axis=tuple(range(per_head.ndim - 1)))
     return {
@@ -407,10 +400,10 @@ def backward_tolerance(
     computed = "float64" if dtype == _np.float64 else "float32"
     ulps = OWN_ULPS[computed] if ulps is None else ulps
     q64, k64, v64, g64 = (_f64(x) for x in (q, k, v, dout))
-    options = {"scale": scale, "mask": _f64(mask), "sinks": _f64(sinks), "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
+    mask, sinks = _f64(mask), _f64(sinks)
+    options = reference._Options(scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths)
     L, S, D, D_v = q64.shape[-2], k64.shape[-2], q64.shape[-1], v64.shape[-1]
-    m = max_logit(q64, k64, scale, options["mask"], options["sinks"], softcap)
+    m = max_logit(q64, k64, scale, options.mask, options.sinks, softcap)
     n = max(L * (q64.size // max(L * D, 1)), S, D, D_v)
     logit_error = ulps * EPS[computed] * (1 + m + _np.log1p(S) + _np.sqrt(n))
     # a weight whose logit is off by that is off by expm1 of it relative: the logit error
@@ -438,7 +431,7 @@ def backward_tolerance(
         "dsinks": g_size * rows,
     }
     tolerances = {}
-    mags = _backward_magnitudes(q64, k64, v64, g64, **options)
+    mags = _backward_magnitudes(q64, k64, v64, g64, options)
     for name, operand in (("dq", q), ("dk", k), ("dv", v), ("dsinks", None)):
         own = computed if operand is None else _interop.asarray(operand).dtype.name
         rtol = EPS[own] / 2 if own != computed else 0.0
@@ -491,14 +484,15 @@ def _per_index(counts: _np.ndarray, total: int, most: int = 12) -> str:
     return ", ".join(text) + (f", ... ({len(runs) - most} more runs)" if len(runs) > most else "")
 
 
-def _describe_mask(mask: _Any, L: int, S: int, q_offset: _Any, k_offset: int, k_start=None, k_lengths=None) -> str:
-    """What the checker takes the mask to mean, in words."""
+def _describe_mask(options: _Any, L: int, S: int) -> str:
+    """What the checker takes the mask of these options (reference._Options) to mean, in words."""
+    mask, q_offset, k_offset = options.mask, options.q_offset, options.k_offset
     if mask is None:
         return "None (every key visible)"
     if isinstance(mask, str):
         if mask == "causal_top_left":
             return '"causal_top_left" (top-left: query i sees key j iff j <= i, as PyTorch\'s is_causal=True)'
-        if reference._per_request_options(q_offset, k_start, k_lengths):
+        if options.per_request:
             return (
                 '"causal" per request (query i of request b at q_offset[b] + i, by default '
                 "k_offset + k_lengths[b] - L; key row j at k_offset + j - k_start[b])"
@@ -515,13 +509,16 @@ def _describe_mask(mask: _Any, L: int, S: int, q_offset: _Any, k_offset: int, k_
     return f"an additive float array of shape {m.shape} ({int((m == -_np.inf).sum())} of {m.size} entries -inf)"
 
 
-def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
-    """(what the mistake is, its keyword changes or a result) for each usual mistake
-    that differs from the call: the results computed by npattn.reference in float64."""
+def _mistakes(q, k, v, options):
+    """(what the mistake is, its changes or a result) for each usual mistake that
+    differs from the call with these options (reference._Options): the changes, a
+    dict, name options and operands (k, v); the results are computed by
+    npattn.reference in float64."""
     D, D_v = q.shape[-1], v.shape[-1]
+    scale, mask, q_offset, k_start, k_lengths = (
+        options.scale, options.mask, options.q_offset, options.k_start, options.k_lengths
+    )  # fmt: skip
     f = D**-0.5 if scale is None else float(_args.check_scale("assert_attention_close", scale, D))
-    given = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap}
-    given.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
     positions = {"q_offset": None} if q_offset is not None else {}
     if isinstance(mask, str) or mask is None:
         if mask != "causal":
@@ -539,7 +536,7 @@ def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, 
             yield "the mask added before the scale (scale * (q @ k^T + mask))", {"mask": mask * f}
     if mask is not None:
         yield "no mask (mask=None): was the mask forgotten?", {"mask": None}
-    if window is not None:
+    if options.window is not None:
         yield "no window (window=None)", {"window": None}
     if k_start is not None or k_lengths is not None:
         everything = {"k_start": None, "k_lengths": None}
@@ -553,9 +550,9 @@ def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, 
         yield f"1/sqrt(D_v) instead of 1/sqrt(D) (D_v = {D_v}, D = {D})", {"scale": D_v**-0.5}
     if scale is None and D > 1:
         yield f"sqrt(D) instead of 1/sqrt(D) (scale {D**0.5:.4g})", {"scale": D**0.5}
-    if softcap is not None:
+    if options.softcap is not None:
         yield "no softcap (softcap=None)", {"softcap": None}
-    if sinks is not None:
+    if options.sinks is not None:
         yield "the sink missing (sinks=None)", {"sinks": None}
     H_q, H_kv = q.shape[-3] if q.ndim > 2 else 1, k.shape[-3] if k.ndim > 2 else 1
     if H_kv > 1 and H_q > H_kv:
@@ -567,17 +564,15 @@ def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, 
         )
     if k.shape == v.shape:
         yield "keys and values swapped (sdpa(q, v, k))", {"k": v, "v": k}
-    yield "softmax over the query axis instead of the key axis", _wrong_axis(**{"q": q, "k": k, "v": v, **given})
+    yield "softmax over the query axis instead of the key axis", _wrong_axis(q, k, v, options)
 
 
-def _wrong_axis(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
+def _wrong_axis(q, k, v, options):
     """The result of a softmax taken over the queries (axis -2 of the scores) instead of
     the keys: the reference's logits (log of its weights plus lse), normalised per key."""
-    options = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
     with _np.errstate(all="ignore"):
-        weights = reference.attention_weights(q, k, **options)
-        _, lse = reference.sdpa(q, k, _np.zeros((*k.shape[:-1], 1)), return_lse=True, **options)
+        weights = reference.attention_weights(q, k, **options.keywords())
+        _, lse = reference.sdpa(q, k, _np.zeros((*k.shape[:-1], 1)), return_lse=True, **options.keywords())
         logits = _np.log(weights) + lse[..., None]
         top = logits.max(axis=-2, keepdims=True, initial=-_np.inf)
         e = _np.exp(logits - _np.where(top == -_np.inf, 0.0, top))
@@ -669,10 +664,9 @@ def assert_attention_close(
     mask64, sinks64 = _f64(mask), _f64(sinks)
     if scale is not None:
         scale = _args.check_scale("assert_attention_close", scale, q64.shape[-1])
-    options = {"scale": scale, "mask": mask64, "sinks": sinks64, "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
+    options = reference._Options(scale, mask64, sinks64, window, softcap, q_offset, k_offset, k_start, k_lengths)
     with _np.errstate(all="ignore"):
-        want, lse = reference.sdpa(q64, k64, v64, return_lse=True, **options)
+        want, lse = reference.sdpa(q64, k64, v64, return_lse=True, **options.keywords())
     if got.shape != want.shape:
         raise AssertionError(f"actual has shape {got.shape}, but attention over these inputs has shape {want.shape}")
     # the coarser of the result's dtype and the inputs': a float64 result computed from
@@ -681,7 +675,7 @@ def assert_attention_close(
     name = got.dtype.name if EPS.get(got.dtype.name, 0) >= EPS.get(inputs, 0) else inputs
     given = atol is not None
     if not given:
-        atol_rows, parts = _row_tolerance(q64, k64, v64, **options, name=name, ulps=None, precision=precision)
+        atol_rows, parts = _row_tolerance(q64, k64, v64, options, name, None, precision)
         atol = atol_rows[..., None]
     rtol = 0.0 if rtol is None else float(rtol)
     got64 = _np.asarray(got, dtype=_np.float64)
@@ -718,7 +712,7 @@ def assert_attention_close(
     checked = [
         f"checked against npattn.reference.sdpa in float64: a {got.dtype.name} result of {inputs} inputs, "
         f"precision {precision!r}",
-        f"  mask {_describe_mask(mask64, L, S, q_offset, k_offset, k_start, k_lengths)}",
+        f"  mask {_describe_mask(options, L, S)}",
         f"  scale {factor:.6g}" + (f" (the default 1/sqrt(D), D = {D})" if scale is None else " (given)"),
         f"  GQA: {H_q} query heads in {H_kv} contiguous groups; query head h reads key/value head "
         f"h // {max(H_q // max(H_kv, 1), 1)}",
@@ -823,19 +817,22 @@ def _diagnosis(got, q, k, v, options, name, atol, rtol, precision, want, want_at
     scale) would name whatever it covers. Mistakes that `got` matches and that
     cannot be told apart from each other are named together."""
     tried, results = [], []  # (what, result, its tolerance)
-    for what, change in _mistakes(q, k, v, **options):
+    for what, change in _mistakes(q, k, v, options):
         tried.append(what.split(" (")[0].split(":")[0])
+        operands, mistaken = {"q": q, "k": k, "v": v}, options
         with _np.errstate(all="ignore"):
             if isinstance(change, dict):
-                call = {"q": q, "k": k, "v": v, **options, **change}
-                result = reference.sdpa(**call)
+                operands.update((key, val) for key, val in change.items() if key in operands)
+                mistaken = options.replace(**{key: val for key, val in change.items() if key not in operands})
+                result = reference.sdpa(**operands, **mistaken.keywords())
             else:
-                call, result = {"q": q, "k": k, "v": v, **options}, change
+                result = change
             if result.shape != got.shape:
                 continue
             allowed = atol
             if allowed is None:
-                allowed = _row_tolerance(**call, name=name, ulps=None, precision=precision)[0][..., None]
+                q_, k_, v_ = operands["q"], operands["k"], operands["v"]
+                allowed = _row_tolerance(q_, k_, v_, mistaken, name, None, precision)[0][..., None]
         results.append((what, result, allowed))
 
     def apart(a, b):  # b's result lies outside a's tolerance somewhere
