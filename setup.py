@@ -40,11 +40,13 @@ VENDORED_DIR = ".libs"
 
 
 def core_sources():
-    """The C core's sources, as csrc/sources.mk lists them for csrc/Makefile, and the glue."""
+    """The C core's sources and the glue's, as csrc/sources.mk lists them (for csrc/Makefile too)."""
     with open(os.path.join("csrc", "sources.mk")) as f:
         text = f.read().replace("\\\n", " ")
-    listed = text.split("CORE_SOURCES =", 1)[1].split("\n", 1)[0].split()
-    return [os.path.join("csrc", name) for name in listed] + ["csrc/module.c"]
+    names = []
+    for var in ("CORE_SOURCES =", "GLUE_SOURCES ="):
+        names += text.split(var, 1)[1].split("\n", 1)[0].split()
+    return [os.path.join("csrc", name) for name in names]
 
 
 def system_blas_flags():

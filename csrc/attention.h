@@ -33,6 +33,8 @@
  * over a long context costs O(L * window), not O(L * S). Per-request key
  * ranges (k_start, k_length) and positions (q_offsets) narrow each
  * request's keys and shift its band; tiles outside a range are skipped.
+ * q_bottom_right asks for the default position, the bottom-right corner of
+ * each request's own keys (npattn_request_positions says what it resolves to).
  *
  * A row that sees no key (every score -inf, no sink) comes out as zeros, never
  * NaN, with lse -inf; S = 0 gives such rows. NaN in the inputs propagates to
@@ -110,6 +112,8 @@ enum npattn_status {
     NPATTN_STATUS_BAD_WINDOW,         /* a window side below NPATTN_UNBOUNDED */
     NPATTN_STATUS_BAD_MASK_KIND,      /* mask_kind not one of enum npattn_mask_kind */
     NPATTN_STATUS_BAD_THREADS,        /* n_threads outside 0 .. NPATTN_MAX_THREADS */
+    NPATTN_STATUS_BAD_THREADS_ENV,    /* n_threads 0 and NPATTN_NUM_THREADS set, but not to an int
+                                         from 1 to NPATTN_MAX_THREADS */
     NPATTN_STATUS_BAD_DTYPE,          /* an operand's dtype is not one of enum npattn_dtype */
     NPATTN_STATUS_NOT_WIDE,           /* lse, dq, dk or dv neither F32 nor F64 */
     NPATTN_STATUS_NO_STRIDES,         /* batch dims, but the operand has no batch_stride */
@@ -120,9 +124,12 @@ enum npattn_status {
     NPATTN_STATUS_BAD_K_START,        /* a k_start[b] outside [0, S] */
     NPATTN_STATUS_BAD_K_LENGTH,       /* a k_length[b] < 0, or past S from k_start[b] */
     NPATTN_STATUS_BAD_PAGES,          /* pages: no block table, page_size < 1, n_page < 0, S not
-                                         max_pages * page_size, k_start given, or a backward pass */
+                                         max_pages * page_size, table_stride < 0, k_start given, or a
+                                         backward pass */
     NPATTN_STATUS_BAD_PAGE,           /* pages: a live block_table entry outside [0, n_page) */
     NPATTN_STATUS_BAD_PRECISION,      /* precision not one of enum npattn_precision */
+    NPATTN_STATUS_BAD_Q_OFFSET,       /* q_bottom_right with key ranges: a request's default
+                                         position, k_offset + k_length[b] - L, beyond int64 */
     NPATTN_STATUS_COUNT
 };
 
@@ -150,7 +157,8 @@ enum npattn_operand {
 struct npattn_verdict {
     enum npattn_status status;
     enum npattn_operand operand, other;
-    int64_t entry; /* NPATTN_STATUS_BAD_PAGE: the flat index b * max_pages + i of the entry */
+    int64_t entry; /* NPATTN_STATUS_BAD_PAGE: the flat index b * max_pages + i of the entry;
+                      BAD_K_START, BAD_K_LENGTH, BAD_Q_OFFSET: the request b (flattened batch); else -1 */
 };
 
 /* The most threads a problem may ask for (n_threads), and the most one call
@@ -175,17 +183,20 @@ struct npattn_tensor {
  * batch dims: row r of page P of k's head h starts at element
  *     P * k_page_stride + h * k.head_stride + r * k.row_stride
  * (their batch strides are unused), and v likewise. Request b's key row j is
- * row j % page_size of page block_table[b * max_pages + j / page_size], and
+ * row j % page_size of page block_table[b * table_stride + j / page_size], and
  * the problem's S is max_pages * page_size. Only the live pages of a request
  * (those that hold its rows below k_length[b]; every page without k_length)
  * are read, so entries past them may hold anything (-1, customarily); two
  * requests may share a page. Pages never appear in a backward problem. */
 struct npattn_pages {
-    const int64_t *block_table;       /* [n_batch][max_pages], row-major */
+    const int64_t *block_table;       /* request b's entries at b * table_stride + i, i < max_pages */
     int64_t max_pages;                /* >= 0 */
     int64_t n_page;                   /* physical pages, >= 0 */
     int64_t page_size;                /* rows per page, >= 1 */
     int64_t k_page_stride, v_page_stride; /* elements from one page to the next */
+    int64_t table_stride;             /* entries from one request's row of block_table to the next's:
+                                         0 is max_pages (a row-major [n_batch][max_pages] table); a
+                                         table of each request's live entries alone may be narrower */
 };
 
 /* One attention problem. */
@@ -212,6 +223,11 @@ struct npattn_problem {
 
     int32_t causal;                   /* nonzero: keys after the query's position are hidden */
     int64_t q_offset, k_offset;       /* positions of query row 0 and key row 0 */
+    int32_t q_bottom_right;           /* nonzero: q_offset and q_offsets are unused, and query row 0
+                                         sits at the bottom-right corner of its request's keys:
+                                         k_offset + k_length[b] - L with key ranges (k_start or
+                                         k_length given), else S - L (the default of sdpa's
+                                         q_offset=None) */
     int64_t window_left, window_right;/* >= 0, or NPATTN_UNBOUNDED */
 
     /* Per-request key ranges and positions, each NULL or [n_batch] over the
@@ -236,10 +252,13 @@ struct npattn_problem {
     enum npattn_precision precision;  /* HIGHEST (0) unless asked */
 
     int32_t n_threads;                /* 1 .. NPATTN_MAX_THREADS: at most this many threads, the caller included;
-                                         0: the CPUs this process may run on (capped by
-                                         npattn_set_num_threads). It also decides how work
-                                         is split, so the same value gives bitwise-identical
-                                         results, however many threads actually start. */
+                                         0: the environment's NPATTN_NUM_THREADS where it is
+                                         set (an int from 1 to NPATTN_MAX_THREADS, spaces
+                                         around it allowed), else the CPUs this process may
+                                         run on (capped by npattn_set_num_threads). It also
+                                         decides how work is split, so the same value gives
+                                         bitwise-identical results, however many threads
+                                         actually start. */
 
     /* NULL, or polled by the calling thread about every 50 ms; nonzero stops
      * the call between tiles with NPATTN_STATUS_CANCELLED. */
@@ -292,6 +311,14 @@ const char *npattn_blas_core(void);
 enum npattn_status npattn_check(const struct npattn_problem *p, struct npattn_verdict *why);
 enum npattn_status npattn_check_backward(const struct npattn_backward_problem *p, struct npattn_verdict *why);
 
+/* Request b's positions, the defaults resolved, as the core computes them:
+ * where its query row 0 sits (*q_offset), and the key rows it reads,
+ * [*k_start, *k_start + *k_length). b indexes the flattened batch, for a
+ * problem that npattn_check accepts; b = -1 gives the positions of the
+ * problem's scalars alone (k_start 0, k_length S, per-request arrays aside). */
+void npattn_request_positions(const struct npattn_problem *p, int64_t b, int64_t *q_offset, int64_t *k_start,
+                              int64_t *k_length);
+
 /* A sentence that says what a status means (for a rule: the rule). Never NULL. */
 const char *npattn_status_string(enum npattn_status status);
 
@@ -305,30 +332,6 @@ const char *npattn_simd(void);
 const char *npattn_blas_library(void);
 const char *npattn_blas_config(void);
 
-/* The most bytes this machine could ever hold at once: its physical memory
- * plus swap, where the system says (Linux); 0 where unknown. A result beyond
- * it can never be written, whatever the kernel's overcommit policy would let
- * an allocation promise, so the glue refuses it before allocating. */
-uint64_t npattn_memory_limit(void);
-
-/* dst[j] = src[j] rounded to nearest even in dtype (F32, F16 or BF16;
- * subnormals kept, overflow to infinity, NaN stays NaN) for j < n, by the
- * kernel table's SIMD, in blocks on at most n_threads threads (0: the
- * default): the glue's cast of float32 gradients to a half-precision
- * operand's dtype. Returns NPATTN_STATUS_OK, or BAD_THREADS. */
-enum npattn_status npattn_narrow_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst,
-                                     int32_t n_threads);
-
-/* The float32 FMA peak of the calling thread's core in GFLOP/s, for the
- * kernel table in use: a loop of FMAs in registers only, timed for about
- * `seconds`. A ceiling the benchmarks read decode against; attention never
- * calls it. */
-double npattn_fma_peak(double seconds);
-
-/* Forces the named kernel table, for the tests ("" restores the best this
- * CPU runs); nonzero where this CPU cannot run it. */
-int npattn_debug_force_simd(const char *name);
-
 /* Stops every call in flight (they return NPATTN_STATUS_CANCELLED, as every
  * later call does) and waits, at most 5 s, until none computes: for a
  * program's exit, so that no tile runs while libraries are torn down. The
@@ -336,9 +339,9 @@ int npattn_debug_force_simd(const char *name);
  * (Python does, before it stops its threads). */
 void npattn_shutdown(void);
 
-/* The default thread count (n_threads = 0): the CPUs this process may run on,
- * at most n if npattn_set_num_threads(n) was called with n >= 1 (n < 1 lifts
- * the cap). For threadpoolctl and alike, which find them by name in a shared
+/* The default thread count (n_threads = 0) where NPATTN_NUM_THREADS is not
+ * set: the CPUs this process may run on, at most n if
+ * npattn_set_num_threads(n) was called with n >= 1 (n < 1 lifts the cap). For threadpoolctl and alike, which find them by name in a shared
  * library built with hidden visibility: hence exported. */
 #if defined(__GNUC__) || defined(__clang__)
 #define NPATTN_EXPORTED __attribute__((visibility("default")))
@@ -362,15 +365,6 @@ typedef void (*npattn_omp_parallel_fn)(void (*fn)(void *), void *data, unsigned 
 typedef int (*npattn_omp_thread_num_fn)(void);
 void npattn_pool_use_openmp(npattn_omp_parallel_fn parallel, npattn_omp_thread_num_fn thread_num);
 int npattn_pool_openmp_here(int on);
-
-/* Test hooks, not for production use and not thread-safe with concurrent calls:
- * after n more successful allocations inside the core every allocation fails
- * (n < 0, the default, turns it off); the pool's mode: 0 normal, 1 no
- * helper thread ever starts, 2 helpers join whatever the size of the work;
- * and the time between two polls of the cancel callback (ns <= 0: 50 ms). */
-void npattn_debug_fail_alloc_after(int64_t n);
-void npattn_debug_pool_mode(int mode);
-void npattn_debug_poll_interval(int64_t ns);
 
 #ifdef __cplusplus
 }

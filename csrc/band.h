@@ -72,7 +72,9 @@ static inline struct npattn_band npattn_band_for(const struct npattn_problem *p,
 
 /* The band of a problem without per-request ranges or offsets. */
 static inline struct npattn_band npattn_band_of(const struct npattn_problem *p) {
-    return npattn_band_for(p, p->q_offset, 0);
+    int64_t q_offset, k_start, k_length;
+    npattn_request_positions(p, -1, &q_offset, &k_start, &k_length);
+    return npattn_band_for(p, q_offset, 0);
 }
 
 /* Request b's band (the problem's, `common`, when no request has its own
@@ -83,9 +85,10 @@ static inline struct npattn_band npattn_band_request(const struct npattn_problem
         *k0 = 0, *k1 = p->n_key;
         return *common;
     }
-    *k0 = p->k_start ? p->k_start[b] : 0;
-    *k1 = p->k_length ? *k0 + p->k_length[b] : p->n_key;
-    return npattn_band_for(p, p->q_offsets ? p->q_offsets[b] : p->q_offset, *k0);
+    int64_t q_offset, k_length;
+    npattn_request_positions(p, b, &q_offset, k0, &k_length);
+    *k1 = *k0 + k_length;
+    return npattn_band_for(p, q_offset, *k0);
 }
 
 /* The first and the last key row i may see (may lie outside [0, S)). */

@@ -208,7 +208,7 @@ static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     unit_keys(&u->band, u->i0, u->i0 + u->nq, u->k0, u->k1, p->n_key, &u->j0, &u->j1);
     u->off_q = npattn_batch_offset(p, &p->q, b);
     /* paged K/V have no batch dims: the block table says where rows are */
-    u->table = p->pages ? p->pages->block_table + b * p->pages->max_pages : NULL;
+    u->table = p->pages ? npattn_table_row(p->pages, b) : NULL;
     u->off_k = p->pages ? 0 : npattn_batch_offset(p, &p->k, b);
     u->off_v = p->n_embd_v > 0 && !p->pages ? npattn_batch_offset(p, &p->v, b) : 0;
     u->off_out = p->n_embd_v > 0 ? npattn_batch_offset(p, &p->out, b) : 0;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "attention.h"
+#include "hooks.h"
 
 /* ---- core.c: checked allocation (with the test hook), batch offsets, the BLAS ---- */
 /* (rules.c checks the rules of attention.h: npattn_check, npattn_check_backward) */
@@ -120,6 +121,11 @@ struct npattn_kv {
     int64_t page_size, page_bytes;
 };
 
+/* Request b's row of a paged problem's block table. */
+static inline const int64_t *npattn_table_row(const struct npattn_pages *pg, int64_t b) {
+    return pg->block_table + b * (pg->table_stride ? pg->table_stride : pg->max_pages);
+}
+
 /* Row j's address, and in *run how many rows from j on lie row_bytes apart
  * (to the end of its page; INT64_MAX when dense). */
 static inline const char *npattn_kv_row(const struct npattn_kv *kv, int64_t j, int64_t *run) {
@@ -200,8 +206,14 @@ typedef void (*npattn_task_fn)(void *arg, int64_t task, int32_t slot);
 enum npattn_status npattn_pool_run(npattn_task_fn fn, void *arg, int64_t n_task, int32_t n_threads,
                                    struct npattn_run *run);
 
-/* n_threads of a problem resolved: 0 becomes the default thread count. */
+/* n_threads of a problem resolved: 0 becomes NPATTN_NUM_THREADS where it is
+ * set and valid, else the default thread count. */
 int32_t npattn_pool_threads(int32_t n_threads);
+
+/* NPATTN_NUM_THREADS: its value (1 .. NPATTN_MAX_THREADS), 0 where it is not
+ * set, -1 where it is set to anything else (rules.c refuses that). Read on
+ * each call, as the environment may change between calls. */
+int32_t npattn_env_threads(void);
 
 /* The test hook's mode (npattn_debug_pool_mode). */
 int npattn_pool_mode(void);

@@ -1,38 +1,26 @@
-/* module.c: npattn._core, the CPython + NumPy glue around the C core.
+/* module.c: npattn._core, the CPython + NumPy glue around the C core; this
+ * file holds its entry points (module.h says what the other two do).
  *
- * npattn.sdpa, attention_weights and sdpa_backward (python/npattn/_api.py)
- * hand every argument here by name, as given, through one keyword set
- * (OPTIONS below). This file reads each one once: NumPy arrays of float16,
- * bfloat16, float32 or float64, aligned and native, with any strides, and
- * plain numbers are described to the core in place, without a copy; an
- * argument it cannot read in place (a list, an MLX array or torch tensor, a
- * byte-swapped or misaligned array) goes through the conversion function
- * that npattn._args registers (set_converter), and is then read the same
- * way. It releases the GIL around the call and raises the error a broken
- * rule deserves, naming the argument, the rule and what it got.
+ * npattn.sdpa, paged_attention, attention_weights and sdpa_backward
+ * (python/npattn/_api.py) hand every argument here by name, as given,
+ * through one keyword set (OPTIONS in module.h). An entry point reads them
+ * (module_args.c), allocates its results, runs the core without the GIL,
+ * taking it back only to relay Ctrl-C, and on a refusal raises the error
+ * the core's verdict deserves (module_errors.c).
  *
  * The rules of attention.h are the core's: the core's verdict names the rule
- * and the operand, and this file only phrases it (refused() below). What is
- * checked here is what describing the arguments needs: their kinds, ranks,
- * dtypes, and the sizes that two operands share.
+ * and the operand, and the glue only phrases it. What the glue checks is
+ * what describing the arguments needs: their kinds, ranks, dtypes, and the
+ * sizes that two operands share.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#define NPATTN_IMPORTS_NUMPY /* import_array() is called here, for the three files */
+#include "module.h"
 
-#include <numpy/arrayobject.h>
-#include <errno.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
-#include <stddef.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "attention.h"
-
-static int bfloat16_type = -1; /* ml_dtypes.bfloat16's type number, once Python has seen it */
-static atomic_int shutting_down; /* _core.shutdown() ran: the interpreter is exiting */
-static PyObject *converter;      /* npattn._args.convert(fn, name, x): an array the core reads */
+atomic_int shutting_down; /* _core.shutdown() ran: the interpreter is exiting */
 
 /* ---- Ctrl-C: the computing caller takes the GIL back to check for signals ---- */
 
@@ -51,823 +39,7 @@ static int check_signals(void *arg) {
     return interrupted;
 }
 
-/* ---- the keyword set: every option of every entry point, read in one place ---- */
-
-#define OPTIONS(X)                                                                                                     \
-    X(q) X(k) X(v) X(dout) X(out) X(lse) X(scale) X(mask) X(sinks) X(window) X(softcap) X(q_offset) X(k_offset)        \
-        X(k_start) X(k_lengths) X(return_lse) X(precision) X(threads) X(block_table) X(context_lens) X(page_size)
-#define AS_ENUM(name) OPT_##name,
-#define AS_NAME(name) #name,
-enum option { OPTIONS(AS_ENUM) N_OPTION };
-static const char *const option_names[N_OPTION] = {OPTIONS(AS_NAME)};
-static PyObject *option_strings[N_OPTION]; /* interned at import */
-#undef AS_ENUM
-#undef AS_NAME
-
-#define BIT(name) (1u << OPT_##name)
-/* The options every entry point takes, and each one's own. */
-#define COMMON                                                                                                         \
-    (BIT(q) | BIT(k) | BIT(scale) | BIT(mask) | BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) |              \
-     BIT(k_offset) | BIT(k_start) | BIT(k_lengths) | BIT(precision) | BIT(threads))
-#define SDPA_OPTIONS (COMMON | BIT(v) | BIT(return_lse) | BIT(out))
-#define WEIGHTS_OPTIONS COMMON
-#define BACKWARD_OPTIONS (COMMON | BIT(v) | BIT(dout) | BIT(out) | BIT(lse))
-#define PAGED_OPTIONS                                                                                                  \
-    (BIT(q) | BIT(k) | BIT(v) | BIT(block_table) | BIT(context_lens) | BIT(page_size) | BIT(scale) | BIT(mask) |       \
-     BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) | BIT(return_lse) | BIT(precision) | BIT(out) |         \
-     BIT(threads))
-
-/* ---- one call: what it read, what it owns ---- */
-
-/* One operand's array and its element strides, batch dims right-aligned to
- * the broadcast batch shape (stride 0 where the operand broadcasts). */
-struct operand {
-    PyArrayObject *a;
-    int64_t batch_stride[NPY_MAXDIMS];
-};
-
-#define MAX_OWNED 24
-#define MAX_CONVERTED 8
-
-struct call {
-    const char *fn;                /* "sdpa", "attention_weights", "sdpa_backward": starts each message */
-    PyObject *opt[N_OPTION];       /* the arguments as given (borrowed) */
-    PyObject *owned[MAX_OWNED];    /* converted and new arrays, released at the end */
-    int n_owned;
-    PyObject *converted[MAX_CONVERTED]; /* arrays given that were copied: out must overlap none */
-    int n_converted;
-    int nb;                        /* broadcast batch dims */
-    int64_t batch[NPY_MAXDIMS];
-    int rank2;                     /* all of q, k (and v) rank 2: results without heads */
-    int result;                    /* the result's core dtype */
-    int top_left;                  /* mask="causal_top_left" */
-    int paged;                     /* paged_attention: k and v are key_pages and value_pages */
-    PyArrayObject *table;          /* paged_attention: block_table as given (its int64 copy: pages.block_table) */
-    struct npattn_pages pages;
-    struct npattn_problem p;
-    /* last: their strides are written as each is described, never read before */
-    struct operand q, k, v, mask, out, lse, weights, dout, dq, dk, dv;
-};
-
-static void call_init(struct call *c, const char *fn) {
-    memset(c, 0, offsetof(struct call, q));
-    struct operand *ops[] = {&c->q, &c->k, &c->v, &c->mask, &c->out, &c->lse, &c->weights, &c->dout, &c->dq, &c->dk, &c->dv};
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) ops[i]->a = NULL;
-    c->fn = fn;
-}
-
-static void call_release(struct call *c) {
-    for (int i = 0; i < c->n_owned; i++) Py_DECREF(c->owned[i]);
-    c->n_owned = 0;
-}
-
-/* Takes the new reference o into the call (NULL passes through). */
-static PyObject *own(struct call *c, PyObject *o) {
-    if (o && c->n_owned == MAX_OWNED) {
-        Py_DECREF(o);
-        return PyErr_Format(PyExc_RuntimeError, "%s: internal error: too many arrays", c->fn);
-    }
-    if (o) c->owned[c->n_owned++] = o;
-    return o;
-}
-
-/* Reads the keywords of an entry point that takes exactly `want`. */
-static int read_keywords(struct call *c, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, unsigned want) {
-    Py_ssize_t n = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    unsigned got = 0;
-    if (nargs != 0) {
-        PyErr_Format(PyExc_TypeError, "_core.%s takes keyword arguments only", c->fn);
-        return 0;
-    }
-    int next = 0; /* keywords mostly come in the order of OPTIONS: look there first */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyTuple_GET_ITEM(kwnames, i);
-        int o = next < N_OPTION && option_strings[next] == key ? next : 0;
-        while (o < N_OPTION && option_strings[o] != key) o++;
-        if (o == N_OPTION) /* not interned: compare the text */
-            for (o = 0; o < N_OPTION && PyUnicode_Compare(key, option_strings[o]) != 0; o++) {
-            }
-        if (o == N_OPTION || !(want & (1u << o))) {
-            PyErr_Format(PyExc_TypeError, "_core.%s got an unexpected keyword argument %R", c->fn, key);
-            return 0;
-        }
-        c->opt[o] = args[i];
-        got |= 1u << o;
-        next = o + 1;
-    }
-    if (got != want) {
-        int o = 0;
-        while (!((want & ~got) & (1u << o))) o++;
-        PyErr_Format(PyExc_TypeError, "_core.%s missing the keyword argument '%s'", c->fn, option_names[o]);
-        return 0;
-    }
-    return 1;
-}
-
-/* An option's name as the entry point spells it. */
-static const char *name_of(const struct call *c, enum option o) {
-    if (c->paged && o == OPT_k) return "key_pages";
-    if (c->paged && o == OPT_v) return "value_pages";
-    return option_names[o];
-}
-
-/* ---- describing arrays ---- */
-
-/* The core's dtype of a NumPy type number, or -1. */
-static int core_dtype_of(int t) {
-    if (t == NPY_FLOAT32) return NPATTN_DTYPE_F32;
-    if (t == NPY_FLOAT64) return NPATTN_DTYPE_F64;
-    if (t == NPY_HALF) return NPATTN_DTYPE_F16;
-    if (t == bfloat16_type && bfloat16_type >= 0) return NPATTN_DTYPE_BF16;
-    return -1;
-}
-
-/* The core's dtype of a NumPy array, or -1. */
-static int core_dtype(PyArrayObject *a) { return core_dtype_of(PyArray_TYPE(a)); }
-
-/* The dtype of the result of two dtypes, as np.result_type (float16 with
- * bfloat16, which NumPy cannot promote, gives float32). The one rule of
- * promotion: Python reads it through result_dtype() below. */
-static int promote(int a, int b) {
-    if (a == b) return a;
-    if (a == NPATTN_DTYPE_F64 || b == NPATTN_DTYPE_F64) return NPATTN_DTYPE_F64;
-    return NPATTN_DTYPE_F32;
-}
-
-static int npy_type_of(int dtype) {
-    switch (dtype) {
-    case NPATTN_DTYPE_F32: return NPY_FLOAT32;
-    case NPATTN_DTYPE_F64: return NPY_FLOAT64;
-    case NPATTN_DTYPE_F16: return NPY_HALF;
-    default: return bfloat16_type;
-    }
-}
-
-/* An array the core can read in place: aligned, native, whole-element strides. */
-static int readable(PyObject *o, int bool_ok) {
-    if (!PyArray_Check(o)) return 0;
-    PyArrayObject *a = (PyArrayObject *)o;
-    if (!(bool_ok && PyArray_TYPE(a) == NPY_BOOL) && core_dtype(a) < 0) return 0;
-    if (!PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a)) return 0;
-    for (int d = 0; d < PyArray_NDIM(a); d++)
-        if (PyArray_STRIDE(a, d) % PyArray_ITEMSIZE(a) != 0) return 0;
-    return 1;
-}
-
-/* x as an array: itself where the core reads it in place, else what the
- * registered conversion function makes of it (a borrowed reference either
- * way; NULL with the conversion's error). */
-static PyArrayObject *array_of(struct call *c, PyObject *x, const char *name, int bool_ok) {
-    if (readable(x, bool_ok)) return (PyArrayObject *)x;
-    if (!converter) {
-        PyErr_Format(PyExc_RuntimeError, "%s: internal error: no conversion function registered", c->fn);
-        return NULL;
-    }
-    PyObject *a = own(c, PyObject_CallFunction(converter, "ssO", c->fn, name, x));
-    if (!a) return NULL;
-    if (!PyArray_Check(a)) {
-        PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s was not converted to an array", c->fn, name);
-        return NULL;
-    }
-    if (a != x && PyArray_Check(x) && c->n_converted < MAX_CONVERTED) c->converted[c->n_converted++] = x;
-    return (PyArrayObject *)a;
-}
-
-/* The last part of a type's name, as type(x).__name__. */
-static const char *type_name(PyObject *x) {
-    const char *name = Py_TYPE(x)->tp_name, *dot = strrchr(name, '.');
-    return dot ? dot + 1 : name;
-}
-
-static PyObject *tuple_of(const npy_intp *dims, int nd) {
-    PyObject *t = PyTuple_New(nd);
-    for (int d = 0; t && d < nd; d++) {
-        PyObject *n = PyLong_FromSsize_t(dims[d]);
-        if (!n) {
-            Py_CLEAR(t);
-            break;
-        }
-        PyTuple_SET_ITEM(t, d, n);
-    }
-    return t;
-}
-
-static PyObject *shape_of(PyArrayObject *a) { return tuple_of(PyArray_DIMS(a), PyArray_NDIM(a)); }
-
-/* Raises exc with "fn: " + the message fmt makes of one object (a new
- * reference, consumed; NULL passes its error through). Returns 0. */
-static int raise_with(struct call *c, PyObject *exc, const char *fmt, PyObject *x) {
-    if (x) {
-        PyObject *m = PyUnicode_FromFormat(fmt, x);
-        if (m) {
-            PyErr_Format(exc, "%s: %U", c->fn, m);
-            Py_DECREF(m);
-        }
-        Py_DECREF(x);
-    }
-    return 0;
-}
-
-/* At most n characters of repr(x), or of str(x) (a number as it prints). */
-static PyObject *shortened(PyObject *r, Py_ssize_t n);
-static PyObject *short_repr(PyObject *x, Py_ssize_t n) { return shortened(PyObject_Repr(x), n); }
-static PyObject *short_str(PyObject *x, Py_ssize_t n) { return shortened(PyObject_Str(x), n); }
-static PyObject *shortened(PyObject *r, Py_ssize_t n) {
-    if (!r || PyUnicode_GET_LENGTH(r) <= n) return r;
-    PyObject *cut = PyUnicode_Substring(r, 0, n);
-    Py_DECREF(r);
-    return cut;
-}
-
-/* "got q (..), k (..), v (..)": the shapes of q, k and v, for a message. */
-static PyObject *got_shapes(struct call *c) {
-    PyObject *q = shape_of(c->q.a), *k = shape_of(c->k.a), *v = c->v.a ? shape_of(c->v.a) : NULL, *got = NULL;
-    const char *kn = name_of(c, OPT_k), *vn = name_of(c, OPT_v);
-    if (q && k && (v || !c->v.a))
-        got = v ? PyUnicode_FromFormat("got q %S, %s %S, %s %S", q, kn, k, vn, v)
-                : PyUnicode_FromFormat("got q %S, %s %S", q, kn, k);
-    Py_XDECREF(q);
-    Py_XDECREF(k);
-    Py_XDECREF(v);
-    return got;
-}
-
-/* Whether rank-4 q, k (and v) keep the rules of heads and rows, read as
- * (B, H, L, D), or with `swapped` as (B, L, H, D), as models store them. */
-static int heads_and_rows_fit(const struct call *c, int swapped) {
-    PyArrayObject *ops[3] = {c->q.a, c->k.a, c->v.a};
-    int n = c->v.a ? 3 : 2, h = swapped ? 2 : 1, r = swapped ? 1 : 2;
-    for (int i = 0; i < n; i++)
-        if (!ops[i] || PyArray_NDIM(ops[i]) != 4) return 0;
-    const npy_intp *qs = PyArray_DIMS(c->q.a), *ks = PyArray_DIMS(c->k.a);
-    if (ks[h] < 1 || qs[h] % ks[h] != 0 || qs[3] != ks[3]) return 0;
-    if (c->v.a) {
-        const npy_intp *vs = PyArray_DIMS(c->v.a);
-        if (vs[h] != ks[h] || vs[r] != ks[r]) return 0;
-    }
-    return 1;
-}
-
-/* A rule of q's, k's and v's shapes broken: ValueError with their shapes, and
- * a hint where the shapes fit once read as (B, L, H, D). */
-static int shapes_break(struct call *c, const char *rule) {
-    PyObject *got = got_shapes(c);
-    if (got) {
-        const char *hint = !c->paged && !heads_and_rows_fit(c, 0) && heads_and_rows_fit(c, 1)
-                               ? "; if your arrays are (B, L, H, D), pass x.transpose(0, 2, 1, 3): no copy is made"
-                               : "";
-        PyErr_Format(PyExc_ValueError, "%s: %s; %U%s", c->fn, rule, got, hint);
-        Py_DECREF(got);
-    }
-    return 0;
-}
-
-/* An array operand: a TypeError naming it unless its dtype is one the core computes. */
-static int float_dtype(struct call *c, PyArrayObject *a, const char *name) {
-    if (core_dtype(a) >= 0) return 1;
-    PyArray_Descr *d = PyArray_DESCR(a);
-    if (d->kind == 'f' && PyDataType_ELSIZE(d) > 8)
-        PyErr_Format(PyExc_TypeError, "%s: %s has dtype %S; the widest dtype computed is float64", c->fn, name, d);
-    else
-        PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats, got dtype %S", c->fn, name, d);
-    return 0;
-}
-
-/* Fills t from operand o whose last `tail` dims are (heads, rows, cols), or
- * (heads, rows) for tail 2, the rest batch dims broadcast against c->batch.
- * Dims the array lacks, and dims of size 1, get stride 0. */
-static void describe(struct call *c, struct operand *o, struct npattn_tensor *t, int dtype, int tail) {
-    PyArrayObject *a = o->a;
-    int nd = PyArray_NDIM(a);
-    npy_intp item = PyArray_ITEMSIZE(a);
-#define STRIDE(ax) ((ax) >= 0 && PyArray_DIM(a, ax) != 1 ? (int64_t)(PyArray_STRIDE(a, ax) / item) : 0)
-    t->data = PyArray_DATA(a);
-    t->dtype = (enum npattn_dtype)dtype;
-    t->head_stride = STRIDE(nd - tail);
-    t->row_stride = STRIDE(nd - tail + 1);
-    t->col_stride = tail == 3 ? STRIDE(nd - 1) : 0;
-    int own_dims = nd > tail ? nd - tail : 0;
-    for (int d = 0; d < c->nb; d++) o->batch_stride[d] = STRIDE(d - (c->nb - own_dims));
-#undef STRIDE
-    t->batch_stride = o->batch_stride;
-}
-
-/* Broadcasts the leading dims of a (before its last `tail`) into c->batch. */
-static int broadcast_batch(struct call *c, PyArrayObject *a, int tail) {
-    int own_dims = PyArray_NDIM(a) - tail;
-    if (own_dims <= 0) return 1;
-    if (own_dims > c->nb) {
-        for (int d = c->nb - 1; d >= 0; d--) c->batch[d + own_dims - c->nb] = c->batch[d];
-        for (int d = 0; d < own_dims - c->nb; d++) c->batch[d] = 1;
-        c->nb = own_dims;
-    }
-    for (int d = 0; d < own_dims; d++) {
-        npy_intp n = PyArray_DIM(a, d);
-        int64_t *b = &c->batch[c->nb - own_dims + d];
-        if (n == *b || n == 1) continue;
-        if (*b != 1) return shapes_break(c, "the batch dims of q, k and v do not broadcast");
-        *b = n;
-    }
-    return 1;
-}
-
-/* ---- reading the arguments ---- */
-
-/* Option o as an array of floats the core reads (converted where it cannot
- * read it in place); NULL with the error naming it. */
-static PyArrayObject *float_array(struct call *c, enum option o) {
-    const char *name = name_of(c, o);
-    PyObject *x = c->opt[o];
-    if (x == Py_None) {
-        PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats, got None", c->fn, name);
-        return NULL;
-    }
-    PyArrayObject *a = array_of(c, x, name, 0);
-    return a && float_dtype(c, a, name) ? a : NULL;
-}
-
-/* q, k or v: an array of floats of rank >= 2. */
-static int read_operand(struct call *c, enum option o, struct operand *op) {
-    const char *name = name_of(c, o);
-    PyArrayObject *a = float_array(c, o);
-    if (!a) return 0;
-    if (PyArray_NDIM(a) < 2) {
-        PyObject *got = shape_of(a);
-        if (got) PyErr_Format(PyExc_ValueError, "%s: %s must have rank >= 2 (..., L, D), got shape %S", c->fn, name, got);
-        Py_XDECREF(got);
-        return 0;
-    }
-    op->a = a;
-    return 1;
-}
-
-/* q, k and (if has_v) v, whose shared sizes agree. */
-static int read_qkv(struct call *c, int has_v) {
-    if (!read_operand(c, OPT_q, &c->q) || !read_operand(c, OPT_k, &c->k) || (has_v && !read_operand(c, OPT_v, &c->v)))
-        return 0;
-    int nq = PyArray_NDIM(c->q.a), nk = PyArray_NDIM(c->k.a), nv = has_v ? PyArray_NDIM(c->v.a) : 2;
-    c->rank2 = nq == 2 && nk == 2 && nv == 2;
-    npy_intp *qs = PyArray_DIMS(c->q.a), *ks = PyArray_DIMS(c->k.a);
-    npy_intp H_q = nq > 2 ? qs[nq - 3] : 1, H_kv = nk > 2 ? ks[nk - 3] : 1;
-    if (ks[nk - 1] != qs[nq - 1]) return shapes_break(c, "k's row width D must equal q's");
-    c->result = promote(core_dtype(c->q.a), core_dtype(c->k.a));
-    if (has_v) {
-        npy_intp *vs = PyArray_DIMS(c->v.a);
-        if (vs[nv - 2] != ks[nk - 2]) return shapes_break(c, "v must have as many rows S as k");
-        if ((nv > 2 ? vs[nv - 3] : 1) != H_kv) return shapes_break(c, "v must have as many heads as k");
-        c->result = promote(c->result, core_dtype(c->v.a));
-    }
-    c->nb = 0;
-    if (!broadcast_batch(c, c->q.a, 3) || !broadcast_batch(c, c->k.a, 3) || (has_v && !broadcast_batch(c, c->v.a, 3)))
-        return 0;
-    struct npattn_problem *p = &c->p;
-    p->n_batch_dim = c->nb;
-    p->batch_shape = c->batch;
-    p->n_head_q = H_q;
-    p->n_head_kv = H_kv;
-    p->n_query = qs[nq - 2];
-    p->n_key = ks[nk - 2];
-    p->n_embd_k = qs[nq - 1];
-    p->n_embd_v = has_v ? PyArray_DIM(c->v.a, nv - 1) : 0;
-    describe(c, &c->q, &p->q, core_dtype(c->q.a), 3);
-    describe(c, &c->k, &p->k, core_dtype(c->k.a), 3);
-    if (has_v) describe(c, &c->v, &p->v, core_dtype(c->v.a), 3);
-    return 1;
-}
-
-static PyObject *numbers_real; /* numbers.Real, imported when first needed */
-static PyObject *zero_int;     /* 0, made at import */
-
-/* A real number (never a bool) as a double: 1; not a real number: 0; an
- * error: -1. A value beyond the range of a double reads as infinity. */
-static int real_of(PyObject *x, double *v) {
-    if (PyBool_Check(x) || PyArray_IsScalar(x, Bool)) return 0;
-    if (!(PyFloat_Check(x) || PyLong_Check(x) || PyArray_IsScalar(x, Floating) || PyArray_IsScalar(x, Integer))) {
-        if (PyArray_Check(x) || PyArray_IsScalar(x, Generic)) return 0;
-        if (!numbers_real) {
-            PyObject *m = PyImport_ImportModule("numbers");
-            if (!m) return -1;
-            numbers_real = PyObject_GetAttrString(m, "Real");
-            Py_DECREF(m);
-            if (!numbers_real) return -1;
-        }
-        int real = PyObject_IsInstance(x, numbers_real);
-        if (real <= 0) return real;
-    }
-    *v = PyFloat_AsDouble(x);
-    if (*v == -1.0 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-        PyErr_Clear();
-        PyObject *zero = PyLong_FromLong(0);
-        int negative = zero ? PyObject_RichCompareBool(x, zero, Py_LT) : -1;
-        Py_XDECREF(zero);
-        if (negative < 0) return -1;
-        *v = negative ? -INFINITY : INFINITY; /* the core refuses it, by its rule */
-    }
-    return 1;
-}
-
-/* An int64 from a Python or NumPy integer (never a bool), at least `low`
- * (INT64_MIN or 0); else the error that names it. */
-static int read_int64(struct call *c, PyObject *x, const char *name, int64_t low, int64_t *v) {
-    if (PyBool_Check(x) || !(PyLong_Check(x) || PyArray_IsScalar(x, Integer))) {
-        PyErr_Format(PyExc_TypeError, "%s: %s must be an int, got %s", c->fn, name, type_name(x));
-        return 0;
-    }
-    int overflow = 0;
-    long long n = PyLong_AsLongLongAndOverflow(x, &overflow);
-    if (n == -1 && PyErr_Occurred()) return 0;
-    if (overflow || n < low) {
-        PyErr_Format(PyExc_ValueError, "%s: %s must be an int from %s to 2**63 - 1, got %S", c->fn, name,
-                     low == 0 ? "0" : "-2**63", x);
-        return 0;
-    }
-    *v = (int64_t)n;
-    return 1;
-}
-
-/* scale: a real number, a 0-d array of one, or None (1 / sqrt(D)). */
-static int read_scale(struct call *c) {
-    PyObject *x = c->opt[OPT_scale];
-    struct npattn_problem *p = &c->p;
-    if (x == Py_None) {
-        p->scale = 1.0 / sqrt((double)p->n_embd_k);
-        return 1;
-    }
-    int real = real_of(x, &p->scale);
-    if (real == 0 && !PyArray_IsScalar(x, Generic) && PyObject_HasAttrString(x, "shape")) {
-        /* a 0-d array of NumPy, MLX or PyTorch */
-        PyArrayObject *a = array_of(c, x, "scale", 1);
-        if (!a) return 0;
-        if (PyArray_NDIM(a) != 0)
-            return raise_with(c, PyExc_TypeError, "scale must be a real number or a 0-d array, got an array of shape %S",
-                              shape_of(a));
-        PyObject *scalar = own(c, PyArray_ToScalar(PyArray_DATA(a), a));
-        if (!scalar) return 0;
-        x = scalar;
-        real = real_of(x, &p->scale);
-    }
-    if (real < 0) return 0;
-    if (real == 0) {
-        PyErr_Format(PyExc_TypeError, "%s: scale must be a real number or None, got %s", c->fn, type_name(x));
-        return 0;
-    }
-    c->opt[OPT_scale] = x; /* as read, for a message */
-    return 1;
-}
-
-/* mask: None, "causal", "causal_top_left", or a bool or float array that
- * broadcasts to (*B, H_q, L, S) without growing B. */
-static int read_mask(struct call *c) {
-    PyObject *mask = c->opt[OPT_mask];
-    struct npattn_problem *p = &c->p;
-    p->mask_kind = NPATTN_MASK_NONE;
-    if (mask == Py_None) return 1;
-    if (PyUnicode_Check(mask)) {
-        if (PyUnicode_CompareWithASCIIString(mask, "causal") == 0) {
-            p->causal = 1;
-        } else if (PyUnicode_CompareWithASCIIString(mask, "causal_top_left") == 0) {
-            p->causal = c->top_left = 1;
-        } else {
-            PyErr_Format(PyExc_ValueError, "%s: mask must be \"causal\", \"causal_top_left\", None or an array, got %R",
-                         c->fn, mask);
-            return 0;
-        }
-        return 1;
-    }
-    if (PyBool_Check(mask) || PyLong_Check(mask) || PyFloat_Check(mask) || PyComplex_Check(mask) || PyBytes_Check(mask) ||
-        PyArray_IsScalar(mask, Generic)) {
-        PyErr_Format(PyExc_TypeError, "%s: mask must be a string, None, or a bool or float array, got %s", c->fn,
-                     type_name(mask));
-        return 0;
-    }
-    PyArrayObject *m = array_of(c, mask, "mask", 1);
-    if (!m) return 0;
-    int is_bool = PyArray_TYPE(m) == NPY_BOOL;
-    if (!is_bool && core_dtype(m) < 0) {
-        PyErr_Format(PyExc_TypeError, "%s: mask must be a bool or float array, got dtype %S", c->fn, PyArray_DESCR(m));
-        return 0;
-    }
-    int nd = PyArray_NDIM(m), fits = nd <= c->nb + 3;
-    npy_intp full[NPY_MAXDIMS + 3];
-    for (int d = 0; d < c->nb; d++) full[d] = (npy_intp)c->batch[d];
-    full[c->nb] = (npy_intp)p->n_head_q, full[c->nb + 1] = (npy_intp)p->n_query, full[c->nb + 2] = (npy_intp)p->n_key;
-    for (int d = 0; fits && d < nd; d++) {
-        npy_intp n = PyArray_DIM(m, d), want = full[c->nb + 3 - nd + d];
-        fits = n == want || n == 1;
-    }
-    if (!fits) {
-        PyObject *f = tuple_of(full, c->nb + 3), *got = shape_of(m);
-        if (f && got)
-            PyErr_Format(PyExc_ValueError, "%s: mask must broadcast to (*B, H_q, L, S) = %S, got shape %S", c->fn, f, got);
-        Py_XDECREF(f);
-        Py_XDECREF(got);
-        return 0;
-    }
-    c->mask.a = m;
-    p->mask_kind = is_bool ? NPATTN_MASK_BOOL : NPATTN_MASK_ADD;
-    describe(c, &c->mask, &p->mask, is_bool ? NPATTN_DTYPE_F32 : core_dtype(m), 3);
-    return 1;
-}
-
-/* sinks: None, or H_q real numbers, read as float64. */
-static int read_sinks(struct call *c) {
-    PyObject *x = c->opt[OPT_sinks];
-    struct npattn_problem *p = &c->p;
-    p->sinks = NULL;
-    if (x == Py_None) return 1;
-    PyArrayObject *s = (PyArrayObject *)x;
-    if (!(PyArray_Check(x) && PyArray_TYPE(s) == NPY_FLOAT64 && PyArray_NDIM(s) == 1 &&
-          PyArray_DIM(s, 0) == p->n_head_q && PyArray_IS_C_CONTIGUOUS(s) && PyArray_ISALIGNED(s) &&
-          PyArray_ISNOTSWAPPED(s))) {
-        if (!(s = array_of(c, x, "sinks", 1))) return 0;
-        char kind = PyArray_DESCR(s)->kind;
-        if (!(kind == 'f' || kind == 'i' || kind == 'u' || core_dtype(s) == NPATTN_DTYPE_BF16)) {
-            PyErr_Format(PyExc_TypeError, "%s: sinks must be real numbers, got dtype %S", c->fn, PyArray_DESCR(s));
-            return 0;
-        }
-        if (PyArray_NDIM(s) != 1 || PyArray_DIM(s, 0) != p->n_head_q) {
-            PyObject *got = shape_of(s);
-            if (got)
-                PyErr_Format(PyExc_ValueError, "%s: sinks must have shape (H_q,) = (%lld,), got %S", c->fn,
-                             (long long)p->n_head_q, got);
-            Py_XDECREF(got);
-            return 0;
-        }
-        /* a small aligned float64 copy the core reads */
-        s = (PyArrayObject *)own(c, PyArray_FromAny((PyObject *)s, PyArray_DescrFromType(NPY_FLOAT64), 1, 1,
-                                                    NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST, NULL));
-        if (!s) return 0;
-    }
-    p->sinks = PyArray_DATA(s);
-    return 1;
-}
-
-/* window: None, or a pair (left, right) of ints >= 0 or None. */
-static int read_window(struct call *c) {
-    PyObject *window = c->opt[OPT_window];
-    struct npattn_problem *p = &c->p;
-    p->window_left = p->window_right = NPATTN_UNBOUNDED;
-    if (window == Py_None) return 1;
-    if (!(PyTuple_Check(window) || PyList_Check(window)) || PySequence_Fast_GET_SIZE(window) != 2)
-        return raise_with(c, PyExc_TypeError, "window must be None or a pair (left, right) of ints >= 0 or None, got %U",
-                          short_repr(window, 60));
-    int64_t *side[2] = {&p->window_left, &p->window_right};
-    for (int i = 0; i < 2; i++) {
-        PyObject *w = PySequence_Fast_GET_ITEM(window, i);
-        if (w != Py_None && !read_int64(c, w, i ? "window[1]" : "window[0]", 0, side[i])) return 0;
-    }
-    return 1;
-}
-
-/* softcap: None (no cap) or a real number > 0 (the core refuses one that is
- * not finite). */
-static int read_softcap(struct call *c) {
-    PyObject *x = c->opt[OPT_softcap];
-    c->p.softcap = 0;
-    if (x == Py_None) return 1;
-    int real = real_of(x, &c->p.softcap);
-    if (real < 0) return 0;
-    if (real == 0) {
-        PyErr_Format(PyExc_TypeError, "%s: softcap must be a real number > 0 or None, got %s", c->fn, type_name(x));
-        return 0;
-    }
-    if (c->p.softcap <= 0) c->p.softcap = -1; /* 0 means no cap to the core: refused as negative */
-    return 1;
-}
-
-static PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, int npy_type, const char *what);
-
-/* The two shapes an array of ints comes in: one int per request, broadcast
- * to the batch shape B (k_start, k_lengths, q_offset, context_lens), or a
- * block table of exactly (B, max_pages). */
-enum int_shape { PER_REQUEST, PER_PAGE };
-
-/* x, an int or an array of ints (any integer dtype) of `shape`: a new
- * C-contiguous int64 copy owned by the call (NULL with the error naming
- * it). Every value of a request is read, so a uint64 one beyond int64 is
- * refused with its value; a block table's entries beyond a request's live
- * pages are never read, so there a uint64 one wraps (negative: the core
- * refuses it where it is live, and refused() reads its value from the table
- * given, c->table). Memory O(B), or O(B * max_pages). */
-static PyArrayObject *read_ints(struct call *c, PyObject *x, const char *name, enum int_shape shape) {
-    PyArrayObject *a = (PyArrayObject *)own(c, PyArray_FromAny(x, NULL, 0, 0, 0, NULL));
-    if (!a) return NULL;
-    const char kind = PyArray_DESCR(a)->kind;
-    if (kind != 'i' && kind != 'u') {
-        PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got dtype %S", c->fn, name,
-                     shape == PER_REQUEST ? "an int or an array of ints" : "an array of ints", PyArray_DESCR(a));
-        return NULL;
-    }
-    npy_intp want[NPY_MAXDIMS];
-    int nd = PyArray_NDIM(a), want_nd = c->nb, fits = nd <= c->nb;
-    for (int d = 0; d < c->nb; d++) want[d] = (npy_intp)c->batch[d];
-    if (shape == PER_PAGE) {
-        want_nd = 2, fits = nd == 2 && PyArray_DIM(a, 0) == want[0];
-        if (fits) want[1] = PyArray_DIM(a, 1);
-    }
-    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == 1 || PyArray_DIM(a, d) == want[want_nd - nd + d];
-    if (!fits) {
-        PyObject *batch = tuple_of(want, c->nb), *got = shape_of(a);
-        if (batch && got && shape == PER_REQUEST)
-            PyErr_Format(PyExc_ValueError, "%s: %s must broadcast to the batch shape B = %S, got shape %S", c->fn, name,
-                         batch, got);
-        else if (batch && got)
-            PyErr_Format(PyExc_ValueError, "%s: %s must have shape (B, max_pages) with B = %lld, got %S", c->fn, name,
-                         (long long)want[0], got);
-        Py_XDECREF(batch);
-        Py_XDECREF(got);
-        return NULL;
-    }
-    if (shape == PER_REQUEST && kind == 'u' && PyArray_ITEMSIZE(a) == 8 && PyArray_SIZE(a) > 0) {
-        /* beyond int64 would wrap */
-        PyObject *most = PyArray_Max(a, NPY_RAVEL_AXIS, NULL), *limit = PyLong_FromLongLong(INT64_MAX);
-        int over = most && limit ? PyObject_RichCompareBool(most, limit, Py_GT) : -1;
-        if (over > 0) PyErr_Format(PyExc_ValueError, "%s: %s must hold ints below 2**63, got %S", c->fn, name, most);
-        Py_XDECREF(most);
-        Py_XDECREF(limit);
-        if (over) return NULL;
-    }
-    if (shape == PER_PAGE) c->table = a;
-    PyArrayObject *copy = new_array(c, want, want_nd, NPY_INT64, name);
-    return copy && PyArray_CopyInto(copy, a) == 0 ? copy : NULL;
-}
-
-/* read_ints' per-request ints: their data. */
-static const int64_t *read_per_request(struct call *c, PyObject *x, const char *name) {
-    PyArrayObject *a = read_ints(c, x, name, PER_REQUEST);
-    return a ? PyArray_DATA(a) : NULL;
-}
-
-/* q_offset (None: S - L, or 0 top-left; with key ranges k_offset + k_lengths[b] - L;
- * an int array: one per request), k_offset, k_start and k_lengths. */
-static int read_offsets(struct call *c) {
-    PyObject *q_offset = c->opt[OPT_q_offset];
-    struct npattn_problem *p = &c->p;
-    const int scalar = q_offset == Py_None || PyLong_Check(q_offset) || PyFloat_Check(q_offset) ||
-                       PyArray_IsScalar(q_offset, Generic) || PyUnicode_Check(q_offset) ||
-                       !(PyArray_Check(q_offset) || PySequence_Check(q_offset) || PyObject_HasAttrString(q_offset, "__array__"));
-    p->q_offset = c->top_left ? 0 : p->n_key - p->n_query;
-    if (q_offset != Py_None) {
-        if (scalar && !read_int64(c, q_offset, "q_offset", INT64_MIN, &p->q_offset)) return 0;
-        if (!scalar && !(p->q_offsets = read_per_request(c, q_offset, "q_offset"))) return 0;
-        if (c->top_left) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s: q_offset cannot be given with mask=\"causal_top_left\", which means q_offset=0; "
-                         "use mask=\"causal\" with q_offset=%S",
-                         c->fn, q_offset);
-            return 0;
-        }
-    }
-    if (!read_int64(c, c->opt[OPT_k_offset], "k_offset", INT64_MIN, &p->k_offset)) return 0;
-    PyObject *k_start = c->opt[OPT_k_start], *k_lengths = c->opt[OPT_k_lengths];
-    if (k_start != Py_None && !(p->k_start = read_per_request(c, k_start, "k_start"))) return 0;
-    if (k_lengths != Py_None && !(p->k_length = read_per_request(c, k_lengths, "k_lengths"))) return 0;
-    if (q_offset != Py_None || c->top_left || (!p->k_start && !p->k_length)) return 1;
-    /* the bottom-right corner of each request's own context: k_offset + k_lengths[b] - L */
-    npy_intp shape[NPY_MAXDIMS], n = 1;
-    for (int d = 0; d < c->nb; d++) n *= (shape[d] = (npy_intp)c->batch[d]);
-    PyArrayObject *q = new_array(c, shape, c->nb, NPY_INT64, "q_offset");
-    if (!q) return 0;
-    int64_t *at = PyArray_DATA(q);
-    for (npy_intp b = 0; b < n; b++) {
-        const int64_t length = p->k_length ? p->k_length[b] : p->n_key - (p->k_start ? p->k_start[b] : 0);
-        if (__builtin_add_overflow(p->k_offset, length - p->n_query, &at[b])) {
-            PyErr_Format(PyExc_ValueError, "%s: q_offset's default, k_offset + k_lengths[b] - L, passes int64; give q_offset",
-                         c->fn);
-            return 0;
-        }
-    }
-    p->q_offsets = at;
-    return 1;
-}
-
-/* threads: an int from 1 to NPATTN_MAX_THREADS; None: NPATTN_NUM_THREADS
- * if set, else 0 (the core's default). */
-static int read_threads(struct call *c) {
-    PyObject *x = c->opt[OPT_threads];
-    int64_t n;
-    if (x == Py_None) {
-        const char *env = getenv("NPATTN_NUM_THREADS");
-        c->p.n_threads = 0;
-        if (!env) return 1;
-        char *end;
-        errno = 0;
-        long long v = strtoll(env, &end, 10);
-        while (end != env && (*end == ' ' || *end == '\t' || *end == '\n')) end++;
-        if (end == env || *end != '\0' || errno || v < 1 || v > NPATTN_MAX_THREADS) {
-            PyObject *text = PyUnicode_DecodeFSDefault(env);
-            if (text)
-                PyErr_Format(PyExc_ValueError, "%s: NPATTN_NUM_THREADS must be an int from 1 to %d, got %R", c->fn,
-                             NPATTN_MAX_THREADS, text);
-            Py_XDECREF(text);
-            return 0;
-        }
-        c->p.n_threads = (int32_t)v;
-        return 1;
-    }
-    if (PyBool_Check(x) || !(PyLong_Check(x) || PyArray_IsScalar(x, Integer))) {
-        PyErr_Format(PyExc_TypeError, "%s: threads must be an int >= 1 or None, got %s", c->fn, type_name(x));
-        return 0;
-    }
-    int overflow = 0;
-    n = PyLong_AsLongLongAndOverflow(x, &overflow);
-    if (n == -1 && PyErr_Occurred()) return 0;
-    if (overflow || n < 1 || n > NPATTN_MAX_THREADS) {
-        PyErr_Format(PyExc_ValueError, "%s: threads must be an int from 1 to %d, got %S", c->fn, NPATTN_MAX_THREADS, x);
-        return 0;
-    }
-    c->p.n_threads = (int32_t)n;
-    return 1;
-}
-
-/* paged_attention's operands: q (B, H_q, L, D); key_pages (P, H_kv,
- * page_size, D) and value_pages (P, H_kv, page_size, D_v), any strides;
- * block_table (B, max_pages) and context_lens (B,) of ints; page_size None
- * or key_pages.shape[2]. The pages are described in place, the page dim
- * taking the place of a batch dim; the tables as int64 copies, O(B *
- * max_pages). The core checks the live entries. */
-static int read_paged(struct call *c) {
-    if (!read_operand(c, OPT_q, &c->q) || !read_operand(c, OPT_k, &c->k) || !read_operand(c, OPT_v, &c->v)) return 0;
-    PyArrayObject *q = c->q.a, *k = c->k.a, *v = c->v.a;
-    if (PyArray_NDIM(q) != 4 || PyArray_NDIM(k) != 4 || PyArray_NDIM(v) != 4)
-        return shapes_break(c, "q must be (B, H_q, L, D), key_pages (P, H_kv, page_size, D) and value_pages "
-                               "(P, H_kv, page_size, D_v)");
-    const npy_intp *qs = PyArray_DIMS(q), *ks = PyArray_DIMS(k), *vs = PyArray_DIMS(v);
-    if (ks[3] != qs[3]) return shapes_break(c, "key_pages' row width D must equal q's");
-    if (vs[0] != ks[0] || vs[1] != ks[1] || vs[2] != ks[2])
-        return shapes_break(c, "value_pages must have key_pages' pages, heads and page size (P, H_kv, page_size)");
-    PyObject *ps = c->opt[OPT_page_size];
-    int64_t page_size = ks[2];
-    if (ps != Py_None) {
-        if (!read_int64(c, ps, "page_size", 0, &page_size)) return 0;
-        if (page_size != ks[2]) {
-            PyErr_Format(PyExc_ValueError, "%s: page_size = %lld must equal key_pages.shape[2] = %lld", c->fn,
-                         (long long)page_size, (long long)ks[2]);
-            return 0;
-        }
-    }
-    c->result = promote(promote(core_dtype(q), core_dtype(k)), core_dtype(v));
-    c->nb = 1;
-    c->batch[0] = qs[0];
-
-    PyArrayObject *table = read_ints(c, c->opt[OPT_block_table], "block_table", PER_PAGE);
-    if (!table) return 0;
-    struct npattn_problem *p = &c->p;
-    if (!(p->k_length = read_per_request(c, c->opt[OPT_context_lens], "context_lens"))) return 0;
-
-    c->pages.block_table = PyArray_DATA(table);
-    c->pages.max_pages = PyArray_DIM(table, 1);
-    c->pages.n_page = ks[0];
-    c->pages.page_size = page_size;
-    p->pages = &c->pages;
-    p->n_batch_dim = 1;
-    p->batch_shape = c->batch;
-    p->n_head_q = qs[1];
-    p->n_head_kv = ks[1];
-    p->n_query = qs[2];
-    if (__builtin_mul_overflow(c->pages.max_pages, page_size, &p->n_key)) p->n_key = INT64_MAX; /* refused: S overflows */
-    p->n_embd_k = qs[3];
-    p->n_embd_v = vs[3];
-    describe(c, &c->q, &p->q, core_dtype(q), 3);
-    /* the page dim reads as a batch dim; its stride goes to the pages */
-    describe(c, &c->k, &p->k, core_dtype(k), 3);
-    describe(c, &c->v, &p->v, core_dtype(v), 3);
-    c->pages.k_page_stride = c->k.batch_stride[0];
-    c->pages.v_page_stride = c->v.batch_stride[0];
-    c->k.batch_stride[0] = c->v.batch_stride[0] = 0;
-    /* no dense key ranges or key positions: keys sit at 0 .. context_lens[b] - 1 */
-    c->opt[OPT_k_offset] = zero_int;
-    c->opt[OPT_k_start] = c->opt[OPT_k_lengths] = Py_None;
-    PyObject *mask = c->opt[OPT_mask];
-    if (mask != Py_None && !PyUnicode_Check(mask)) {
-        PyErr_Format(PyExc_TypeError, "%s: mask must be \"causal\", \"causal_top_left\" or None, got %s", c->fn,
-                     type_name(mask));
-        return 0;
-    }
-    return 1;
-}
-
-/* precision: "highest" or "fast" (SPEC section 11). */
-static int read_precision(struct call *c) {
-    PyObject *x = c->opt[OPT_precision];
-    if (PyUnicode_Check(x) && PyUnicode_CompareWithASCIIString(x, "highest") == 0) {
-        c->p.precision = NPATTN_PRECISION_HIGHEST;
-    } else if (PyUnicode_Check(x) && PyUnicode_CompareWithASCIIString(x, "fast") == 0) {
-        c->p.precision = NPATTN_PRECISION_FAST;
-    } else {
-        return raise_with(c, PyExc_ValueError, "precision must be \"highest\" or \"fast\", got %U", short_repr(x, 60));
-    }
-    return 1;
-}
-
-/* Every option but the arrays of results, in the order the docs list them. */
-static int read_options(struct call *c) {
-    return read_scale(c) && read_mask(c) && read_sinks(c) && read_window(c) && read_softcap(c) && read_offsets(c) &&
-           read_precision(c) && read_threads(c);
-}
-
-/* ---- results ---- */
+/* ---- results: allocation, and running the core ---- */
 
 /* The result's shape: (*B, H_q, rows, last), or (rows, last) for rank-2
  * inputs; with_last 0 drops the last axis. */
@@ -885,7 +57,7 @@ static int result_shape(const struct call *c, npy_intp heads, npy_intp rows, npy
 
 /* A new C-contiguous array, owned by the call; NULL with the error naming
  * `what` and its shape. */
-static PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, int npy_type, const char *what) {
+PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, int npy_type, const char *what) {
     PyArray_Descr *d = PyArray_DescrFromType(npy_type);
     if (!d) return NULL;
     /* more bytes than the machine's memory and swap: refused before an
@@ -925,192 +97,6 @@ static PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, i
     return NULL;
 }
 
-/* sdpa's out: the caller's array, of exactly the result's shape and dtype,
- * writeable and readable in place. */
-static int read_out(struct call *c, const npy_intp *shape, int nd) {
-    PyObject *out = c->opt[OPT_out];
-    if (!PyArray_Check(out)) {
-        PyErr_Format(PyExc_TypeError, "%s: out must be a numpy.ndarray or None, got %s", c->fn, type_name(out));
-        return 0;
-    }
-    PyArrayObject *a = (PyArrayObject *)out;
-    int fits = PyArray_NDIM(a) == nd && core_dtype(a) == c->result;
-    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == shape[d];
-    if (!fits) {
-        PyObject *want = tuple_of(shape, nd), *got = shape_of(a);
-        PyArray_Descr *dt = PyArray_DescrFromType(npy_type_of(c->result));
-        if (want && got && dt)
-            PyErr_Format(PyExc_ValueError, "%s: out must have the result's shape %S and dtype %S, got shape %S and dtype %S",
-                         c->fn, want, dt, got, PyArray_DESCR(a));
-        Py_XDECREF(want);
-        Py_XDECREF(got);
-        Py_XDECREF(dt);
-        return 0;
-    }
-    if (!PyArray_ISWRITEABLE(a)) {
-        PyErr_Format(PyExc_ValueError, "%s: out must be writeable, got a read-only array", c->fn);
-        return 0;
-    }
-    if (!readable(out, 0)) {
-        PyErr_Format(PyExc_ValueError, "%s: out must be aligned and in native byte order", c->fn);
-        return 0;
-    }
-    c->out.a = a;
-    return 1;
-}
-
-static const char OUT_SHARES[] = "out must not share memory with an input (q, k, v, mask or sinks)";
-
-/* The core sees the copies of converted inputs; out must overlap none of
- * the arrays given either (numpy.may_share_memory: their byte ranges). */
-static int out_clear_of_given(struct call *c) {
-    static PyObject *may_share;
-    if (!c->n_converted) return 1;
-    if (!may_share) {
-        PyObject *np = PyImport_ImportModule("numpy");
-        if (!np) return 0;
-        may_share = PyObject_GetAttrString(np, "may_share_memory");
-        Py_DECREF(np);
-        if (!may_share) return 0;
-    }
-    for (int i = 0; i < c->n_converted; i++) {
-        PyObject *r = PyObject_CallFunctionObjArgs(may_share, (PyObject *)c->out.a, c->converted[i], NULL);
-        if (!r) return 0;
-        int shares = PyObject_IsTrue(r);
-        Py_DECREF(r);
-        if (shares < 0) return 0;
-        if (shares) {
-            PyErr_Format(PyExc_ValueError, "%s: %s", c->fn, OUT_SHARES);
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* ---- running the core, and phrasing its verdict ---- */
-
-/* The first request whose key range breaks its rule, named with its batch
- * index: "k_lengths[1] = 9 runs past S = 7 (k_start[1] = 2)". Returns 0. */
-static int bad_range(struct call *c) {
-    const struct npattn_problem *p = &c->p;
-    int64_t n = 1;
-    for (int d = 0; d < c->nb; d++) n *= c->batch[d];
-    for (int64_t b = 0; b < n; b++) {
-        const int64_t start = p->k_start ? p->k_start[b] : 0, length = p->k_length ? p->k_length[b] : 0;
-        const int bad_start = start < 0 || start > p->n_key;
-        if (!bad_start && (length >= 0 && length <= p->n_key - start)) continue;
-        if (c->paged) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s: context_lens[%lld] = %lld lies outside [0, max_pages * page_size] = [0, %lld]", c->fn,
-                         (long long)b, (long long)length, (long long)p->n_key);
-            return 0;
-        }
-        char index[24 * NPY_MAXDIMS + 3] = "";
-        if (c->nb > 0) {
-            size_t at = 0;
-            int64_t rest = b, digits[NPY_MAXDIMS];
-            for (int d = c->nb - 1; d >= 0; d--) digits[d] = rest % c->batch[d], rest /= c->batch[d];
-            for (int d = 0; d < c->nb; d++)
-                at += (size_t)snprintf(index + at, sizeof index - at, "%s%lld", d ? ", " : "[", (long long)digits[d]);
-            snprintf(index + at, sizeof index - at, "]");
-        }
-        if (bad_start)
-            PyErr_Format(PyExc_ValueError, "%s: k_start%s = %lld lies outside [0, S] = [0, %lld]", c->fn, index,
-                         (long long)start, (long long)p->n_key);
-        else if (length < 0)
-            PyErr_Format(PyExc_ValueError, "%s: k_lengths%s = %lld must be at least 0", c->fn, index, (long long)length);
-        else
-            PyErr_Format(PyExc_ValueError, "%s: k_lengths%s = %lld runs past S = %lld (k_start%s = %lld)", c->fn, index,
-                         (long long)length, (long long)p->n_key, index, (long long)start);
-        return 0;
-    }
-    PyErr_Format(PyExc_RuntimeError, "%s: internal error: no bad key range found", c->fn);
-    return 0;
-}
-
-/* Raises the exception a refused call deserves; returns NULL. bp: the
- * backward problem, or NULL for the forward one. */
-static PyObject *refused(struct call *c, enum npattn_status status, const struct npattn_backward_problem *bp) {
-    const struct npattn_problem *p = &c->p;
-    struct npattn_verdict why = {status, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE, -1};
-    char rule[200];
-    switch (status) {
-    case NPATTN_STATUS_CANCELLED:
-        /* a daemon thread's call stopped by the interpreter's exit ends the thread quietly */
-        if (!PyErr_Occurred() && atomic_load(&shutting_down))
-            PyErr_Format(PyExc_SystemExit, "%s: the interpreter is exiting", c->fn);
-        else if (!PyErr_Occurred())
-            PyErr_Format(PyExc_KeyboardInterrupt, "%s: cancelled", c->fn);
-        return NULL;
-    case NPATTN_STATUS_NO_MEMORY:
-        return PyErr_Format(PyExc_MemoryError, "%s: %s", c->fn, npattn_status_string(status));
-    case NPATTN_STATUS_BLAS_WRONG:
-        return PyErr_Format(PyExc_RuntimeError, "%s: %s", c->fn, npattn_status_string(status));
-    default:
-        if (bp) npattn_check_backward(bp, &why);
-        else npattn_check(p, &why);
-    }
-    switch (why.status) {
-    case NPATTN_STATUS_NO_KV_HEAD: return shapes_break(c, "k needs at least one head"), NULL;
-    case NPATTN_STATUS_HEADS_NOT_MULTIPLE:
-        snprintf(rule, sizeof rule, "q has %lld heads, not a multiple of k's %lld heads", (long long)p->n_head_q,
-                 (long long)p->n_head_kv);
-        return shapes_break(c, rule), NULL;
-    case NPATTN_STATUS_NO_WIDTH: return shapes_break(c, "q and k need a row width D >= 1"), NULL;
-    case NPATTN_STATUS_TOO_LARGE:
-        return shapes_break(c, "D and D_v must be at most 2**31 - 1, what one BLAS call takes"), NULL;
-    case NPATTN_STATUS_BATCH_OVERFLOW:
-        return shapes_break(c, "the batch dims of q, k and v multiply beyond int64"), NULL;
-    case NPATTN_STATUS_BAD_SCALE:
-        return raise_with(c, PyExc_ValueError, "scale must be finite, got %U", short_str(c->opt[OPT_scale], 40)), NULL;
-    case NPATTN_STATUS_BAD_SOFTCAP:
-        return raise_with(c, PyExc_ValueError, "softcap must be a finite number > 0, got %U",
-                          short_str(c->opt[OPT_softcap], 40)),
-               NULL;
-    case NPATTN_STATUS_OVERLAPS_ITSELF:
-        if (why.operand == NPATTN_OPERAND_OUT) {
-            PyArrayObject *a = c->out.a;
-            PyObject *strides = tuple_of(PyArray_STRIDES(a), PyArray_NDIM(a)), *shape = shape_of(a);
-            if (strides && shape)
-                PyErr_Format(PyExc_ValueError, "%s: out must not overlap itself, got strides %S for shape %S", c->fn,
-                             strides, shape);
-            Py_XDECREF(strides);
-            Py_XDECREF(shape);
-            return NULL;
-        }
-        break;
-    case NPATTN_STATUS_OVERLAPS:
-        if (why.operand == NPATTN_OPERAND_OUT) return PyErr_Format(PyExc_ValueError, "%s: %s", c->fn, OUT_SHARES);
-        break;
-    case NPATTN_STATUS_BAD_K_START:
-    case NPATTN_STATUS_BAD_K_LENGTH: return bad_range(c), NULL;
-    case NPATTN_STATUS_BAD_PAGE: {
-        const int64_t m = c->pages.max_pages, b = why.entry / m, i = why.entry % m;
-        /* the entry as given: a uint64 one beyond int64 wrapped in the copy the core read */
-        PyArrayObject *t = c->table;
-        PyObject *entry = PyArray_GETITEM(t, PyArray_GETPTR2(t, b, i));
-        if (!entry) return NULL;
-        PyErr_Format(PyExc_ValueError,
-                     "%s: block_table[%lld, %lld] = %S is not a page of key_pages, which holds P = %lld pages; "
-                     "request %lld's context_lens = %lld keys live in its first %lld entries",
-                     c->fn, (long long)b, (long long)i, entry, (long long)c->pages.n_page, (long long)b,
-                     (long long)p->k_length[b], (long long)((p->k_length[b] + c->pages.page_size - 1) / c->pages.page_size));
-        Py_DECREF(entry);
-        return NULL;
-    }
-    case NPATTN_STATUS_BAD_PAGES:
-        if (c->paged && c->pages.page_size < 1)
-            return shapes_break(c, "pages must hold at least one row (page_size >= 1)"), NULL;
-        if (c->paged && p->n_key == INT64_MAX)
-            return PyErr_Format(PyExc_ValueError, "%s: max_pages * page_size = %lld * %lld passes int64", c->fn,
-                                (long long)c->pages.max_pages, (long long)c->pages.page_size);
-        break;
-    default: break;
-    }
-    return PyErr_Format(PyExc_RuntimeError, "%s: internal error: %s (%s)", c->fn, npattn_status_string(why.status),
-                        npattn_operand_name(why.operand));
-}
-
 /* Runs the forward core without the GIL, Ctrl-C relayed. */
 static enum npattn_status run_forward(struct call *c) {
     struct wait_state w;
@@ -1125,8 +111,9 @@ static enum npattn_status run_forward(struct call *c) {
 /* ---- the entry points ---- */
 
 /* The forward result of a call whose operands and options are read: out,
- * or (out, lse) with return_lse. */
-static PyObject *forward_result(struct call *c) {
+ * or (out, lse) with return_lse, and with `record` the options the lse was
+ * computed under, (out, lse, options_used). */
+static PyObject *forward_result(struct call *c, int record) {
     PyObject *result = NULL;
     PyObject *return_lse = c->opt[OPT_return_lse];
     if (!PyBool_Check(return_lse) && !PyArray_IsScalar(return_lse, Bool)) {
@@ -1140,7 +127,7 @@ static PyObject *forward_result(struct call *c) {
     /* the result first: a result too large to allocate fails before the core is asked */
     if (c->opt[OPT_out] == Py_None) {
         if (!(c->out.a = new_array(c, shape, nd, npy_type_of(c->result), "the result"))) goto done;
-    } else if (!read_out(c, shape, nd) || !out_clear_of_given(c)) {
+    } else if (!read_out(c, shape, nd) || !out_clear_of_inputs(c)) {
         goto done;
     }
     if (with_lse && !(c->lse.a = new_array(c, shape, nd - 1, npy_type_of(wide), "lse"))) goto done;
@@ -1151,7 +138,13 @@ static PyObject *forward_result(struct call *c) {
         refused(c, status, NULL);
         goto done;
     }
-    result = c->lse.a ? PyTuple_Pack(2, c->out.a, c->lse.a) : Py_NewRef((PyObject *)c->out.a);
+    if (c->lse.a && record) {
+        PyObject *used = options_used(c);
+        result = used ? PyTuple_Pack(3, c->out.a, c->lse.a, used) : NULL;
+        Py_XDECREF(used);
+    } else {
+        result = c->lse.a ? PyTuple_Pack(2, c->out.a, c->lse.a) : Py_NewRef((PyObject *)c->out.a);
+    }
 done:
     call_release(c);
     return result;
@@ -1165,7 +158,7 @@ static PyObject *core_sdpa(PyObject *self, PyObject *const *args, Py_ssize_t nar
         call_release(&c);
         return NULL;
     }
-    return forward_result(&c);
+    return forward_result(&c, 1);
 }
 
 static PyObject *core_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -1177,7 +170,7 @@ static PyObject *core_paged_attention(PyObject *self, PyObject *const *args, Py_
         call_release(&c);
         return NULL;
     }
-    return forward_result(&c);
+    return forward_result(&c, 0);
 }
 
 static PyObject *core_attention_weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -1205,31 +198,6 @@ done:
 static npy_intp batch_size(const struct call *c, PyArrayObject *a, int d) {
     const int own_dims = PyArray_NDIM(a) > 3 ? PyArray_NDIM(a) - 3 : 0, at = d - (c->nb - own_dims);
     return at >= 0 ? PyArray_DIM(a, at) : 1;
-}
-
-/* An input of the backward pass (dout, out, lse) of exactly `shape`, `what`
- * naming that shape; an lse of float16 or bfloat16 is read as float32. */
-static int read_fitting(struct call *c, enum option o, struct operand *op, struct npattn_tensor *t, const npy_intp *shape,
-                        int nd, const char *what) {
-    const char *name = name_of(c, o);
-    PyArrayObject *a = float_array(c, o);
-    if (!a) return 0;
-    int fits = PyArray_NDIM(a) == nd;
-    for (int d = 0; fits && d < nd; d++) fits = PyArray_DIM(a, d) == shape[d];
-    if (!fits) {
-        PyObject *want = tuple_of(shape, nd), *got = shape_of(a);
-        if (want && got) PyErr_Format(PyExc_ValueError, "%s: %s must have %s %S, got %S", c->fn, name, what, want, got);
-        Py_XDECREF(want);
-        Py_XDECREF(got);
-        return 0;
-    }
-    if (o == OPT_lse && (core_dtype(a) == NPATTN_DTYPE_F16 || core_dtype(a) == NPATTN_DTYPE_BF16)) {
-        a = (PyArrayObject *)own(c, PyArray_CastToType(a, PyArray_DescrFromType(NPY_FLOAT32), 0));
-        if (!a) return 0;
-    }
-    op->a = a;
-    describe(c, op, t, core_dtype(a), o == OPT_lse ? 2 : 3);
-    return 1;
 }
 
 /* The gradients (dq, dk, dv, dsinks) in the computed dtype (a half-precision
@@ -1286,6 +254,17 @@ static PyObject *core_sdpa_backward(PyObject *self, PyObject *const *args, Py_ss
         bp.dsinks = PyArray_DATA(dsinks);
     }
     bp.fwd = c.p;
+    if (c.opt[OPT_agree] != Py_None) { /* the lse's record against these options, the rules kept first */
+        enum npattn_status status = npattn_check_backward(&bp, NULL);
+        if (status != NPATTN_STATUS_OK) {
+            refused(&c, status, &bp);
+            goto done;
+        }
+        PyObject *used = options_used(&c), *agreed = used ? PyObject_CallOneArg(c.opt[OPT_agree], used) : NULL;
+        Py_XDECREF(used);
+        if (!agreed) goto done;
+        Py_DECREF(agreed);
+    }
     struct wait_state w;
     bp.fwd.cancel = check_signals;
     bp.fwd.cancel_arg = &w;
@@ -1501,7 +480,7 @@ static PyMethodDef core_methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))core_sdpa, METH_FASTCALL | METH_KEYWORDS,
      "sdpa(*, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, return_lse, precision, out, "
      "threads)\n--\n\n"
-     "Private: npattn.sdpa's arguments, by name, as given."},
+     "Private: npattn.sdpa's arguments, by name, as given; with return_lse, (out, lse, the options used)."},
     {"attention_weights", (PyCFunction)(void (*)(void))core_attention_weights, METH_FASTCALL | METH_KEYWORDS,
      "attention_weights(*, q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, precision, "
      "threads)\n--\n\n"
@@ -1512,8 +491,9 @@ static PyMethodDef core_methods[] = {
      "Private: npattn.paged_attention's arguments, by name, as given (k, v: the key and value pages)."},
     {"sdpa_backward", (PyCFunction)(void (*)(void))core_sdpa_backward, METH_FASTCALL | METH_KEYWORDS,
      "sdpa_backward(*, dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, "
-     "k_lengths, precision, threads)\n--\n\n"
-     "Private: (dq, dk, dv, dsinks) at the result's batch shape, and (q, k, v) as read."},
+     "k_lengths, precision, threads, agree)\n--\n\n"
+     "Private: (dq, dk, dv, dsinks) at the result's batch shape, and (q, k, v) as read; agree(options), if not None, "
+     "is called with the options used before computing, and may raise to refuse them."},
     {"check_mask", core_check_mask, METH_VARARGS,
      "check_mask(fn, mask, full)\n--\n\nThe mask as sdpa reads it for a result of shape full = (*B, H_q, L, S)."},
     {"check_scale", core_check_scale, METH_VARARGS, "check_scale(fn, scale, D)\n--\n\nThe scale as sdpa reads it."},
@@ -1560,9 +540,7 @@ PyMODINIT_FUNC PyInit__core(void) {
                             "CPU, so npattn will not run; set OPENBLAS_CORETYPE=NEOVERSEN1 (on ARM) before starting "
                             "Python to use other kernels",
                             npattn_blas_core());
-    if (!zero_int && !(zero_int = PyLong_FromLong(0))) return NULL;
-    for (int o = 0; o < N_OPTION; o++)
-        if (!option_strings[o] && !(option_strings[o] = PyUnicode_InternFromString(option_names[o]))) return NULL;
+    if (!args_init()) return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
     if (PyModule_AddIntConstant(m, "MAX_THREADS", NPATTN_MAX_THREADS)) {

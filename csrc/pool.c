@@ -167,8 +167,19 @@ int npattn_get_num_threads(void) {
 
 void npattn_set_num_threads(int n) { atomic_store(&max_default_threads, n > 0 ? n : 0); }
 
+int32_t npattn_env_threads(void) {
+    const char *env = getenv("NPATTN_NUM_THREADS");
+    if (!env) return 0;
+    char *end;
+    errno = 0;
+    const long long v = strtoll(env, &end, 10); /* leading spaces skipped */
+    while (end != env && (*end == ' ' || *end == '\t' || *end == '\n')) end++;
+    return end == env || *end != '\0' || errno || v < 1 || v > NPATTN_MAX_THREADS ? -1 : (int32_t)v;
+}
+
 int32_t npattn_pool_threads(int32_t n_threads) {
-    int32_t n = n_threads >= 1 ? n_threads : (int32_t)npattn_get_num_threads();
+    const int32_t env = n_threads >= 1 ? 0 : npattn_env_threads();
+    int32_t n = n_threads >= 1 ? n_threads : env > 0 ? env : (int32_t)npattn_get_num_threads();
     return n > NPATTN_POOL_MAX_THREADS ? NPATTN_POOL_MAX_THREADS : n;
 }
 

@@ -28,6 +28,7 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_BAD_WINDOW] = "window_left and window_right must be at least 0, or NPATTN_UNBOUNDED",
     [NPATTN_STATUS_BAD_MASK_KIND] = "mask_kind must be one of enum npattn_mask_kind",
     [NPATTN_STATUS_BAD_THREADS] = "n_threads must be from 0 to NPATTN_MAX_THREADS",
+    [NPATTN_STATUS_BAD_THREADS_ENV] = "NPATTN_NUM_THREADS, where set, must be an int from 1 to NPATTN_MAX_THREADS",
     [NPATTN_STATUS_BAD_DTYPE] = "an operand's dtype must be one of enum npattn_dtype",
     [NPATTN_STATUS_NOT_WIDE] = "lse, dq, dk and dv must be F32 or F64",
     [NPATTN_STATUS_NO_STRIDES] = "an operand with batch dims needs a batch_stride",
@@ -37,9 +38,10 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_OVERLAPS] = "an output must share no byte with another operand",
     [NPATTN_STATUS_BAD_K_START] = "every k_start[b] must lie in [0, S]",
     [NPATTN_STATUS_BAD_K_LENGTH] = "every k_length[b] must be at least 0, with k_start[b] + k_length[b] at most S",
-    [NPATTN_STATUS_BAD_PAGES] = "paged K/V needs a block table, page_size >= 1, S = max_pages * page_size, no k_start",
+    [NPATTN_STATUS_BAD_PAGES] = "paged K/V needs a block table, page_size >= 1, S = max_pages * page_size, table_stride >= 0, no k_start",
     [NPATTN_STATUS_BAD_PAGE] = "every live block_table entry must lie in [0, n_page)",
     [NPATTN_STATUS_BAD_PRECISION] = "precision must be one of enum npattn_precision",
+    [NPATTN_STATUS_BAD_Q_OFFSET] = "with q_bottom_right and key ranges, k_offset + k_length[b] - L must fit int64",
 };
 
 const char *npattn_status_string(enum npattn_status status) {
@@ -63,6 +65,23 @@ static enum npattn_status refuse(struct npattn_verdict *why, enum npattn_status 
                                  enum npattn_operand other) {
     why->status = status, why->operand = operand, why->other = other;
     return status;
+}
+
+/* A verdict on request b's key range or position. */
+static enum npattn_status refuse_request(struct npattn_verdict *why, enum npattn_status status, int64_t b) {
+    refuse(why, status, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE);
+    why->entry = b;
+    return status;
+}
+
+void npattn_request_positions(const struct npattn_problem *p, int64_t b, int64_t *q_offset, int64_t *k_start,
+                              int64_t *k_length) {
+    const int ranges = b >= 0 && (p->k_start || p->k_length);
+    *k_start = b >= 0 && p->k_start ? p->k_start[b] : 0;
+    *k_length = b >= 0 && p->k_length ? p->k_length[b] : p->n_key - *k_start;
+    if (!p->q_bottom_right) *q_offset = b >= 0 && p->q_offsets ? p->q_offsets[b] : p->q_offset;
+    else if (ranges) *q_offset = p->k_offset + *k_length - p->n_query; /* the bottom-right corner of its own keys */
+    else *q_offset = p->n_key - p->n_query;                             /* of all S keys, whatever k_offset */
 }
 
 /* ---- extents and overlaps ---- */
@@ -249,27 +268,34 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
     if (p->mask_kind < NPATTN_MASK_NONE || p->mask_kind > NPATTN_MASK_ADD)
         return refuse(why, NPATTN_STATUS_BAD_MASK_KIND, NPATTN_OPERAND_MASK, none);
     if (p->n_threads < 0 || p->n_threads > NPATTN_MAX_THREADS) return refuse(why, NPATTN_STATUS_BAD_THREADS, none, none);
+    if (p->n_threads == 0 && npattn_env_threads() < 0) return refuse(why, NPATTN_STATUS_BAD_THREADS_ENV, none, none);
     if (p->precision != NPATTN_PRECISION_HIGHEST && p->precision != NPATTN_PRECISION_FAST)
         return refuse(why, NPATTN_STATUS_BAD_PRECISION, none, none);
     const struct npattn_pages *pg = p->pages;
     if (pg) { /* before the key ranges, which S = max_pages * page_size bounds */
         int64_t S;
-        if (!pg->block_table || pg->page_size < 1 || pg->n_page < 0 || pg->max_pages < 0 || p->k_start ||
+        if (!pg->block_table || pg->page_size < 1 || pg->n_page < 0 || pg->max_pages < 0 || pg->table_stride < 0 ||
+            p->k_start ||
             __builtin_mul_overflow(pg->max_pages, pg->page_size, &S) || S != p->n_key)
             return refuse(why, NPATTN_STATUS_BAD_PAGES, none, none);
     }
     for (int64_t b = 0; b < n_batch && (p->k_start || p->k_length); b++) {
         const int64_t start = p->k_start ? p->k_start[b] : 0;
-        if (start < 0 || start > p->n_key) return refuse(why, NPATTN_STATUS_BAD_K_START, none, none);
+        int64_t at;
+        if (start < 0 || start > p->n_key) return refuse_request(why, NPATTN_STATUS_BAD_K_START, b);
         if (p->k_length && (p->k_length[b] < 0 || p->k_length[b] > p->n_key - start))
-            return refuse(why, NPATTN_STATUS_BAD_K_LENGTH, none, none);
+            return refuse_request(why, NPATTN_STATUS_BAD_K_LENGTH, b);
+        const int64_t length = p->k_length ? p->k_length[b] : p->n_key - start;
+        if (p->q_bottom_right && __builtin_add_overflow(p->k_offset, length - p->n_query, &at))
+            return refuse_request(why, NPATTN_STATUS_BAD_Q_OFFSET, b);
     }
     if (pg) {
         for (int64_t b = 0; b < n_batch; b++) {
             /* the pages that hold rows below k_length[b] */
             const int64_t live = p->k_length ? (p->k_length[b] + pg->page_size - 1) / pg->page_size : pg->max_pages;
+            const int64_t *row = npattn_table_row(pg, b);
             for (int64_t i = 0; i < live; i++) {
-                const int64_t page = pg->block_table[b * pg->max_pages + i];
+                const int64_t page = row[i];
                 if (page < 0 || page >= pg->n_page) {
                     refuse(why, NPATTN_STATUS_BAD_PAGE, NPATTN_OPERAND_NONE, none);
                     why->entry = b * pg->max_pages + i;

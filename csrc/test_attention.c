@@ -11,6 +11,7 @@
  * Prints one line per failure and a final "N passed, N failed" line; exits
  * nonzero on any failure.
  */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -771,6 +772,18 @@ static void test_invalid(void) {
     INVALID("negative threads", p.n_threads = -1, NPATTN_STATUS_BAD_THREADS, NONE, NONE);
     INVALID("threads beyond the cap", p.n_threads = NPATTN_MAX_THREADS + 1, NPATTN_STATUS_BAD_THREADS, NONE, NONE);
     INVALID("threads at the cap", p.n_threads = NPATTN_MAX_THREADS, NPATTN_STATUS_OK, NONE, NONE);
+    /* the default thread count: NPATTN_NUM_THREADS where set */
+    const char *const env_values[] = {"abc", "0", "-3", "1.5", "", "257", " "};
+    for (size_t e = 0; e < sizeof env_values / sizeof env_values[0]; e++) {
+        setenv("NPATTN_NUM_THREADS", env_values[e], 1);
+        INVALID("a bad NPATTN_NUM_THREADS", p.n_threads = 0, NPATTN_STATUS_BAD_THREADS_ENV, NONE, NONE);
+        INVALID("a bad NPATTN_NUM_THREADS, threads given", p.n_threads = 2, NPATTN_STATUS_OK, NONE, NONE);
+    }
+    setenv("NPATTN_NUM_THREADS", " 2 ", 1);
+    INVALID("NPATTN_NUM_THREADS 2", p.n_threads = 0, NPATTN_STATUS_OK, NONE, NONE);
+    expect(npattn_env_threads() == 2, "NPATTN_NUM_THREADS is read, spaces around it allowed");
+    unsetenv("NPATTN_NUM_THREADS");
+    expect(npattn_env_threads() == 0, "NPATTN_NUM_THREADS unset");
     INVALID("unknown mask kind", p.mask_kind = (enum npattn_mask_kind)7, NPATTN_STATUS_BAD_MASK_KIND,
             NPATTN_OPERAND_MASK, NONE);
     INVALID("unknown dtype", p.q.dtype = (enum npattn_dtype)9, NPATTN_STATUS_BAD_DTYPE, Q, NONE);
@@ -792,16 +805,27 @@ static void test_invalid(void) {
     INVALID("k_start past S", p.k_start = start_past, NPATTN_STATUS_BAD_K_START, NONE, NONE);
     INVALID("k_length past S", (p.k_start = start_ok, p.k_length = length_past), NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
     INVALID("negative k_length", p.k_length = length_negative, NPATTN_STATUS_BAD_K_LENGTH, NONE, NONE);
+    expect(why.entry == 0, "verdict: the request is named");
+    const int64_t length_all[1] = {5};
+    INVALID("the default q_offset past int64", (p.q_bottom_right = 1, p.k_offset = INT64_MAX, p.k_length = length_all),
+            NPATTN_STATUS_BAD_Q_OFFSET, NONE, NONE);
+    expect(why.entry == 0, "verdict: the request is named");
+    INVALID("the default q_offset without key ranges: S - L, whatever k_offset",
+            (p.q_bottom_right = 1, p.k_offset = INT64_MAX), NPATTN_STATUS_OK, NONE, NONE);
     INVALID("precision unknown", p.precision = (enum npattn_precision)7, NPATTN_STATUS_BAD_PRECISION, NONE, NONE);
     INVALID("precision fast is OK", p.precision = NPATTN_PRECISION_FAST, NPATTN_STATUS_OK, NONE, NONE);
     INVALID("a key range within S is OK", (p.k_start = start_ok, p.k_length = start_ok), NPATTN_STATUS_OK, NONE, NONE);
     /* paged: the one page of 5 rows holds the 5 keys */
     const int64_t table_ok[1] = {0}, table_past[1] = {1}, no_key[1] = {0};
-    struct npattn_pages pages = {table_ok, 1, 1, 5, 0, 0};
+    struct npattn_pages pages = {table_ok, 1, 1, 5, 0, 0, 0};
     INVALID("pages: one page of every key is OK", p.pages = &pages, NPATTN_STATUS_OK, NONE, NONE);
     INVALID("pages: S not max_pages * page_size", (p.pages = &pages, p.n_key = 4), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
     INVALID("pages: with k_start", (p.pages = &pages, p.k_start = start_ok), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
     INVALID("pages: no block table", (pages.block_table = NULL, p.pages = &pages), NPATTN_STATUS_BAD_PAGES, NONE, NONE);
+    pages.block_table = table_ok;
+    INVALID("pages: a negative table stride", (pages.table_stride = -1, p.pages = &pages), NPATTN_STATUS_BAD_PAGES, NONE,
+            NONE);
+    pages.table_stride = 0;
     pages.page_size = 0; /* the pages' rule before the key ranges, which a page size of 0 leaves no room */
     INVALID("pages: page_size 0", (p.pages = &pages, p.n_key = 0, p.k_length = length_past), NPATTN_STATUS_BAD_PAGES,
             NONE, NONE);
@@ -862,6 +886,22 @@ static void test_key_ranges(void) {
         for (int64_t b = 0; b < B; b++) q_offsets[b] = length[b] - L; /* each request's bottom-right corner */
         p.q_offsets = q_offsets;
         expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "key ranges: the batch");
+        /* q_bottom_right: the same corners, resolved by the core */
+        static double out2[B * HQ * L * D];
+        p.out.data = out2, p.q_offsets = NULL, p.q_offset = 12345, p.q_bottom_right = 1;
+        expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "key ranges: the default corners");
+        expect(max_err(out2, out, B * HQ * L * D, 0) == 0, "key ranges: q_bottom_right is each request's corner");
+        for (int64_t b = 0; b < B; b++) {
+            int64_t qo, k0, n;
+            npattn_request_positions(&p, b, &qo, &k0, &n);
+            expect(qo == q_offsets[b] && k0 == start[b] && n == length[b], "key ranges: a request's positions");
+        }
+        const int64_t bad[B] = {0, 13, 41};
+        struct npattn_verdict why;
+        p.k_start = bad;
+        expect(npattn_check(&p, &why) == NPATTN_STATUS_BAD_K_START && why.entry == 2,
+               "key ranges: the verdict names the request");
+        p.k_start = start, p.out.data = out;
         for (int64_t b = 0; b < B; b++) {
             const struct case_ one = {1, HQ, HKV, L, length[b], D, D, causal, 5, NPATTN_UNBOUNDED, INT64_MIN, 0,
                                       MASK_NONE, 0, 0, 1};
@@ -896,6 +936,11 @@ static void test_pages(void) {
         for (int64_t i = 0; i < (length[b] + PS - 1) / PS; i++) table[b * MAXP + i] = (next++ * 5 + 3) % NP; /* scattered */
     static float q[B * HQ * LMAX * D], kp[NP * HKV * PS * 2 * D], vp[NP * HKV * PS * 2 * D];
     static float k[B * HKV * S * D], v[B * HKV * S * D], want[B * HQ * LMAX * D], got[B * HQ * LMAX * D];
+    static float got_live[B * HQ * LMAX * D];
+    enum { MAXP_LIVE = (18 + PS - 1) / PS }; /* the longest request's live pages */
+    int64_t live_table[B * MAXP_LIVE];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < MAXP_LIVE; i++) live_table[b * MAXP_LIVE + i] = table[b * MAXP + i];
     for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) q[i] = (float)uniform();
     for (size_t i = 0; i < sizeof kp / sizeof kp[0]; i++) kp[i] = (float)uniform(), vp[i] = (float)uniform();
     for (int stride = 1; stride <= 2; stride++) { /* rows D (contiguous) or 2 D apart */
@@ -909,7 +954,7 @@ static void test_pages(void) {
                         k[((b * HKV + h) * S + j) * D + e] = kp[at];
                         v[((b * HKV + h) * S + j) * D + e] = vp[at];
                     }
-        const struct npattn_pages pages = {table, MAXP, NP, PS, page, page};
+        const struct npattn_pages pages = {table, MAXP, NP, PS, page, page, 0};
         for (int64_t L = 1; L <= LMAX; L += LMAX - 1)
             for (int t = 0; t < N_KERNEL_TABLES; t++) {
                 if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
@@ -932,6 +977,13 @@ static void test_pages(void) {
                 double err = 0;
                 for (int64_t i = 0; i < B * HQ * L * D; i++) err = fmax(err, fabs((double)got[i] - (double)want[i]));
                 expect(err < 1e-6, "pages: equal to the dense problem on the gathered keys");
+                /* the live entries alone, each request's row MAXP_LIVE apart: the same bits */
+                struct npattn_pages live = pages;
+                live.block_table = live_table, live.table_stride = MAXP_LIVE;
+                p.pages = &live, p.out.data = got_live;
+                expect_status(npattn_sdpa(&p), NPATTN_STATUS_OK, "pages: a table of the live entries");
+                expect(memcmp(got, got_live, sizeof(float) * (size_t)(B * HQ * L * D)) == 0,
+                       "pages: a table of the live entries gives the same bits");
             }
         npattn_kernels_force("");
     }

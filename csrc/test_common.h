@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "hooks.h"
 #include "kernels/kernels.h"
 
 static int n_pass, n_fail;

@@ -335,21 +335,53 @@ ROWS = [
         call(k_start=np.array([2**63], np.uint64)),
         ValueError,
         "k_start",
-        (f"below 2**63, got {2**63}",),
+        (f"k_start[0] = {2**63} lies outside int64",),
     ),
     (
         "k_lengths beyond int64",
         call(k_lengths=np.array([2**64 - 1], np.uint64)),
         ValueError,
         "k_lengths",
-        (f"below 2**63, got {2**64 - 1}",),
+        (f"k_lengths[0] = {2**64 - 1} lies outside int64",),
     ),
     (
         "q_offset array beyond int64",
         call(q_offset=np.array([2**63], np.uint64)),
         ValueError,
         "q_offset",
-        (f"below 2**63, got {2**63}",),
+        (f"q_offset[0] = {2**63} lies outside int64",),
+    ),
+    # Python ints beyond int64, which NumPy holds as objects (issue 56, item 3)
+    ("k_lengths a Python int beyond int64", call(k_lengths=2**64), ValueError, "k_lengths", (f"[0] = {2**64} lies",)),
+    (
+        "k_lengths a list with an int beyond int64",
+        call(q=arr((2, 4, 3, 8)), k_lengths=[3, 2**64]),
+        ValueError,
+        "k_lengths",
+        (f"k_lengths[1] = {2**64} lies outside int64",),
+    ),
+    (
+        "k_lengths beyond int64 in the second batch dim",
+        call(q=arr((2, 3, 4, 3, 8)), k_lengths=[[1, 2, 3], [1, 2**64, 3]]),
+        ValueError,
+        "k_lengths",
+        (f"k_lengths[1, 1] = {2**64} lies outside int64",),
+    ),
+    ("k_start below int64", call(k_start=-(2**63) - 1), ValueError, "k_start", (f"k_start[0] = {-(2**63) - 1}",)),
+    (
+        "q_offset a list with an int beyond int64",
+        call(q=arr((2, 4, 3, 8)), q_offset=[0, 2**70]),
+        ValueError,
+        "q_offset",
+        (f"q_offset[1] = {2**70} lies outside int64",),
+    ),
+    ("k_lengths a list holding None", call(k_lengths=[None]), TypeError, "k_lengths", ("NoneType",)),
+    (
+        "q_offset's default beyond int64",
+        call(k_offset=2**63 - 1, k_lengths=5),
+        ValueError,
+        "q_offset",
+        ("q_offset's default, k_offset + k_lengths[0] - L, passes int64",),
     ),
     ("q_offset array not broadcastable", call(q_offset=[[1], [2]]), ValueError, "q_offset", ("B = (1,)",)),
     ("q_offset array of floats", call(q_offset=np.array([1.0])), TypeError, "q_offset", ("dtype float64",)),
@@ -523,6 +555,62 @@ def test_npattn_num_threads_is_read():
         with pytest.MonkeyPatch.context() as m:
             m.setenv("NPATTN_NUM_THREADS", value)
             np.testing.assert_array_equal(npattn.sdpa(q, k, v), npattn.sdpa(q, k, v, threads=threads))
+
+
+# ---- out against every operand (issue 56, item 1) ----
+
+
+def _shared(n_bytes):
+    """A byte buffer and its float32 view as the result (1, 4, 3, 6), from byte 0."""
+    buf = np.zeros(max(n_bytes, 4 * 72), np.uint8)
+    return buf, buf[: 4 * 72].view(np.float32).reshape(OUT_SHAPE)
+
+
+def _int_operand(buf, values):
+    """int64 `values` in the first bytes of buf."""
+    a = buf[: 8 * len(values)].view(np.int64)
+    a[:] = values
+    return a
+
+
+def _out_sharing(operand):
+    """(buf, call): a call whose out shares bytes with `operand`, taken from the same buffer."""
+    buf, out = _shared(4 * 72)
+    q, k, v = arr(Q_SHAPE), arr(K_SHAPE), arr(V_SHAPE)
+    if operand == "sinks":  # the issue's case: float32 sinks, read as float64 copies
+        sinks = buf[:16].view(np.float32)
+        sinks[:] = [0.5, -0.5, 1.0, 2.0]
+        return buf, lambda: npattn.sdpa(q, k, v, sinks=sinks, out=out)
+    if operand in ("k_start", "k_lengths", "q_offset"):
+        ints = _int_operand(buf, {"k_start": [1], "k_lengths": [4], "q_offset": [2]}[operand])
+        return buf, lambda: npattn.sdpa(q, k, v, **{operand: ints}, out=out)
+    # paged_attention: 2 requests, 2 pages of 2 rows; out (2, 4, 1, 6) from byte 0
+    out = buf[: 4 * 48].view(np.float32).reshape(2, 4, 1, 6)
+    pages_q = arr((2, 4, 1, 8))
+    kp, vp = arr((2, 2, 2, 8)), arr((2, 2, 2, 6))
+    table, lens = np.array([[0, 1], [1, 0]]), np.array([3, 4])
+    if operand == "block_table":
+        table = _int_operand(buf, [0, 1, 1, 0]).reshape(2, 2)
+    elif operand == "context_lens":
+        lens = _int_operand(buf, [3, 4])
+    else:  # value_pages
+        vp = buf[: 4 * 48].view(np.float32).reshape(2, 2, 2, 6)
+        vp[:] = 1.0
+    return buf, lambda: npattn.paged_attention(pages_q, kp, vp, table, lens, out=out)
+
+
+@pytest.mark.parametrize(
+    "operand", ["sinks", "k_start", "k_lengths", "q_offset", "value_pages", "block_table", "context_lens"]
+)
+def test_out_sharing_memory_with_any_operand_is_refused(capfd, operand):
+    """out sharing bytes with any operand, the per-request ints and the paged ones
+    included: ValueError naming out and the operand, and the operand left untouched
+    (0.3 wrote the result into float32 sinks, SPEC section 1)."""
+    buf, fn = _out_sharing(operand)
+    before = buf.copy()
+    function = "paged_attention" if operand in ("value_pages", "block_table", "context_lens") else "sdpa"
+    assert_raises_naming(capfd, fn, ValueError, "out", (f"sharing memory with {operand}",), function=function)
+    np.testing.assert_array_equal(buf, before)
 
 
 # ---- what an adversarial probe found (issue 19, items 9-12) ----

@@ -177,6 +177,35 @@ def test_bad_block_table_entry_names_it(rng, capfd):
     np.testing.assert_array_equal(npattn.paged_attention(q, kp, vp, sentinel, cl), want)
 
 
+def test_a_zero_stride_block_table_is_read_in_place(rng):
+    """A broadcast (2, 2**40) view, each request's every entry one page, gives the
+    result of its two live columns, bit for bit: only the live entries are read, so
+    the view costs what they cost (0.3 copied it whole: 4 GiB of int64 for a
+    (2, 2**28) view, a MemoryError for this one; issue 56, item 8)."""
+    q, kp, vp, _, cl = paged_problem(rng, B=2, L=2, page_size=4, lengths=(5, 8))
+    wide = np.broadcast_to(np.array([[0], [1]]), (2, 2**40))
+    want = npattn.paged_attention(q, kp, vp, np.array([[0, 0], [1, 1]]), cl)
+    np.testing.assert_array_equal(npattn.paged_attention(q, kp, vp, wide, cl), want)
+
+
+def test_block_table_entries_beyond_int64_as_a_list(rng, capfd):
+    """A list table with a Python int beyond int64 (NumPy holds it as an object): a
+    live one is named with its value, a dead one is never read, so the call is valid
+    (0.3 refused both with a TypeError about dtype object, SPEC section 12)."""
+    q, kp, vp, table, cl = paged_problem(rng, B=3, L=1, page_size=4, lengths=(5, 8, 3))
+    live, dead = table.tolist(), table.tolist()
+    live[1][1] = 2**64
+    dead[2][-1] = 2**64  # past request 2's one live page
+    assert_raises_naming(capfd, lambda: npattn.paged_attention(q, kp, vp, live, cl), ValueError, "block_table",
+                         [f"block_table[1, 1] = {2**64} is not a page"], function=P_ERR)  # fmt: skip
+    want = npattn.paged_attention(q, kp, vp, table, cl)
+    np.testing.assert_array_equal(npattn.paged_attention(q, kp, vp, dead, cl), want)
+    holding_none = table.tolist()
+    holding_none[0][0] = None
+    assert_raises_naming(capfd, lambda: npattn.paged_attention(q, kp, vp, holding_none, cl), TypeError,
+                         "block_table", ["NoneType"], function=P_ERR)  # fmt: skip
+
+
 @pytest.mark.parametrize("length, text", [(-1, "context_lens[2] = -1"), (1, "past the last page")])
 def test_bad_context_lens_names_the_request(rng, capfd, length, text):
     q, kp, vp, table, cl = paged_problem(rng, B=3, L=1, page_size=4, lengths=(5, 3, 3))
@@ -208,8 +237,9 @@ def test_argument_errors(rng, capfd):
             lambda: call(q, kp, vp, table, np.array([5, 2**63], np.uint64)),
             ValueError,
             "context_lens",
-            [f"below 2**63, got {2**63}"],
+            [f"context_lens[1] = {2**63} lies outside int64"],
         ),
+        (lambda: call(q, kp, vp, table, [4, 2**64]), ValueError, "context_lens", [f"[1] = {2**64} lies outside"]),
         (lambda: call(q, kp, vp, table, cl, mask=np.ones((2, 4, 1, 12), bool)), TypeError, "mask", []),
         (lambda: call(q, kp, vp, table, cl, mask="top"), ValueError, "mask", []),
         (lambda: call(q, kp[..., :4], vp, table, cl), ValueError, "key_pages", ["row width D"]),
@@ -224,6 +254,16 @@ def test_argument_errors(rng, capfd):
     ]
     for fn, exc, name, texts in cases:
         assert_raises_naming(capfd, fn, exc, name, texts, function=P_ERR)
+
+
+@pytest.mark.parametrize("mask", ["bogus", "Causal", ""])
+def test_unknown_mask_string_lists_only_what_paged_attention_takes(rng, mask):
+    """An unknown mask string lists "causal", "causal_top_left" and None, the values
+    paged_attention takes, and no array, which it refuses (issue 56, item 4)."""
+    q, kp, vp, table, cl = paged_problem(rng, B=2, L=1, page_size=4, lengths=(5, 3))
+    with pytest.raises(ValueError) as info:
+        npattn.paged_attention(q, kp, vp, table, cl, mask=mask)
+    assert str(info.value) == f'paged_attention: mask must be "causal", "causal_top_left" or None, got {mask!r}'
 
 
 def test_out_sharing_a_page_store_is_refused(rng, capfd):

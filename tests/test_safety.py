@@ -24,6 +24,7 @@ import pytest
 
 import npattn
 from helpers import (
+    LASTING,
     assert_sigint_stops,
     compare_with_nan,
     failing_allocations,
@@ -42,10 +43,12 @@ import npattn
 from npattn import reference
 
 rng = np.random.default_rng(0)
-# float32, Qwen3-4B heads, L = S = 4096, no mask, 2 threads: several seconds of work.
-q = rng.standard_normal((2, 32, 4096, 128), dtype=np.float32)
-k = rng.standard_normal((2, 8, 4096, 128), dtype=np.float32)
-v = rng.standard_normal((2, 8, 4096, 128), dtype=np.float32)
+# float32, a Qwen3-4B head group, L = S = 4096, no mask, 2 threads, copied along a
+# batch until the call lasts 20 times the signal's delay on this CPU
+q = rng.standard_normal((1, 4, 4096, 128), dtype=np.float32)
+k = rng.standard_normal((1, 1, 4096, 128), dtype=np.float32)
+v = rng.standard_normal((1, 1, 4096, 8), dtype=np.float32)
+q, k, v = lasting(20 * AFTER, q, k, v, mask=None, threads=2)
 print("start", time.monotonic(), flush=True)
 try:
     npattn.sdpa(q, k, v, mask=None, threads=2)
@@ -63,7 +66,7 @@ print("second", ok, flush=True)
 @pytest.mark.skipif(os.name != "posix", reason="sends SIGINT to a subprocess")
 def test_sigint_stops_a_long_call_within_half_a_second():
     """SIGINT during a long call raises KeyboardInterrupt within 0.5 s; a second call then works."""
-    assert_sigint_stops(INTERRUPTED_CALL, after=1.0)  # well inside the call
+    assert_sigint_stops(INTERRUPTED_CALL, after=0.5)  # the call sized to last 20 times that
 
 
 # Each row of the weights is zeroed before its visible keys are written; with
@@ -73,12 +76,20 @@ import time
 import numpy as np
 import npattn
 
-# 128 rows of 2**22 keys, each row seeing one key: 1 GiB of float16 weights,
-# nearly all of the call's time spent zeroing them (a 16-core Xeon zeroed 512
-# MiB within 0.1 s; under ASan, allocating and freeing 2 GiB took most of the
-# half second on a loaded 2-core machine).
-q = np.ones((1, 1, 128, 1), np.float16)
+# rows of 2**22 keys, each row seeing one key, nearly all of the call's time spent
+# zeroing its float16 weights (8 MiB a row): as many rows as take 10 times the
+# signal's delay on this CPU, timed on 16 rows at their fastest of three, and at
+# least 128 (1 GiB: a 16-core Xeon zeroed 512 MiB within 0.1 s; under ASan,
+# allocating and freeing 2 GiB took most of the half second on a loaded 2-core
+# machine); a memory-bound call, whose rows cost memory: at most 1024 (8 GiB)
 k = np.ones((1, 1, 2**22, 1), np.float16)
+unit = []
+for _ in range(3):
+    t0 = time.monotonic()
+    npattn.attention_weights(np.ones((1, 1, 16, 1), np.float16), k, mask=None, window=(0, 0), threads=1)
+    unit.append(time.monotonic() - t0)
+rows = int(min(1024, max(128, 16 * 10 * AFTER / max(min(unit), 1e-4))))
+q = np.ones((1, 1, rows, 1), np.float16)
 print("start", time.monotonic(), flush=True)
 try:
     npattn.attention_weights(q, k, mask=None, window=(0, 0), threads=1)
@@ -129,33 +140,47 @@ def test_concurrent_python_threads_equal_serial_calls():
                 np.testing.assert_array_equal(got, want)
 
 
-def test_gil_is_released_while_computing():
-    """While one thread runs a ~1 s sdpa call, the main Python thread keeps running."""
-    rng = np.random.default_rng(3)
-    q = rng.standard_normal((1, 32, 2048, 128), dtype=np.float32)
-    k = rng.standard_normal((1, 8, 2048, 128), dtype=np.float32)
-    v = rng.standard_normal((1, 8, 2048, 128), dtype=np.float32)
-    done = threading.Event()
-    timing = {}
+def _progress_during(call, tries=200):
+    """How many times the main thread ran while another thread made `call`, again and
+    again until the main thread ran (at most `tries` times). The switch interval is
+    made longer than any test, so that the interpreter never takes the GIL from a
+    thread: the main thread, which lets it go at each time.sleep(0), can run only
+    while the worker is inside a call that lets it go. No clock: however fast or
+    loaded the CPU, a call that releases the GIL is seen doing so."""
+    count, seen, done = [0], {}, threading.Event()
 
     def work():
-        t0 = time.monotonic()
-        npattn.sdpa(q, k, v, mask=None, threads=1)
-        timing["call"] = time.monotonic() - t0
+        seen["before"] = count[0]
+        for _ in range(tries):
+            call()
+            if count[0] != seen["before"]:
+                break
+        seen["after"] = count[0]
         done.set()
 
-    worker = threading.Thread(target=work)
-    worker.start()
-    longest_gap, last = 0.0, time.monotonic()
-    while not done.is_set():
-        now = time.monotonic()
-        longest_gap, last = max(longest_gap, now - last), now
-        time.sleep(0.001)
-    worker.join()
-    # Holding the GIL would freeze this loop for the whole call; the interpreter's
-    # switch interval is 5 ms, so 0.2 s leaves room for a busy machine.
-    assert timing["call"] > 0.4, "the call is too short to show anything"
-    assert longest_gap < 0.2, f"main thread stalled {longest_gap:.3f} s during a {timing['call']:.2f} s call"
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        worker = threading.Thread(target=work)
+        worker.start()
+        while not done.is_set():
+            count[0] += 1
+            time.sleep(0)  # lets the GIL go: the worker starts, and takes it back after its call
+        worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return seen["after"] - seen["before"]
+
+
+def test_gil_is_released_while_computing():
+    """The main Python thread runs while another thread is inside sdpa, on any CPU: no
+    clock, only whether the main thread made progress while the worker was inside its
+    calls. A call that keeps the GIL (a Python loop, the control) shows none."""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 8, 256, 64), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 256, 64), dtype=np.float32)
+    assert _progress_during(lambda: sum(range(10_000))) == 0  # the control: the GIL kept
+    assert _progress_during(lambda: npattn.sdpa(q, k, k, mask=None, threads=1)) > 0
 
 
 def test_calls_with_different_threads_interleave_safely():
@@ -234,8 +259,10 @@ jobs.append(((rng.standard_normal((1, 2, 1, 16)), rng.standard_normal((1, 1, 600
               rng.standard_normal((1, 1, 6000, 16))), {"threads": 2}))  # split-K
 serial = [npattn.sdpa(*args, **kw) for args, kw in jobs]
 
-# The main thread's long call: several seconds of work at 2 threads.
-big = [rng.standard_normal(s, dtype=np.float32) for s in [(1, 32, 4096, 128), (1, 8, 4096, 128), (1, 8, 4096, 128)]]
+# The main thread's long call: at 2 threads, 20 times the 0.4 s before each signal
+# on this CPU, sized by measurement (LASTING)
+big = [rng.standard_normal(s, dtype=np.float32) for s in [(1, 4, 4096, 128), (1, 1, 4096, 128), (1, 1, 4096, 8)]]
+big = lasting(20 * 0.4, *big, mask=None, threads=2)
 
 stop = threading.Event()
 report = {"worker_calls": 0, "mismatches": 0, "worker_errors": [], "interrupted": 0, "finished": 0, "delays": []}
@@ -282,7 +309,7 @@ def test_interrupting_one_thread_does_not_disturb_another():
     """While a worker thread runs calls in a loop, the main thread's long call is
     interrupted by SIGINT three times: each interrupt stops only the main thread's
     call (within 0.5 s), and every worker result stays bitwise equal to a serial call."""
-    proc = run_script(INTERRUPT_BESIDE_WORKER)
+    proc = run_script(LASTING + INTERRUPT_BESIDE_WORKER)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     report = json.loads(proc.stdout)
@@ -544,9 +571,11 @@ import numpy as np
 import npattn
 
 rng = np.random.default_rng(1)
-# several seconds of work on 2 threads, so that the handler runs inside the call
-q = rng.standard_normal((1, 32, 3072, 128), dtype=np.float32)
-k = rng.standard_normal((1, 8, 3072, 128), dtype=np.float32)
+# on 2 threads, 10 times the 0.3 s before the signal on this CPU, sized by
+# measurement (LASTING), so that the handler runs inside the call
+q = rng.standard_normal((1, 4, 3072, 128), dtype=np.float32)
+k = rng.standard_normal((1, 1, 3072, 128), dtype=np.float32)
+q, k, v = lasting(10 * 0.3, q, k, k[..., :8], mask=None, threads=2)
 children = []
 
 def handler(signum, frame):
@@ -558,8 +587,8 @@ def handler(signum, frame):
 
 signal.signal(signal.SIGALRM, handler)
 signal.setitimer(signal.ITIMER_REAL, 0.3)
-out = npattn.sdpa(q, k, k, mask=None, threads=2)
-small = npattn.sdpa(q[:, :4, :64], k[:, :1, :64], k[:, :1, :64], threads=2)
+out = npattn.sdpa(q, k, v, mask=None, threads=2)
+small = npattn.sdpa(q[0, :, :4, :64], k[0, :, :1, :64], k[0, :, :1, :64], threads=2)
 ok = np.isfinite(out).all() and np.isfinite(small).all()
 if children == ["child"]:
     os._exit(0 if ok else 3)
@@ -574,7 +603,7 @@ def test_fork_from_a_signal_handler_inside_a_call():
     """A signal handler that forks runs inside sdpa's cancel poll; the child resumes the
     call without the parent's helpers and must finish it on its own thread (0.1.0's
     child waited forever for the parent's job) and compute again afterwards."""
-    proc = run_script(FORK_IN_SIGNAL_HANDLER, timeout=120)
+    proc = run_script(LASTING + FORK_IN_SIGNAL_HANDLER, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "parent True child 0", (proc.stdout, proc.stderr)
 

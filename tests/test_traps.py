@@ -4,13 +4,14 @@ sdpa_backward refuses options that differ from those its lse was computed under
 (a forgotten mask= must not give another problem's gradients), while a plain lse
 is taken as before."""
 
+import math
 import pickle
 
 import numpy as np
 import pytest
 
 import npattn
-from helpers import assert_raises_naming, check_backward, qkv, randn
+from helpers import assert_raises_naming, check_backward, failing_allocations, qkv, randn
 from npattn import reference
 
 CAUSAL_L3_S5 = [  # S - L = 2: row i sees keys 0 .. i + 2
@@ -186,7 +187,8 @@ def test_an_lse_without_a_record_is_taken_as_before(rng, tmp_path, plain):
 
 
 def test_the_lse_records_the_options_and_stays_an_array(rng):
-    """lse.options holds what sdpa was given; arithmetic on lse gives plain arrays."""
+    """lse.options holds the options the core computed under, its defaults resolved
+    (mask and sinks as given); arithmetic on lse gives plain arrays."""
     q, k, v = qkv(rng, (), 4, 2, 5, 7, 8)
     mask = np.ones((5, 7), bool)
     out, lse = npattn.sdpa(q, k, v, 0.5, mask, window=(3, 1), return_lse=True)
@@ -198,11 +200,12 @@ def test_the_lse_records_the_options_and_stays_an_array(rng):
         "sinks": None,
         "window": (3, 1),
         "softcap": None,
-        "q_offset": None,
+        "q_offset": 2,  # S - L
         "k_offset": 0,
-        "k_start": None,
-        "k_lengths": None,
+        "k_start": 0,
+        "k_lengths": 7,
     }
+    assert npattn.sdpa(q, k, v, return_lse=True)[1].options["scale"] == 1 / math.sqrt(8)  # None resolved
     with pytest.raises(TypeError):
         lse.options["mask"] = None  # read-only
     assert type(lse + 0) is np.ndarray and type(np.exp(lse)) is np.ndarray
@@ -217,7 +220,8 @@ def test_backward_refuses_forgotten_key_ranges_and_takes_equal_ones():
     q, k, dout = rng.standard_normal((3, 2, 4, 8)), rng.standard_normal((3, 1, 9, 8)), rng.standard_normal((3, 2, 4, 8))
     lengths = np.array([3, 9, 5])
     out, lse = npattn.sdpa(q, k, k, k_lengths=lengths, return_lse=True)
-    with pytest.raises(ValueError, match=r"^sdpa_backward: k_lengths is None, but lse was computed by sdpa with k_len"):
+    with pytest.raises(ValueError, match=r"^sdpa_backward: k_lengths is None, so k_lengths\[0\] = 9, but lse was "
+                       r"computed by sdpa with k_lengths\[0\] = 3"):  # fmt: skip
         npattn.sdpa_backward(dout, q, k, k, out, lse)
     got = npattn.sdpa_backward(dout, q, k, k, out, lse, k_lengths=[3, 9, 5])
     want = npattn.sdpa_backward(dout, q, k, k, out, np.asarray(lse), k_lengths=lengths)
@@ -226,3 +230,88 @@ def test_backward_refuses_forgotten_key_ranges_and_takes_equal_ones():
     with pytest.raises(ValueError, match=r"^sdpa_backward: q_offset is"):
         npattn.sdpa_backward(dout, q, k, k, out, lse, q_offset=np.array([1, 2, 4]))
     npattn.sdpa_backward(dout, q, k, k, out, lse, q_offset=(1, 2, 3))
+
+
+# ---- per-request positions: compared as the core resolves them (issue 56, item 2) ----
+
+
+def _ranged(rng):
+    """A batch of 3 requests over S = 9 keys with right-padded lengths, L = 4."""
+    q, k, v = (rng.standard_normal(s) for s in ((3, 2, 4, 8), (3, 1, 9, 8), (3, 1, 9, 5)))
+    return q, k, v, rng.standard_normal((3, 2, 4, 5)), np.array([5, 9, 6])
+
+
+@pytest.mark.parametrize(
+    "forward, backward, name",
+    [
+        # each request's default q_offset is k_lengths[b] - L, not S - L
+        ({}, {"q_offset": 5}, "q_offset"),
+        ({"q_offset": 5}, {}, "q_offset"),
+        ({"k_offset": 3}, {"k_offset": 3, "q_offset": 8}, "q_offset"),
+        # a k_start moves the default k_lengths, S - k_start[b], and so the q_offset
+        (
+            {"k_start": [1, 0, 2], "k_lengths": None},
+            {"k_start": [1, 0, 2], "k_lengths": [8, 9, 7], "q_offset": 4},
+            "q_offset",
+        ),
+    ],
+    ids=["default then S - L", "S - L then default", "k_offset", "k_start"],
+)
+def test_backward_refuses_another_q_offset_than_the_core_used(capfd, forward, backward, name):
+    """With key ranges, sdpa_backward's q_offset is compared as the core resolves it:
+    the forward's default (each request's bottom-right corner) and S - L differ, and
+    either way round is a ValueError naming q_offset (0.3 took both and gave the
+    gradients of another problem, errors of about 2)."""
+    q, k, v, dout, lengths = _ranged(np.random.default_rng(5))
+    forward = {"k_lengths": lengths, **forward}
+    backward = {"k_lengths": lengths, **backward}
+    out, lse = npattn.sdpa(q, k, v, return_lse=True, **forward)
+    assert_raises_naming(capfd, lambda: npattn.sdpa_backward(dout, q, k, v, out, lse, **backward), ValueError, name,
+                         ("lse was computed by sdpa with",), function="sdpa_backward")  # fmt: skip
+
+
+def test_backward_refuses_a_lengths_buffer_advanced_in_place(capfd):
+    """A decode loop's k_lengths advanced in place between sdpa and sdpa_backward: the
+    lse holds a copy of the lengths the core used, so the backward is refused naming
+    k_lengths (0.3 compared the buffer with itself and gave gradients off by about 1)."""
+    q, k, v, dout, lengths = _ranged(np.random.default_rng(6))
+    lengths[:] = [4, 7, 5]
+    out, lse = npattn.sdpa(q, k, v, k_lengths=lengths, return_lse=True)
+    lengths += 1
+    assert_raises_naming(capfd, lambda: npattn.sdpa_backward(dout, q, k, v, out, lse, k_lengths=lengths), ValueError,
+                         "k_lengths", ("k_lengths[0] = 5", "k_lengths[0] = 4"), function="sdpa_backward")  # fmt: skip
+    assert not lse.options["k_lengths"].flags.writeable
+    np.testing.assert_array_equal(lse.options["k_lengths"], [4, 7, 5])
+
+
+@pytest.mark.parametrize(
+    "forward, backward",
+    [
+        ({}, {}),
+        ({}, {"q_offset": [1, 5, 2]}),  # the defaults, k_lengths[b] - L, written out
+        ({"q_offset": [1, 5, 2]}, {}),
+        ({"k_start": 0}, {"k_start": [0, 0, 0], "q_offset": np.array([[1], [5], [2]])[:, 0]}),
+        ({"k_offset": 2}, {"k_offset": 2, "q_offset": [3, 7, 4]}),
+    ],
+    ids=str,
+)
+def test_backward_takes_positions_that_mean_the_same(forward, backward):
+    """Positions written otherwise but resolving to the same per-request values pass,
+    and the gradients are the reference's for the forward's problem."""
+    q, k, v, dout, lengths = _ranged(np.random.default_rng(7))
+    forward = {"k_lengths": lengths, **forward}
+    backward = {"k_lengths": lengths.tolist(), **backward}
+    out, lse = npattn.sdpa(q, k, v, return_lse=True, **forward)
+    got = npattn.sdpa_backward(dout, q, k, v, out, lse, **backward)
+    want = check_backward(q, k, v, dout, **forward)
+    for name in ("dq", "dk", "dv"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+
+
+def test_the_comparison_comes_before_computing(monkeypatch):
+    """A refused backward computes nothing: the comparison runs before the core is
+    called (the core's allocations fail here, and the refusal is still a ValueError)."""
+    q, k, v, dout, lengths = _ranged(np.random.default_rng(8))
+    out, lse = npattn.sdpa(q, k, v, k_lengths=lengths, return_lse=True)
+    with failing_allocations(0), pytest.raises(ValueError, match="q_offset"):
+        npattn.sdpa_backward(dout, q, k, v, out, lse, k_lengths=lengths, q_offset=5)

@@ -4,9 +4,10 @@ Each hands its arguments to the C glue by name, exactly as given, in one
 call. The glue reads and checks each one, converting through
 ``_args.convert`` what it cannot read in place, computes, and raises the
 error that names the argument; an option added to a signature is passed on
-by name here and read in one place there (``OPTIONS`` in csrc/module.c).
+by name here and read in one place there (``OPTIONS`` in csrc/module.h).
 """
 
+import functools
 import math
 import types
 from collections.abc import Mapping, Sequence
@@ -194,8 +195,9 @@ def sdpa(
         denominator (sink included), shape ``(*B, H_q, L)``: float64 for
         float64 results, float32 otherwise; ``-inf`` for a row that sees no
         key and has no sink. It is an ``npattn.Lse``, a NumPy array that
-        remembers this call's options (``lse.options``), so that
-        :func:`sdpa_backward` refuses options that differ.
+        remembers the options this call computed under (``lse.options``,
+        its defaults resolved), so that :func:`sdpa_backward` refuses
+        options that differ.
     precision : {"highest", "fast"}, default "highest"
         ``"highest"``: float16 and bfloat16 results are correctly rounded from
         a float32 computation, subnormals included. ``"fast"`` allows, for half
@@ -225,8 +227,9 @@ def sdpa(
     lse : npattn.Lse, shape (*B, H_q, L) or (L,)
         Only with ``return_lse=True``, as the pair ``(out, lse)``: an
         ``np.ndarray`` subclass whose ``options`` hold the ``scale``,
-        ``mask``, ``sinks``, ``window``, ``softcap``, ``q_offset`` and
-        ``k_offset`` given here.
+        ``mask``, ``sinks``, ``window``, ``softcap``, ``q_offset``,
+        ``k_offset``, ``k_start`` and ``k_lengths`` this call computed
+        under (see :class:`Lse`).
 
     Raises
     ------
@@ -288,10 +291,9 @@ def sdpa(
     )  # fmt: skip
     if not return_lse:
         return result
-    # the lse remembers the options it was made under, for sdpa_backward to compare
-    options = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap,
-               "q_offset": q_offset, "k_offset": k_offset, "k_start": k_start, "k_lengths": k_lengths}  # fmt: skip
-    return result[0], Lse._made(result[1], options)
+    out, lse, used = result
+    # the lse remembers the options the core computed under, for sdpa_backward to compare
+    return out, Lse._made(lse, _record(mask, sinks, used))
 
 
 PagedMask: TypeAlias = Literal["causal", "causal_top_left"] | None
@@ -567,16 +569,20 @@ class Lse(np.ndarray):
     """The ``lse`` that :func:`sdpa` returns with ``return_lse=True``: a NumPy
     array that remembers the options it was computed under.
 
-    ``lse.options`` is a read-only mapping of the ``scale``, ``mask``,
-    ``sinks``, ``window``, ``softcap``, ``q_offset``, ``k_offset``,
-    ``k_start`` and ``k_lengths`` that
-    ``sdpa`` was given (defaults included); :func:`sdpa_backward` compares its
-    own options with it and refuses any that differ, so that a forgotten
-    ``mask=`` cannot give the gradients of another problem. In every other
-    respect it is the plain array: arithmetic on it gives plain arrays, and
-    whatever is made from it (a slice, a copy, ``np.asarray(lse)``, an array
-    read back from a file) has ``options`` None, which ``sdpa_backward``
-    accepts without comparing, as before.
+    ``lse.options`` is a read-only mapping of the options the core computed
+    under, its defaults resolved: ``scale`` (a float: ``1 / sqrt(D)`` for
+    None), ``mask`` and ``sinks`` as given, ``window`` (``(left, right)``,
+    None where unbounded), ``softcap`` (a float, or None), ``k_offset``, and
+    each request's ``q_offset``, ``k_start`` and ``k_lengths``: ints where no
+    request has its own, else read-only int64 copies of the batch shape ``B``
+    (so a lengths buffer that the caller advances afterwards is not seen
+    through). :func:`sdpa_backward` resolves its own options the same way and
+    refuses any that differ, before computing, so that a forgotten ``mask=``
+    cannot give the gradients of another problem. In every other respect it
+    is the plain array: arithmetic on it gives plain arrays, and whatever is
+    made from it (a slice, a copy, ``np.asarray(lse)``, an array read back
+    from a file) has ``options`` None, which ``sdpa_backward`` accepts without
+    comparing, as before.
     """
 
     options: Mapping[str, Any] | None = None
@@ -597,46 +603,16 @@ class Lse(np.ndarray):
         return getattr(ufunc, method)(*(plain(x) for x in inputs), **kwargs)
 
 
-def _shape(x: Any) -> tuple[int, ...] | None:
-    try:
-        shape = tuple(int(n) for n in np.shape(x))
-    except Exception:  # the glue names what is wrong with it
-        return None
-    return shape if len(shape) >= 2 else None
+# The options an lse records, in the order they are compared: a request's
+# positions last, k_lengths before the q_offset whose default it moves.
+_RECORDED = ("scale", "mask", "sinks", "window", "softcap", "k_offset", "k_start", "k_lengths", "q_offset")
 
 
-def _same(name: str, given: Any, made: Any, q: Any, k: Any) -> bool:
-    """Whether option `name` as given to sdpa_backward means what it meant to sdpa."""
-    if given is made:
-        return True
-    if name == "scale":  # None is 1 / sqrt(D)
-        shape = _shape(q)
-        if shape is None or shape[-1] < 1:
-            return False
-        try:
-            a, b = _args.check_scale("sdpa_backward", given, shape[-1]), _args.check_scale("sdpa", made, shape[-1])
-        except (TypeError, ValueError):
-            return False
-        return math.isclose(a, b, rel_tol=1e-12)  # 0.125 is D=64's default, whichever way it was written
-    if name == "q_offset":  # None is S - L (bottom-right)
-        q_shape, k_shape = _shape(q), _shape(k)
-        if q_shape is not None and k_shape is not None:
-            given, made = (k_shape[-2] - q_shape[-2] if x is None else x for x in (given, made))
-    if name == "window":  # None is (None, None)
-        given, made = ((None, None) if x is None else x for x in (given, made))
-    if name in ("mask", "sinks"):
-        return _same_array_option(given, made)
-    if name in ("q_offset", "k_start", "k_lengths") and not (given is None or made is None):
-        try:  # ints or int arrays per request: equal once broadcast
-            a, b = np.asarray(given), np.asarray(made)
-            shape = np.broadcast_shapes(a.shape, b.shape)
-            return bool(np.array_equal(np.broadcast_to(a, shape), np.broadcast_to(b, shape)))
-        except Exception:  # not arrays of ints: the glue names what is wrong
-            return False
-    try:
-        return bool(given == made)
-    except Exception:
-        return False
+def _record(mask: Any, sinks: Any, used: dict[str, Any]) -> dict[str, Any]:
+    """The options an lse records: mask and sinks as given, the rest as the core used them."""
+    record = {"scale": used["scale"], "mask": mask, "sinks": sinks}
+    record.update((name, used[name]) for name in ("window", "softcap", "q_offset", "k_offset", "k_start", "k_lengths"))
+    return record
 
 
 def _same_array_option(given: Any, made: Any) -> bool:
@@ -663,22 +639,47 @@ def _described(x: Any) -> str:
     return repr(x)[:60]
 
 
-def _check_options_agree(lse: Any, given: dict[str, Any], q: Any, k: Any) -> None:
-    """sdpa_backward's options against those its lse was computed under (if it knows them)."""
-    made = getattr(lse, "options", None) if isinstance(lse, Lse) else None
-    if made is None:
-        return
-    for name, value in given.items():
-        if name in made and not _same(name, value, made[name], q, k):
-            was, now = _described(made[name]), _described(value)
-            if name == "scale" and made[name] is None:
-                was += " (1/sqrt(D))"
-            if was == now:
-                now = f"{now} of other values"
-            raise ValueError(
-                f"sdpa_backward: {name} is {now}, but lse was computed by sdpa with {name}={was}; "
-                f"pass sdpa_backward the options sdpa was given"
-            )
+def _disagreement(name: str, given: Any, now: Any, was: Any) -> str | None:
+    """Why option `name`, given as `given` and used as `now`, is not what the lse
+    was computed under (`was`); None where they agree. Resolved values are compared:
+    floats to a relative 1e-12 (scale=None is 1 / sqrt(D), however it is written),
+    a request's ints once broadcast to the batch shape."""
+    if name in ("mask", "sinks"):
+        if _same_array_option(given, was):
+            return None
+        now, was = _described(given), _described(was)
+        if now == was:
+            now += " of other values"
+        return f"{name} is {now}, but lse was computed by sdpa with {name}={was}"
+    if isinstance(now, np.ndarray) or isinstance(was, np.ndarray):
+        now, was = np.broadcast_arrays(now, was)
+        differ = np.flatnonzero(now != was)
+        if differ.size == 0:
+            return None
+        at = np.unravel_index(differ[0], now.shape)
+        index = f"[{', '.join(str(int(i)) for i in at)}]" if at else ""
+        return (
+            f"{name} is {_described(given)}, so {name}{index} = {now[at]}, "
+            f"but lse was computed by sdpa with {name}{index} = {was[at]}"
+        )
+    if isinstance(now, float) and isinstance(was, float) and math.isclose(now, was, rel_tol=1e-12):
+        return None
+    if now == was:
+        return None
+    shown = _described(given) if given is None or given == now else f"{_described(given)} ({now!r})"
+    return f"{name} is {shown}, but lse was computed by sdpa with {name}={was!r}"
+
+
+def _check_options_agree(made: Mapping[str, Any], given: dict[str, Any], used: dict[str, Any]) -> None:
+    """sdpa_backward's options, as given and as the core resolved them (`used`),
+    against those its lse was computed under (`made`): a ValueError naming the first
+    that differs. Called by the glue once it has read every argument, before computing."""
+    for name in _RECORDED:
+        if name not in made:
+            continue
+        why = _disagreement(name, given[name], used.get(name, given[name]), made[name])
+        if why is not None:
+            raise ValueError(f"sdpa_backward: {why}; pass sdpa_backward the options sdpa was given")
 
 
 class Grads(NamedTuple):
@@ -717,12 +718,18 @@ def sdpa_backward(
     ``L * S``. Call :func:`sdpa` with ``return_lse=True`` first, and give this
     function the same options: the ``lse`` sdpa returns remembers them
     (``lse.options``), and an option given here that differs from it is a
-    ValueError naming that option, so that a forgotten ``mask=`` (sdpa's
-    ``mask=None``, the default ``"causal"`` here) cannot give the gradients
-    of another problem. Equal values count as the same option (an equal
-    array, ``scale=None`` and ``1 / sqrt(D)``). An ``lse`` that does not
-    remember (a plain array: one read from a file, a slice, ``np.asarray(lse)``)
-    is taken as it is, unchecked.
+    ValueError naming that option, raised before anything is computed, so
+    that a forgotten ``mask=`` (sdpa's ``mask=None``, the default
+    ``"causal"`` here) cannot give the gradients of another problem. Options
+    are compared as the core resolves them, so equal values count as the
+    same option (an equal array, ``scale=None`` and ``1 / sqrt(D)``, a
+    request's default ``q_offset`` and the same value written out), while a
+    default that resolves otherwise does not (with ``k_lengths``, the
+    default ``q_offset`` is each request's ``k_offset + k_lengths[b] - L``,
+    not ``S - L``), and a ``k_lengths`` buffer changed in place since the
+    forward call is refused. An ``lse`` that does not remember (a plain
+    array: one read from a file, a slice, ``np.asarray(lse)``) is taken as
+    it is, unchecked.
 
     Parameters
     ----------
@@ -776,15 +783,15 @@ def sdpa_backward(
         ...
     ValueError: sdpa_backward: mask is 'causal', but lse was computed by sdpa with mask=None; ...
     """
+    made = lse.options if isinstance(lse, Lse) else None
+    given = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap,
+             "q_offset": q_offset, "k_offset": k_offset, "k_start": k_start, "k_lengths": k_lengths}  # fmt: skip
+    # the glue calls it once each argument is read (a bad one gets its own error first), before computing
+    agree = None if made is None else functools.partial(_check_options_agree, made, given)
     dq, dk, dv, dsinks, operands = _core.sdpa_backward(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, scale=scale, mask=mask, sinks=sinks, window=window,
         softcap=softcap, q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths,
-        precision=precision, threads=threads,
-    )  # fmt: skip
-    # after the glue has checked each argument, so that a bad one gets its own error first
-    _check_options_agree(
-        lse, {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap,
-              "q_offset": q_offset, "k_offset": k_offset, "k_start": k_start, "k_lengths": k_lengths}, q, k,
+        precision=precision, threads=threads, agree=agree,
     )  # fmt: skip
     grads = []
     for full, own, given in zip((dq, dk, dv), operands, (q, k, v)):

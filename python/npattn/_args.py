@@ -1,6 +1,6 @@
 """Arguments of sdpa, attention_weights and sdpa_backward, converted for the core.
 
-The C glue (csrc/module.c) reads every argument and checks it, raising the
+The C glue (csrc/module_args.c) reads every argument and checks it, raising the
 error that names the argument, the rule it broke and what it got; it reads
 NumPy arrays of float16, bfloat16, float32 and float64 in place, with any
 strides, and plain numbers. What it cannot read in place comes here, to

@@ -7,6 +7,7 @@ reads and checks each one, converting through the function registered with
 names the argument.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,10 @@ def sdpa(
     out: Any,
     threads: Any,
 ) -> Any:
-    """npattn.sdpa: the result, or the pair (result, lse)."""
+    """npattn.sdpa: the result, or with return_lse (result, lse, used): used the
+    options the core computed under, its defaults resolved (a dict of scale, window,
+    softcap, k_offset, q_offset, k_start, k_lengths; the last three ints, or
+    read-only int64 arrays of the batch shape where requests differ)."""
 
 def paged_attention(
     *,
@@ -93,8 +97,11 @@ def sdpa_backward(
     k_lengths: Any,
     precision: Any,
     threads: Any,
+    agree: Callable[[dict[str, Any]], object] | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(dq, dk, dv, dsinks) at the result's batch shape in the computed dtype, or in a
+    """agree, if not None, is called with the options used (as sdpa's) once every
+    argument is read and the core's rules kept, before computing; it raises to refuse
+    them. Returns (dq, dk, dv, dsinks) at the result's batch shape in the computed dtype, or in a
     half-precision operand's own where nothing is left to sum (dsinks float64,
     (n_batch, H_q), or None), and (q, k, v) as read, whose shapes and dtypes the
     gradients are summed and cast back to."""

@@ -38,6 +38,7 @@ A row that sees no key (every score ``-inf``, no sink) comes out as zeros, with
 log-sum-exp ``-inf``.
 """
 
+import dataclasses
 import numbers
 from typing import Any
 
@@ -200,9 +201,48 @@ def request_visible_keys(B, L, S, mask="causal", window=None, q_offset=None, k_o
     return visible
 
 
-def _per_request_options(q_offset, k_start, k_lengths):
-    """Whether a call has per-request key ranges or positions."""
-    return k_start is not None or k_lengths is not None or (q_offset is not None and np.ndim(q_offset) > 0)
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """The options of a call, as sdpa takes them: what the scores and the keys
+    each row sees depend on (the operands aside). One record that the reference
+    and npattn.testing pass along, instead of each of its fields."""
+
+    scale: Any = None
+    mask: Any = "causal"
+    sinks: Any = None
+    window: Any = None
+    softcap: Any = None
+    q_offset: Any = None
+    k_offset: Any = 0
+    k_start: Any = None
+    k_lengths: Any = None
+
+    @property
+    def per_request(self) -> bool:
+        """Whether a request has key ranges or a position of its own."""
+        return (
+            self.k_start is not None
+            or self.k_lengths is not None
+            or (self.q_offset is not None and np.ndim(self.q_offset) > 0)
+        )
+
+    def replace(self, **changes: Any) -> "_Options":
+        """The same options with some of them changed."""
+        return dataclasses.replace(self, **changes)
+
+    def keywords(self) -> dict[str, Any]:
+        """As the keyword arguments of sdpa (the values themselves, never copies)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _visible(B, L, S, options):
+    """The keys each row sees by position (the causal rule, window, per-request ranges
+    and positions): (L, S), or (*B, 1, L, S) where a request has its own."""
+    o = options
+    if o.per_request:
+        visible = request_visible_keys(B, L, S, o.mask, o.window, o.q_offset, o.k_offset, o.k_start, o.k_lengths)
+        return visible[..., None, :, :]
+    return visible_keys(L, S, o.mask, o.window, o.q_offset, o.k_offset)
 
 
 def _additive_mask(mask, L, S):
@@ -233,11 +273,10 @@ def _sink_logits(sinks, H_q):
     return sinks.astype(np.float64)
 
 
-def _softmax_parts(
-    q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v_batch=(), parts=None, k_start=None, k_lengths=None
-):
-    """The probabilities and log-sum-exp, grouped: (*B, H_kv, n_repeats, L, S) and (..., L),
-    B being the batch dims of q, k (and v_batch) broadcast.
+def _softmax_parts(q, k, options, v_batch=(), parts=None):
+    """The probabilities and log-sum-exp of a call with these `options` (_Options),
+    grouped: (*B, H_kv, n_repeats, L, S) and (..., L), B being the batch dims of q, k
+    (and v_batch) broadcast.
 
     Also returns the shapes needed to ungroup them; into `parts` (a dict) it puts
     the scaled scores before the cap, the sink logits, and the factor.
@@ -252,6 +291,7 @@ def _softmax_parts(
     if D_k != D or H_kv < 1 or H_q % H_kv:
         raise ValueError(f"sdpa: shapes do not fit together; got q {q.shape}, k {k.shape}")
 
+    scale, mask, softcap = options.scale, options.mask, options.softcap
     # Step 1: the scale factor, 1/sqrt(D) unless given.
     factor = D**-0.5 if scale is None else float(scale)
 
@@ -261,11 +301,9 @@ def _softmax_parts(
     q = q.reshape(*Bq, H_kv, n_repeats, L, D)
     k = k.reshape(*Bk, H_kv, 1, S, D)
     B = np.broadcast_shapes(tuple(Bq), tuple(Bk), tuple(v_batch))
-    ranged = _per_request_options(q_offset, k_start, k_lengths)
-    if ranged:
+    if options.per_request:
         # Per-request key ranges: rows outside a request's range are never read, so they are zeros here.
-        read = _rows_read(B, S, k_start, k_lengths)
-        k = np.where(read[..., None, None, :, None], k, 0.0)
+        k = np.where(_rows_read(B, S, options)[..., None, None, :, None], k, 0.0)
 
     # An infinite or NaN key (or a product that overflows) gives infinite or NaN scores,
     # without NumPy's "invalid value" or "overflow" warnings: those the mask or positions
@@ -287,15 +325,12 @@ def _softmax_parts(
         # score plus -inf would be NaN, and a row depends only on the keys it sees.
         bias = np.broadcast_to(_additive_mask(mask, L, S), (*B, H_q, L, S)).reshape(*B, H_kv, n_repeats, L, S)
         scores = np.where(bias == -np.inf, -np.inf, scores + bias)
-    if ranged:  # each request's own keys and positions: (*B, 1, 1, L, S)
-        visible = request_visible_keys(B, L, S, mask, window, q_offset, k_offset, k_start, k_lengths)
-        visible = visible[..., None, None, :, :]
-    else:
-        visible = visible_keys(L, S, mask, window, q_offset, k_offset)
-    scores = np.where(visible, scores, -np.inf)
+    # the positions' rule, each request's own keys and positions: (L, S) or (*B, 1, 1, L, S)
+    visible = _visible(B, L, S, options)
+    scores = np.where(visible[..., None, :, :] if options.per_request else visible, scores, -np.inf)
 
     # Step 4: softmax over the keys; each head's sink logit joins its rows' max and sum.
-    sink = _sink_logits(sinks, H_q).reshape(H_kv, n_repeats, 1, 1)
+    sink = _sink_logits(options.sinks, H_q).reshape(H_kv, n_repeats, 1, 1)
     if parts is not None:
         parts["sink"] = sink
     # Subtract the row max so exp never overflows.
@@ -314,9 +349,9 @@ def _softmax_parts(
     return weights, lse, (B, H_q, L, S)
 
 
-def _rows_read(B, S, k_start, k_lengths):
+def _rows_read(B, S, options):
     """(*B, S) bool: the key rows each request reads."""
-    start, length = key_ranges(B, S, k_start, k_lengths)
+    start, length = key_ranges(B, S, options.k_start, options.k_lengths)
     start, end = np.asarray(start, dtype=np.int64), np.asarray(start + length, dtype=np.int64)
     j = np.arange(S)
     return (start[..., None] <= j) & (j < end[..., None])
@@ -356,17 +391,16 @@ def sdpa(
         raise ValueError(f"sdpa: v needs rank >= 2; got {v.shape}")
     all_rank_2 = q.ndim == k.ndim == v.ndim == 2
     v = np.asarray(v[None] if v.ndim == 2 else v, dtype=np.float64)
-    weights, lse, (B, H_q, L, S) = _softmax_parts(
-        q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, v.shape[:-3], None, k_start, k_lengths
-    )
+    options = _Options(scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths)
+    weights, lse, (B, H_q, L, S) = _softmax_parts(q, k, options, v.shape[:-3])
     *Bv, H_kv, S_v, D_v = v.shape
     if S_v != S or H_q % H_kv or weights.shape[-4] != H_kv:
         raise ValueError(f"sdpa: v does not fit q and k; got v {v.shape}")
 
     # Step 5: weighted sum of values, then the groups back to H_q heads.
     v = v.reshape(*Bv, H_kv, 1, S, D_v)
-    if _per_request_options(q_offset, k_start, k_lengths):  # value rows a request does not read: zeros
-        v = np.where(_rows_read(B, S, k_start, k_lengths)[..., None, None, :, None], v, 0.0)
+    if options.per_request:  # value rows a request does not read: zeros
+        v = np.where(_rows_read(B, S, options)[..., None, None, :, None], v, 0.0)
     result = (weights @ v).reshape(*B, H_q, L, D_v)
     lse = lse.reshape(*B, H_q, L)
     # A row that sees no key (lse = -inf) is zeros, even where a value it does not
@@ -469,9 +503,8 @@ def attention_weights(
     q, k = np.asarray(q), np.asarray(k)
     dtype = result_dtype(q.dtype, k.dtype)
     all_rank_2 = q.ndim == k.ndim == 2
-    weights, _, (B, H_q, L, S) = _softmax_parts(
-        q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=k_start, k_lengths=k_lengths
-    )
+    options = _Options(scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths)
+    weights, _, (B, H_q, L, S) = _softmax_parts(q, k, options)
     weights = weights.reshape(*B, H_q, L, S)
     return (weights[0] if all_rank_2 else weights).astype(dtype)
 
@@ -531,9 +564,8 @@ def sdpa_backward(
     all_rank_2 = q.ndim == k.ndim == v.ndim == 2
     q64, k64, v64 = (np.asarray(x[None] if x.ndim == 2 else x, dtype=np.float64) for x in (q, k, v))
     parts = {}
-    weights, _, (B, H_q, L, S) = _softmax_parts(
-        q64, k64, scale, mask, sinks, window, softcap, q_offset, k_offset, v64.shape[:-3], parts, k_start, k_lengths
-    )
+    options = _Options(scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths)
+    weights, _, (B, H_q, L, S) = _softmax_parts(q64, k64, options, v64.shape[:-3], parts)
     H_kv = k64.shape[-3]
     n_rep, D, D_v = H_q // H_kv, q64.shape[-1], v64.shape[-1]
     # everything grouped as (*B, H_kv, n_rep, rows, width); v and k shared by the group
@@ -541,8 +573,8 @@ def sdpa_backward(
     qg = np.broadcast_to(q64, (*B, H_q, L, D)).reshape(*B, H_kv, n_rep, L, D)
     kg = np.broadcast_to(k64, (*B, H_kv, S, D))[..., None, :, :]
     vg = np.broadcast_to(v64, (*B, H_kv, S, D_v))[..., None, :, :]
-    if _per_request_options(q_offset, k_start, k_lengths):  # rows a request does not read: zeros, gradient 0
-        read = _rows_read(B, S, k_start, k_lengths)[..., None, None, :, None]
+    if options.per_request:  # rows a request does not read: zeros, gradient 0
+        read = _rows_read(B, S, options)[..., None, None, :, None]
         kg, vg = np.where(read, kg, 0.0), np.where(read, vg, 0.0)
     o = weights @ vg  # (*B, H_kv, n_rep, L, D_v)
 

@@ -22,13 +22,28 @@ the weighted sum over the ``n`` keys it sees adds about ``sqrt(n)`` ulps of
 with ``max|logit_i|`` the bound ``|scale| |q_i| max|k_j|``, plus the largest
 finite ``|mask_ij|``, plus ``|sink|``, plus the softcap, and ``max|v|_i``,
 ``max|k_j|``, ``max|mask_ij|`` taken over the keys ``j`` row ``i`` sees only
-(a hidden key cannot move the result). ``ulps`` is 64 for float64, 8 for
+(a hidden key cannot move the result). ``ulps`` is 64 for float64 and 8 for
 float32 (a peer's float32 kernel, such as MLX's or PyTorch's, uses a fraction
-of it: npattn's own tests hold npattn to 4), and 2 for float16 and bfloat16,
-plus the float32 bound, for an implementation that rounds its scores and
-weights to the half dtype, as MLX's does. ``floor``, ``ulps * (1 + sqrt(n_i))``
-of the dtype's smallest subnormal (of float32 too for the half dtypes), is
-what the roundings of subnormal terms add, where the relative bound vanishes.
+of it: npattn's own tests hold npattn to 4). ``floor``, ``ulps * (1 +
+sqrt(n_i))`` of the dtype's smallest subnormal, is what the roundings of
+subnormal terms add, where the relative bound vanishes.
+
+float16 and bfloat16 results are allowed what an implementation that computes
+in float32 and rounds its scaled inputs, its scores, its weights and its result
+to the half type (each once, as MLX's and PyTorch's CPU paths do) can be off
+by, plus the float32 bound above (4 ulps)::
+
+    atol_i = 2 * eps_half * (1 + m_i) * max|v|_i  +  float32 bound  +  floor
+
+with ``m_i`` the largest ``|s_ij + mask_ij| + |scale| |q_i * k_j|`` over the
+keys row ``i`` sees, plus ``|sink|``: a score rounded to the half type moves by
+half an ulp of itself, and the rounding of its scaled inputs, independent
+errors over the ``D`` products ``q_id k_jd``, by half an ulp of their 2-norm;
+softmax turns that into at most twice as much of ``max|v|`` on the output; the
+weights and the result rounded add an ulp (the ``1``). No sum of ``n_i`` terms
+is made in the half type, so no ``sqrt(n_i)`` of its ulps (the float32 bound
+has them). This is what tells a half-precision result apart from a
+near miss; docs/checking.md says how near.
 
 ``precision="fast"`` (SPEC section 11) adds, for float16 and bfloat16 results,
 two ulps of the half type, ``2 * eps_half * max|v|_i``: rounding each weight
@@ -152,21 +167,26 @@ def max_logit(q: _Any, k: _Any, scale=None, mask=None, sinks=None, softcap=None)
     return bound + _largest(_f64(mask)) + _largest(_f64(sinks)) + (float(softcap) if softcap else 0.0)
 
 
-def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
-    """Per query row, over the keys that row sees: (max|logit|, max|v|, number of keys),
-    each of shape (*B, H_q, L) (or (L,) for rank-2 operands). Inputs float64."""
+def _row_bounds(q, k, v, options):
+    """Per query row of a call with these options (reference._Options), over the keys
+    that row sees: (max|logit|, the half logit, max|v|,
+    number of keys), each of shape (*B, H_q, L) (or (L,) for rank-2 operands). Inputs
+    float64. max|logit| is the Cauchy-Schwarz bound |scale| |q_i| max|k_j| (plus the
+    largest |mask|, |sink| and the cap), what a float32 dot product's rounding scales
+    with; the half logit is the largest |s_ij + mask_ij| of the row's actual scores
+    (capped), plus the spread of rounding its scaled inputs, |scale| |q_i * k_j| (the
+    2-norm of the products: independent roundings), plus |sink|: what rounding the
+    scores and their inputs to a half type scales with."""
     all_rank_2 = q.ndim == k.ndim == v.ndim == 2
     q, k, v = (x[None] if x.ndim == 2 else x for x in (q, k, v))
     H_q, L, D = q.shape[-3:]
     H_kv, S = k.shape[-3], k.shape[-2]
     n_rep = H_q // H_kv if H_kv else 0
-    # The keys each row sees: the positions' rule, and a bool or -inf mask.
-    if reference._per_request_options(q_offset, k_start, k_lengths):  # (*B, 1, L, S): each request's own keys
-        B = _np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
-        visible = reference.request_visible_keys(B, L, S, mask, window, q_offset, k_offset, k_start, k_lengths)
-        visible = visible[..., None, :, :]
-    else:
-        visible = reference.visible_keys(L, S, mask, window, q_offset, k_offset)
+    mask, sinks, softcap = options.mask, options.sinks, options.softcap
+    # The keys each row sees: the positions' rule ((L, S), or (*B, 1, L, S) where a request
+    # has its own keys), and a bool or -inf mask.
+    B = _np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    visible = reference._visible(B, L, S, options)
     bias = _np.zeros((L, S))
     if mask is not None and not isinstance(mask, str):
         m = _np.asarray(mask)
@@ -181,6 +201,7 @@ def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
         a = _np.sqrt((a * a).sum(axis=-1)) if norm else a.max(axis=-1, initial=0.0)
         return _np.repeat(a, n_rep, axis=-2)[..., None, :]
 
+    f = _factor(options.scale, D)
     with _np.errstate(over="ignore", invalid="ignore"):
         q_norm = _np.sqrt((_finite(q) ** 2).sum(axis=-1))  # (*B, H_q, L)
         k_row = _np.where(visible, per_key(k, True), 0.0).max(axis=-1, initial=0.0)
@@ -188,33 +209,40 @@ def _row_bounds(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset
         bias_row = _np.where(visible, bias, 0.0).max(axis=-1, initial=0.0)
         n_row = _np.broadcast_to(visible, _np.broadcast_shapes(visible.shape, (H_q, L, S))).sum(axis=-1)
         sink = _finite(_np.asarray(sinks, dtype=_np.float64)).reshape(H_q, 1) if sinks is not None else 0.0
-        logit = _factor(scale, D) * q_norm * k_row + bias_row + sink + (abs(float(softcap)) if softcap else 0.0)
-    logit, v_row, n_row = _np.broadcast_arrays(logit, v_row, n_row)
+        logit = f * q_norm * k_row + bias_row + sink + (abs(float(softcap)) if softcap else 0.0)
+        # the actual scores (*B, H_q, L, S), and the 2-norms of their products
+        q_fin, k_all = (_np.where(_np.isfinite(x), x, 0.0) for x in (q, _np.repeat(k, n_rep, axis=-3)))
+        scores = f * _np.abs(q_fin @ k_all.swapaxes(-1, -2))
+        if softcap:
+            scores = abs(float(softcap)) * _np.tanh(scores / abs(float(softcap)))
+        spread = f * _np.sqrt(q_fin**2 @ (k_all**2).swapaxes(-1, -2))
+        half_logit = _np.where(visible, _finite(scores + bias + spread), 0.0).max(axis=-1, initial=0.0) + sink
+    logit, half_logit, v_row, n_row = _np.broadcast_arrays(logit, half_logit, v_row, n_row)
     if all_rank_2:
-        logit, v_row, n_row = logit[0], v_row[0], n_row[0]
-    return logit, v_row, n_row
+        logit, half_logit, v_row, n_row = logit[0], half_logit[0], v_row[0], n_row[0]
+    return logit, half_logit, v_row, n_row
 
 
-def _row_tolerance(
-    q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision,
-    k_start=None, k_lengths=None,
-):  # fmt: skip
-    """(atol per row, its parts (max|logit|, max|v|, n)) for a result of dtype `name`."""
-    logit, v_row, n_row = _row_bounds(
-        q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths
-    )
+def _row_tolerance(q, k, v, options, name, ulps, precision):
+    """(atol per row, its parts (the logit bound it used, max|v|, n)) for a result of
+    dtype `name` of a call with these options (reference._Options)."""
+    logit, half_logit, v_row, n_row = _row_bounds(q, k, v, options)
     ulps = ULPS[name] if ulps is None else ulps
     spread = 1.0 + logit + _np.sqrt(n_row)
     with _np.errstate(over="ignore", invalid="ignore"):
-        # the relative bound, and the roundings of subnormal terms (where it vanishes)
-        atol = ulps * EPS[name] * spread * v_row + ulps * (1 + _np.sqrt(n_row)) * TINY[name]
-        if name in ("float16", "bfloat16"):
-            # the float32 computation the half result is rounded from
-            atol = atol + 4 * EPS["float32"] * spread * v_row + 4 * (1 + _np.sqrt(n_row)) * TINY["float32"]
-            if precision == "fast":
-                atol = atol + FAST_HALF_ULPS * EPS[name] * v_row  # the weights rounded to the half type
-                atol = atol + (n_row + 1) * NORMAL_F32  # sums below normal flushed to 0
-    return atol, (logit, v_row, n_row)
+        if name not in ("float16", "bfloat16"):
+            # the relative bound, and the roundings of subnormal terms (where it vanishes)
+            atol = ulps * EPS[name] * spread * v_row + ulps * (1 + _np.sqrt(n_row)) * TINY[name]
+            return atol, (logit, v_row, n_row)
+        # the half type rounds the scores, their scaled inputs, the weights and the result,
+        # each once: no sum of n terms in it (the float32 bound below has those)
+        atol = ulps * EPS[name] * (1.0 + half_logit) * v_row + ulps * TINY[name]
+        # the float32 computation the half result is rounded from
+        atol = atol + 4 * EPS["float32"] * spread * v_row + 4 * (1 + _np.sqrt(n_row)) * TINY["float32"]
+        if precision == "fast":
+            atol = atol + FAST_HALF_ULPS * EPS[name] * v_row  # the weights rounded to the half type
+            atol = atol + (n_row + 1) * NORMAL_F32  # sums below normal flushed to 0
+    return atol, (half_logit, v_row, n_row)
 
 
 def tolerance(
@@ -240,7 +268,9 @@ def tolerance(
 
     ``atol_i = ulps * eps * (1 + max|logit_i| + sqrt(n_i)) * max|v|_i + floor``
     for each query row ``i``, over the ``n_i`` keys it sees (see the module's
-    docstring); for float16 and bfloat16 the float32 bound is added, and with
+    docstring); for float16 and bfloat16 ``ulps * eps * (1 + m_i) * max|v|_i``,
+    ``m_i`` the row's largest actual score and the spread of rounding its
+    inputs, plus the float32 bound, and with
     ``precision="fast"`` two ulps of the half type and ``(n_i + 1) * 2**-126``
     (sums flushed to 0). ``mask``, ``window`` and
     the offsets and key ranges say which keys a row sees, as in :func:`npattn.sdpa` (``mask``
@@ -258,9 +288,8 @@ def tolerance(
     if name not in ULPS:
         raise TypeError(f"tolerance: no tolerance for dtype {name}; float16, bfloat16, float32 or float64")
     q, k, v, mask, sinks = (_f64(x) for x in (q, k, v, mask, sinks))
-    atol, _ = _row_tolerance(
-        q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, name, ulps, precision, k_start, k_lengths
-    )
+    options = reference._Options(scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths)
+    atol, _ = _row_tolerance(q, k, v, options, name, ulps, precision)
     if rows:
         return atol[..., None]
     floor = (ULPS[name] if ulps is None else ulps) * TINY[name]
@@ -270,7 +299,7 @@ def tolerance(
 # ---- the backward pass ----
 
 
-def _backward_magnitudes(q, k, v, dout, **options):
+def _backward_magnitudes(q, k, v, dout, options):
     """What each gradient's rounding errors scale with, in float64: every product of
     the backward pass taken in absolute values, with the reference's weights W
     (npattn.reference.sdpa_backward's steps; e_ij a bound on |ds_ij|):
@@ -287,11 +316,11 @@ def _backward_magnitudes(q, k, v, dout, **options):
         return x if x.ndim == 2 else _np.broadcast_to(x, (*batch, *x.shape[-3:]))
 
     with _np.errstate(all="ignore"):
-        W = reference.attention_weights(whole(q), whole(k), **options)
+        W = reference.attention_weights(whole(q), whole(k), **options.keywords())
         lse = None
-        if options.get("sinks") is not None:
+        if options.sinks is not None:
             zeros = _np.zeros((*whole(k).shape[:-1], 1))
-            lse = reference.sdpa(whole(q), whole(k), zeros, return_lse=True, **options)[1]
+            lse = reference.sdpa(whole(q), whole(k), zeros, return_lse=True, **options.keywords())[1]
     q, k, v, g = (_np.abs(x) for x in (q, k, v, dout))
     q, k, v, g, W = (x[None] if x.ndim == 2 else x for x in (q, k, v, g, W))
     H_q, H_kv = q.shape[-3], k.shape[-3]
@@ -299,7 +328,7 @@ def _backward_magnitudes(q, k, v, dout, **options):
     k_all, v_all = (_np.repeat(x, n_rep, axis=-3) for x in (k, v))
     g_dot_o = (g * (W @ v_all)).sum(axis=-1, keepdims=True)
     e = W * (g @ v_all.swapaxes(-1, -2) + g_dot_o)
-    f = _factor(options.get("scale"), q.shape[-1])
+    f = _factor(options.scale, q.shape[-1])
 
     def grouped(full):  # (*B, H_q, S, w) -> (*B, H_kv, S, w), the group summed
         return full.reshape(*full.shape[:-3], H_kv, n_rep, *full.shape[-2:]).sum(axis=-3)
@@ -308,7 +337,7 @@ def _backward_magnitudes(q, k, v, dout, **options):
     dv = grouped(W.swapaxes(-1, -2) @ g)
     dsinks = _np.zeros(H_q)
     if lse is not None:  # the sink's weight exp(sink - lse)
-        per_row = _np.exp(_np.asarray(options["sinks"])[:, None] - lse) * g_dot_o[..., 0]  # (*B, H_q, L)
+        per_row = _np.exp(_np.asarray(options.sinks)[:, None] - lse) * g_dot_o[..., 0]  # (*B, H_q, L)
         per_head = per_row.sum(axis=-1)
         dsinks = per_head.sum(axis=tuple(range(per_head.ndim - 1)))
     return {
@@ -371,10 +400,10 @@ def backward_tolerance(
     computed = "float64" if dtype == _np.float64 else "float32"
     ulps = OWN_ULPS[computed] if ulps is None else ulps
     q64, k64, v64, g64 = (_f64(x) for x in (q, k, v, dout))
-    options = {"scale": scale, "mask": _f64(mask), "sinks": _f64(sinks), "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
+    mask, sinks = _f64(mask), _f64(sinks)
+    options = reference._Options(scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths)
     L, S, D, D_v = q64.shape[-2], k64.shape[-2], q64.shape[-1], v64.shape[-1]
-    m = max_logit(q64, k64, scale, options["mask"], options["sinks"], softcap)
+    m = max_logit(q64, k64, scale, options.mask, options.sinks, softcap)
     n = max(L * (q64.size // max(L * D, 1)), S, D, D_v)
     logit_error = ulps * EPS[computed] * (1 + m + _np.log1p(S) + _np.sqrt(n))
     # a weight whose logit is off by that is off by expm1 of it relative: the logit error
@@ -402,7 +431,7 @@ def backward_tolerance(
         "dsinks": g_size * rows,
     }
     tolerances = {}
-    mags = _backward_magnitudes(q64, k64, v64, g64, **options)
+    mags = _backward_magnitudes(q64, k64, v64, g64, options)
     for name, operand in (("dq", q), ("dk", k), ("dv", v), ("dsinks", None)):
         own = computed if operand is None else _interop.asarray(operand).dtype.name
         rtol = EPS[own] / 2 if own != computed else 0.0
@@ -455,14 +484,15 @@ def _per_index(counts: _np.ndarray, total: int, most: int = 12) -> str:
     return ", ".join(text) + (f", ... ({len(runs) - most} more runs)" if len(runs) > most else "")
 
 
-def _describe_mask(mask: _Any, L: int, S: int, q_offset: _Any, k_offset: int, k_start=None, k_lengths=None) -> str:
-    """What the checker takes the mask to mean, in words."""
+def _describe_mask(options: _Any, L: int, S: int) -> str:
+    """What the checker takes the mask of these options (reference._Options) to mean, in words."""
+    mask, q_offset, k_offset = options.mask, options.q_offset, options.k_offset
     if mask is None:
         return "None (every key visible)"
     if isinstance(mask, str):
         if mask == "causal_top_left":
             return '"causal_top_left" (top-left: query i sees key j iff j <= i, as PyTorch\'s is_causal=True)'
-        if reference._per_request_options(q_offset, k_start, k_lengths):
+        if options.per_request:
             return (
                 '"causal" per request (query i of request b at q_offset[b] + i, by default '
                 "k_offset + k_lengths[b] - L; key row j at k_offset + j - k_start[b])"
@@ -479,13 +509,16 @@ def _describe_mask(mask: _Any, L: int, S: int, q_offset: _Any, k_offset: int, k_
     return f"an additive float array of shape {m.shape} ({int((m == -_np.inf).sum())} of {m.size} entries -inf)"
 
 
-def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
-    """(what the mistake is, its keyword changes or a result) for each usual mistake
-    that differs from the call: the results computed by npattn.reference in float64."""
+def _mistakes(q, k, v, options):
+    """(what the mistake is, its changes or a result) for each usual mistake that
+    differs from the call with these options (reference._Options): the changes, a
+    dict, name options and operands (k, v); the results are computed by
+    npattn.reference in float64."""
     D, D_v = q.shape[-1], v.shape[-1]
+    scale, mask, q_offset, k_start, k_lengths = (
+        options.scale, options.mask, options.q_offset, options.k_start, options.k_lengths
+    )  # fmt: skip
     f = D**-0.5 if scale is None else float(_args.check_scale("assert_attention_close", scale, D))
-    given = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap}
-    given.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
     positions = {"q_offset": None} if q_offset is not None else {}
     if isinstance(mask, str) or mask is None:
         if mask != "causal":
@@ -503,7 +536,7 @@ def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, 
             yield "the mask added before the scale (scale * (q @ k^T + mask))", {"mask": mask * f}
     if mask is not None:
         yield "no mask (mask=None): was the mask forgotten?", {"mask": None}
-    if window is not None:
+    if options.window is not None:
         yield "no window (window=None)", {"window": None}
     if k_start is not None or k_lengths is not None:
         everything = {"k_start": None, "k_lengths": None}
@@ -517,9 +550,9 @@ def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, 
         yield f"1/sqrt(D_v) instead of 1/sqrt(D) (D_v = {D_v}, D = {D})", {"scale": D_v**-0.5}
     if scale is None and D > 1:
         yield f"sqrt(D) instead of 1/sqrt(D) (scale {D**0.5:.4g})", {"scale": D**0.5}
-    if softcap is not None:
+    if options.softcap is not None:
         yield "no softcap (softcap=None)", {"softcap": None}
-    if sinks is not None:
+    if options.sinks is not None:
         yield "the sink missing (sinks=None)", {"sinks": None}
     H_q, H_kv = q.shape[-3] if q.ndim > 2 else 1, k.shape[-3] if k.ndim > 2 else 1
     if H_kv > 1 and H_q > H_kv:
@@ -531,17 +564,15 @@ def _mistakes(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, 
         )
     if k.shape == v.shape:
         yield "keys and values swapped (sdpa(q, v, k))", {"k": v, "v": k}
-    yield "softmax over the query axis instead of the key axis", _wrong_axis(**{"q": q, "k": k, "v": v, **given})
+    yield "softmax over the query axis instead of the key axis", _wrong_axis(q, k, v, options)
 
 
-def _wrong_axis(q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start=None, k_lengths=None):
+def _wrong_axis(q, k, v, options):
     """The result of a softmax taken over the queries (axis -2 of the scores) instead of
     the keys: the reference's logits (log of its weights plus lse), normalised per key."""
-    options = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
     with _np.errstate(all="ignore"):
-        weights = reference.attention_weights(q, k, **options)
-        _, lse = reference.sdpa(q, k, _np.zeros((*k.shape[:-1], 1)), return_lse=True, **options)
+        weights = reference.attention_weights(q, k, **options.keywords())
+        _, lse = reference.sdpa(q, k, _np.zeros((*k.shape[:-1], 1)), return_lse=True, **options.keywords())
         logits = _np.log(weights) + lse[..., None]
         top = logits.max(axis=-2, keepdims=True, initial=-_np.inf)
         e = _np.exp(logits - _np.where(top == -_np.inf, 0.0, top))
@@ -633,10 +664,9 @@ def assert_attention_close(
     mask64, sinks64 = _f64(mask), _f64(sinks)
     if scale is not None:
         scale = _args.check_scale("assert_attention_close", scale, q64.shape[-1])
-    options = {"scale": scale, "mask": mask64, "sinks": sinks64, "window": window, "softcap": softcap}
-    options.update(q_offset=q_offset, k_offset=k_offset, k_start=k_start, k_lengths=k_lengths)
+    options = reference._Options(scale, mask64, sinks64, window, softcap, q_offset, k_offset, k_start, k_lengths)
     with _np.errstate(all="ignore"):
-        want, lse = reference.sdpa(q64, k64, v64, return_lse=True, **options)
+        want, lse = reference.sdpa(q64, k64, v64, return_lse=True, **options.keywords())
     if got.shape != want.shape:
         raise AssertionError(f"actual has shape {got.shape}, but attention over these inputs has shape {want.shape}")
     # the coarser of the result's dtype and the inputs': a float64 result computed from
@@ -645,7 +675,7 @@ def assert_attention_close(
     name = got.dtype.name if EPS.get(got.dtype.name, 0) >= EPS.get(inputs, 0) else inputs
     given = atol is not None
     if not given:
-        atol_rows, parts = _row_tolerance(q64, k64, v64, **options, name=name, ulps=None, precision=precision)
+        atol_rows, parts = _row_tolerance(q64, k64, v64, options, name, None, precision)
         atol = atol_rows[..., None]
     rtol = 0.0 if rtol is None else float(rtol)
     got64 = _np.asarray(got, dtype=_np.float64)
@@ -665,10 +695,12 @@ def assert_attention_close(
     else:
         row = worst[:-1]
         logit, v_row, n_row = (float(x[row]) for x in parts)
+        half = name in ("float16", "bfloat16")
         how = (
-            f"atol {float(atol_rows[row]):.3g} = {ULPS[name]} * eps({name}) * (1 + max|logit| {logit:.4g} "
-            f"+ sqrt(keys seen) {_np.sqrt(n_row):.3g}) * max|v| {v_row:.4g}"
-            + (" + the float32 bound" if name in ("float16", "bfloat16") else "")
+            f"atol {float(atol_rows[row]):.3g} = {ULPS[name]} * eps({name}) * (1 + max|logit| {logit:.4g}"
+            + ("" if half else f" + sqrt(keys seen) {_np.sqrt(n_row):.3g}")
+            + f") * max|v| {v_row:.4g}"
+            + (" + the float32 bound" if half else "")
             + (
                 " + 2 ulps of the half type and (keys seen + 1) * 2**-126 (precision='fast')"
                 if precision == "fast" and "16" in name
@@ -680,7 +712,7 @@ def assert_attention_close(
     checked = [
         f"checked against npattn.reference.sdpa in float64: a {got.dtype.name} result of {inputs} inputs, "
         f"precision {precision!r}",
-        f"  mask {_describe_mask(mask64, L, S, q_offset, k_offset, k_start, k_lengths)}",
+        f"  mask {_describe_mask(options, L, S)}",
         f"  scale {factor:.6g}" + (f" (the default 1/sqrt(D), D = {D})" if scale is None else " (given)"),
         f"  GQA: {H_q} query heads in {H_kv} contiguous groups; query head h reads key/value head "
         f"h // {max(H_q // max(H_kv, 1), 1)}",
@@ -722,7 +754,9 @@ def assert_attention_close(
                 "MLX's CPU path gives such rows the mean of V (a bool mask, or its causal mask with L > S) "
                 "or NaN (a -inf mask): a known difference of MLX, not an error in the rest of the output"
             )
-    lines.insert(1, _diagnosis(got64, q64, k64, v64, options, name, atol if given else None, rtol, precision))
+    lines.insert(
+        1, _diagnosis(got64, q64, k64, v64, options, name, atol if given else None, rtol, precision, want, atol)
+    )
     lines += checked
     raise AssertionError("\n".join(lines))
 
@@ -774,24 +808,39 @@ def assert_paged_attention_close(
     )  # fmt: skip
 
 
-def _diagnosis(got, q, k, v, options, name, atol, rtol, precision) -> str:
-    """Which of the usual mistakes `got` matches within tolerance, in one sentence."""
-    matched, tried = [], []
-    for what, change in _mistakes(q, k, v, **options):
+def _diagnosis(got, q, k, v, options, name, atol, rtol, precision, want, want_atol) -> str:
+    """Which of the usual mistakes `got` matches, in one sentence. A match must be
+    earned: `got` lies within the mistake's tolerance of its result, and that
+    tolerance separates the result from the right answer `want` and from every
+    mistake `got` does not match (each lies outside it somewhere); otherwise a
+    tolerance wider than the results differ (a half type's, with scores of a wrong
+    scale) would name whatever it covers. Mistakes that `got` matches and that
+    cannot be told apart from each other are named together."""
+    tried, results = [], []  # (what, result, its tolerance)
+    for what, change in _mistakes(q, k, v, options):
         tried.append(what.split(" (")[0].split(":")[0])
+        operands, mistaken = {"q": q, "k": k, "v": v}, options
         with _np.errstate(all="ignore"):
             if isinstance(change, dict):
-                call = {"q": q, "k": k, "v": v, **options, **change}
-                result = reference.sdpa(**call)
+                operands.update((key, val) for key, val in change.items() if key in operands)
+                mistaken = options.replace(**{key: val for key, val in change.items() if key not in operands})
+                result = reference.sdpa(**operands, **mistaken.keywords())
             else:
-                call, result = {"q": q, "k": k, "v": v, **options}, change
+                result = change
             if result.shape != got.shape:
                 continue
             allowed = atol
             if allowed is None:
-                allowed = _row_tolerance(**call, name=name, ulps=None, precision=precision)[0][..., None]
-            if not _beyond(got, result, allowed, rtol).any():
-                matched.append(what)
-    if matched:
-        return "the result matches, within tolerance, " + "; and also ".join(matched)
+                q_, k_, v_ = operands["q"], operands["k"], operands["v"]
+                allowed = _row_tolerance(q_, k_, v_, mistaken, name, None, precision)[0][..., None]
+        results.append((what, result, allowed))
+
+    def apart(a, b):  # b's result lies outside a's tolerance somewhere
+        return bool(_beyond(b[1], a[1], a[2], rtol).any())
+
+    matches = [c for c in results if not _beyond(got, c[1], c[2], rtol).any()]
+    others = [c for c in results if c not in matches] + [("the right answer", want, want_atol)]
+    earned = [c[0] for c in matches if all(apart(c, d) for d in others)]
+    if earned:
+        return "the result matches, within tolerance, " + "; and also ".join(earned)
     return "the result matches none of the usual mistakes tried: " + "; ".join(tried)

@@ -30,7 +30,16 @@ from .compare import (
     representable,
     snapshot,
 )
-from .core import KERNELS, assert_sigint_stops, failing_allocations, kernels, pool_mode, run_script, runnable_kernels
+from .core import (
+    KERNELS,
+    LASTING,
+    assert_sigint_stops,
+    failing_allocations,
+    kernels,
+    pool_mode,
+    run_script,
+    runnable_kernels,
+)
 from .inputs import (
     HEAD_LAYOUTS,
     LAYOUTS,
@@ -53,6 +62,7 @@ __all__ = [
     "BOUND_KEYS",
     "HEAD_LAYOUTS",
     "KERNELS",
+    "LASTING",
     "LAYOUTS",
     "MASK_KINDS",
     "OWN_ULPS",

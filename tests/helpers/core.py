@@ -62,6 +62,25 @@ def failing_allocations(after):
         _core.debug_fail_alloc_after(-1)
 
 
+#: What a script in a fresh interpreter prepends to size a long call by measurement:
+#: ``lasting(seconds, q, k, v, **kwargs)`` gives q, k and v with a leading batch of
+#: zero-stride copies, as many as make ``npattn.sdpa(q, k, v, **kwargs)`` last about
+#: `seconds` on this CPU, timed on one copy (the copies cost no memory; the result,
+#: one slice of it per copy, does: keep ``D_v`` small). So a call outlasts a signal
+#: sent into it on any CPU, however fast.
+LASTING = r"""
+def lasting(seconds, q, k, v, **kwargs):
+    import math, time
+    import numpy as np
+    import npattn
+    npattn.sdpa(np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)))  # the first call's setup, untimed
+    t0 = time.monotonic()
+    npattn.sdpa(q, k, v, **kwargs)
+    n = max(1, math.ceil(seconds / max(time.monotonic() - t0, 1e-4)))
+    return tuple(np.broadcast_to(x, (n, *x.shape)) for x in (q, k, v))
+"""
+
+
 def run_script(script, timeout=180, env=None):
     """Runs a Python script in a fresh interpreter; returns its CompletedProcess."""
     return subprocess.run(
@@ -74,7 +93,9 @@ def assert_sigint_stops(script, after, within=0.5):
     its "start" line; the script prints "interrupted" (or "finished") with
     time.monotonic(), then "second" and whether a later call computed right. The
     KeyboardInterrupt must come within `within` seconds, the second call must be
-    right, and nothing may reach stderr."""
+    right, and nothing may reach stderr. The script finds `AFTER` (the delay) and
+    `lasting` (LASTING) defined, to size its call by measurement to outlast it."""
+    script = f"AFTER = {after!r}\n{LASTING}\n{script}"
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         start = proc.stdout.readline().split()

@@ -111,7 +111,7 @@ def assert_gradient_parity(mine, peer, q, k, v, dout, mask=None, sinks=None):
         want = reference.sdpa_backward(f64(dout), f64(q), f64(k), f64(v), None, None, mask=f64(mask), sinks=f64(sinks))
     dtype = npattn._args.result_dtype(q.dtype, k.dtype, v.dtype)
     own = backward_tolerance(q, k, v, dout, dtype, mask=mask, sinks=sinks)
-    magnitude = testing._backward_magnitudes(q, k, v, dout, mask=mask, sinks=sinks)
+    magnitude = testing._backward_magnitudes(q, k, v, dout, reference._Options(mask=f64(mask), sinks=f64(sinks)))
     L, S = q.shape[-2], k.shape[-2]
     n = max(L * (q.size // max(L * q.shape[-1], 1)), S, q.shape[-1], v.shape[-1])
     m = testing.max_logit(f64(q), f64(k), mask=f64(mask), sinks=f64(sinks))
