@@ -8,6 +8,7 @@ import pytest
 
 MODULES = [
     "npattn._api",
+    "npattn._quant",
     "npattn.reference",
     "npattn.testing",
     "npattn.dask",

@@ -21,6 +21,7 @@ _core = _loader.load_core()  # before anything else loads the extension
 
 from . import reference, testing  # noqa: E402
 from ._api import Grads, Lse, attention_weights, merge, paged_attention, sdpa, sdpa_backward  # noqa: E402
+from ._quant import Quantized, dequantize, quantize  # noqa: E402
 from .reference import causal_mask  # noqa: E402
 
 # Before the interpreter stops its threads, stop every call in flight (a daemon
@@ -41,6 +42,9 @@ __all__ = [
     "attention_weights",
     "merge",
     "causal_mask",
+    "quantize",
+    "dequantize",
+    "Quantized",
     "reference",
     "testing",
     "__version__",

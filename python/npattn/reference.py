@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from ._args import result_dtype, unbroadcast
+from ._quant import code_format, dequantize
 
 __all__ = ["causal_mask", "sdpa", "paged_attention", "gather_pages", "sdpa_backward", "attention_weights", "formula"]
 
@@ -349,6 +350,26 @@ def _softmax_parts(q, k, options, v_batch=(), parts=None):
     return weights, lse, (B, H_q, L, S)
 
 
+def _values(fn, name, x, scale, zero):
+    """K or V as float values: codes dequantized (float32, as npattn computes them),
+    floats as they are. Codes need their scale; a float operand takes none."""
+    x = np.asarray(x)
+    if code_format(x.dtype) is None:
+        for given, what in ((scale, "scale"), (zero, "zero")):
+            if given is not None:
+                raise ValueError(f"{fn}: {name}_{what} is for codes, but {name} is {x.dtype}")
+        return x
+    if scale is None:
+        raise TypeError(f"{fn}: {name} holds {x.dtype} codes, which need {name}_scale")
+    return dequantize(x, scale, zero)
+
+
+def _float_dtype(*arrays):
+    """The result dtype of the float operands (codes are read as their scale's values)."""
+    dtypes = [np.asarray(a).dtype for a in arrays]
+    return result_dtype(*(d for d in dtypes if code_format(d) is None))
+
+
 def _rows_read(B, S, options):
     """(*B, S) bool: the key rows each request reads."""
     start, length = key_ranges(B, S, options.k_start, options.k_lengths)
@@ -371,6 +392,10 @@ def sdpa(
     k_offset: Any = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: bool = False,
     precision: Any = "highest",
     out: Any = None,
@@ -380,11 +405,15 @@ def sdpa(
 
     Same signature and semantics as ``npattn.sdpa``; ``precision`` and
     ``threads`` are accepted and ignored (the reference is exact). Returns an
-    array of ``np.result_type(q, k, v)``, and with ``return_lse`` also the
-    log-sum-exp (float64 for float64 results, else float32).
+    array of ``np.result_type(q, k, v)`` (codes count as the float operands'
+    dtype), and with ``return_lse`` also the log-sum-exp (float64 for float64
+    results, else float32). K or V of 8-bit codes is first made the float32
+    values it stands for (:func:`npattn.dequantize`), then computed with in
+    float64.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    dtype = result_dtype(q.dtype, k.dtype, v.dtype)
+    dtype = _float_dtype(q, k, v)
+    k, v = _values("sdpa", "k", k, k_scale, k_zero), _values("sdpa", "v", v, v_scale, v_zero)
     if not _is_float(dtype):
         raise TypeError(f"sdpa: q, k and v must be floating arrays; got {q.dtype}, {k.dtype}, {v.dtype}")
     if v.ndim < 2:
@@ -462,6 +491,10 @@ def paged_attention(
     window: Any = None,
     softcap: Any = None,
     q_offset: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: bool = False,
     precision: Any = "highest",
     out: Any = None,
@@ -475,11 +508,23 @@ def paged_attention(
     the key ranges of ``sdpa`` do the rest: ``k_lengths=context_lens``, keys at
     positions ``0 .. context_lens[b] - 1``.
     """
+    dtype = _float_dtype(q, key_pages, value_pages)
+    key_pages = _values("paged_attention", "k", key_pages, k_scale, k_zero)  # pages of codes: their values
+    value_pages = _values("paged_attention", "v", value_pages, v_scale, v_zero)
     k, v, lengths = gather_pages(key_pages, value_pages, block_table, context_lens, page_size)
-    return sdpa(
+    result = sdpa(
         q, k, v, scale, mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset, k_lengths=lengths,
-        return_lse=return_lse, out=out,
+        return_lse=return_lse,
     )  # fmt: skip
+    out_part = result[0] if return_lse else result
+    if out_part.dtype != dtype:
+        out_part = out_part.astype(dtype)
+    if out is not None:
+        if not isinstance(out, np.ndarray) or out.shape != out_part.shape or out.dtype != dtype:
+            raise ValueError(f"paged_attention: out must be a {dtype} array of shape {out_part.shape}")
+        out[...] = out_part
+        out_part = out
+    return (out_part, result[1]) if return_lse else out_part
 
 
 def attention_weights(
@@ -495,13 +540,16 @@ def attention_weights(
     k_offset=0,
     k_start=None,
     k_lengths=None,
+    k_scale=None,
+    k_zero=None,
     precision="highest",
     threads=None,
 ):
     """The probabilities ``softmax(...)``, shape ``(*B, H_q, L, S)``, in float64
     and then ``np.result_type(q, k)``; same semantics as ``npattn.attention_weights``."""
     q, k = np.asarray(q), np.asarray(k)
-    dtype = result_dtype(q.dtype, k.dtype)
+    dtype = _float_dtype(q, k)
+    k = _values("attention_weights", "k", k, k_scale, k_zero)
     all_rank_2 = q.ndim == k.ndim == 2
     options = _Options(scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths)
     weights, _, (B, H_q, L, S) = _softmax_parts(q, k, options)
