@@ -21,6 +21,9 @@ Nothing here imports torch, MLX or ml_dtypes: a library is looked up in
 ``sys.modules`` (so only when the caller has imported it), and ml_dtypes is
 imported only when a bfloat16 array arrives. Which converter a type takes is
 decided once per type and remembered, so a call costs a dict lookup.
+
+The way back, a NumPy result as the caller's library's array: :func:`to_mlx`
+(MLX copies it), bfloat16 through its bits, as MLX cannot read ml_dtypes'.
 """
 
 from __future__ import annotations
@@ -41,6 +44,18 @@ def asarray(x: Any, name: str = "the array") -> np.ndarray:
     if convert is None:
         convert = _converter(type(x))
     return convert(x, name)
+
+
+def to_mlx(a: np.ndarray) -> Any:
+    """A NumPy array as an ``mx.array`` (MLX copies it): bfloat16 through its bits,
+    float64 kept as float64 (``mx.array`` alone would round it to float32)."""
+    import mlx.core as mx  # the caller works in MLX: it is there
+
+    if a.dtype.kind == "V":  # ml_dtypes.bfloat16, which mx.array does not read
+        return mx.array(a.view(np.uint16)).view(mx.bfloat16)
+    if a.dtype == np.float64:
+        return mx.array(a, dtype=mx.float64)
+    return mx.array(a)
 
 
 def bfloat16(name: str = "a bfloat16 array") -> np.dtype:

@@ -801,7 +801,8 @@ def assert_paged_attention_close(
     >>> assert_paged_attention_close(npattn.paged_attention(q, pages, pages, table, lengths),
     ...                              q, pages, pages, table, lengths)
     """
-    k, v, lengths = reference.gather_pages(key_pages, value_pages, block_table, context_lens, page_size)
+    pages = (_interop.asarray(x) for x in (key_pages, value_pages, block_table, context_lens))  # MLX's bfloat16 too
+    k, v, lengths = reference.gather_pages(*pages, page_size)
     assert_attention_close(
         actual, q, k, v, scale, mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
         k_lengths=lengths, peer=peer, rtol=rtol, atol=atol, precision=precision,
