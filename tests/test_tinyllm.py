@@ -437,3 +437,11 @@ def test_numpy_arrays_go_in_too(dtype):
     want = tinyllm.scaled_dot_product_attention_grouped(q, k, v, mask="causal")
     check_result(out, q.shape, dtype)
     assert mx.array_equal(out, want).item()
+
+
+def test_the_extensions_other_kernels_are_said_to_be_missing():
+    """ext.rms_norm (a kernel of the course's extension that npattn does not compute) is an
+    AttributeError that names the ops ext has."""
+    with pytest.raises(AttributeError, match=r"attention ops only .* 'rms_norm' is one of its other kernels"):
+        ext.rms_norm(None, None, 1e-5)
+    assert not hasattr(ext, "quantized_matmul")

@@ -459,8 +459,19 @@ class Extension:
     shapes (batch and heads in one axis), and returns an ``mx.array``. The
     course's Python calls them as ``tiny_llm_ext.decode_attention(...)``:
     ``from npattn.tinyllm import ext as tiny_llm_ext`` (``ext`` is an instance)
-    makes those calls run here. ``stream`` is accepted and ignored.
+    makes those calls run here. ``stream`` is accepted and ignored. The
+    extension's other kernels (``quantized_matmul``, ``rms_norm``, ``rope``,
+    ``swiglu``, ``quantized_embedding``) are not here: asking for one is an
+    ``AttributeError`` that says so.
     """
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"tinyllm.ext has the course extension's attention ops only (decode_attention, paged_attention, "
+            f"paged_cache_update); {name!r} is one of its other kernels, which npattn does not compute"
+        )
 
     @staticmethod
     def decode_attention(
