@@ -29,7 +29,7 @@ def plot(data: dict, path: str) -> list[str]:
     systems = data["settings"]["systems"]
     prefill = [(case, res) for suite, case, res, _ in case_results(data) if suite == "prefill"]
     if prefill:
-        fig, ax = plt.subplots(figsize=(11, 5))
+        fig, ax = plt.subplots(figsize=(11, 5.6))
         width = 0.8 / len(systems)
         for i, name in enumerate(systems):
             xs, ys = [], []
@@ -44,11 +44,11 @@ def plot(data: dict, path: str) -> list[str]:
             [c.label.replace(" prefill", "\nprefill").replace(" decode", "\ndecode") for c, _ in prefill],
             rotation=30,
             ha="right",
-            fontsize=7,
+            fontsize=9,
         )
         ax.set_ylabel("useful GFLOP/s (higher is better)")
         ax.set_title(f"Model-sized attention, float32, {data['settings']['threads']} threads")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -70,7 +70,7 @@ def plot(data: dict, path: str) -> list[str]:
             ax.set_xlabel("keys S")
             ax.grid(True, which="both", alpha=0.3)
         axes[0].set_ylabel("µs per call (lower is better)")
-        axes[0].legend(fontsize=8)
+        axes[0].legend(fontsize=9)
         fig.suptitle(
             f"One call per layer per token: latency, float32, {data['settings']['threads']} threads", fontsize=11
         )

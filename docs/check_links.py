@@ -3,8 +3,10 @@
     python docs/check_links.py docs/_build/html
 
 Links that leave the site (http:, https:, mailto:) are counted, not fetched:
-CI makes no network request for the documentation. Exits 1 naming each broken
-link with the page it is on.
+CI makes no network request for the documentation. What a page loads (a
+script's or an image's src, a stylesheet) must be the site's own, so that it
+reads offline: one from outside (MathJax from a CDN, say) is broken too. Exits
+1 naming each broken link with the page it is on.
 """
 
 import html.parser
@@ -16,7 +18,7 @@ import urllib.parse
 class Page(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
-        self.ids, self.links = set(), []
+        self.ids, self.links, self.loads = set(), [], []
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -27,6 +29,8 @@ class Page(html.parser.HTMLParser):
         for key in ("href", "src"):
             if attrs.get(key) and not (tag == "link" and attrs.get("rel") == "preload"):
                 self.links.append(attrs[key])
+        if attrs.get("src") or (tag == "link" and attrs.get("rel") == "stylesheet"):  # what the page loads
+            self.loads.append(attrs.get("src") or attrs.get("href") or "")
 
 
 def main(root):
@@ -42,6 +46,9 @@ def main(root):
                 pages[os.path.normpath(path)] = page
     broken, external, internal = [], 0, 0
     for path, page in sorted(pages.items()):
+        for load in page.loads:
+            if urllib.parse.urlsplit(load).netloc or load.startswith("//"):
+                broken.append(f"{os.path.relpath(path, root)}: {load} (loaded from outside the site: missing offline)")
         for link in page.links:
             parts = urllib.parse.urlsplit(link)
             if parts.scheme or parts.netloc or link.startswith("//"):

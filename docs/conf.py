@@ -30,12 +30,13 @@ version = ".".join(release.split(".")[:2])
 extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
-    "sphinx.ext.mathjax",
     "numpydoc",
     "myst_nb",
     "c_header",  # docs/_ext/c_header.py: attention.h's comments as prose
     "optional_module",  # docs/_ext/optional_module.py: adapters that may not exist yet
+    "svgmath",  # docs/_ext/svgmath.py: maths as SVG, drawn at build time (MathJax would come from a CDN)
 ]
+html_math_renderer = "svgmath"
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = ["_build", "notebooks/README.md", "**.ipynb_checkpoints"]

@@ -211,7 +211,7 @@ def test_no_grad_gives_a_plain_tensor(rng):
 def test_results_share_numpys_memory(dtype_name):
     """npattn's NumPy result becomes a tensor without a copy: bfloat16 through its 16 bits."""
     a = npattn.sdpa(*(np.ones((2, 3, 4), npattn._interop.bfloat16() if dtype_name == "bfloat16" else dtype_name),) * 3)
-    t = nt._tensor(a)
+    t = npattn._interop.to_torch(a)
     assert t.dtype == DTYPES[dtype_name] and t.shape == a.shape
     assert t.data_ptr() == a.ctypes.data
     np.testing.assert_array_equal(t.float().numpy(), np.asarray(a, np.float32))

@@ -15,8 +15,15 @@ MODULES = [
     "npattn.torch",
     "npattn.mlx",
     "npattn.transformers",
+    "npattn.tinyllm",
 ]
-OPTIONAL = {"npattn.dask": "dask", "npattn.torch": "torch", "npattn.mlx": "mlx", "npattn.transformers": "transformers"}
+OPTIONAL = {
+    "npattn.dask": "dask",
+    "npattn.torch": "torch",
+    "npattn.mlx": "mlx",
+    "npattn.transformers": "transformers",
+    "npattn.tinyllm": "mlx",
+}
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -14,6 +14,7 @@ import pytest
 import npattn
 from helpers import run_script
 from npattn import __main__ as main_module
+from npattn import _interop
 
 
 def test_npattn_dask_without_dask_names_the_extra(monkeypatch):
@@ -95,3 +96,68 @@ def test_sdpa_docstring_says_what_requires_grad_and_threads_become():
     assert "requires grad is read detached" in doc and "npattn.torch" in doc
     assert "threadpool_limits" in doc
     assert "_core" not in doc
+
+
+@pytest.mark.parametrize(
+    "library, dtype_name, kind",
+    [
+        ("numpy", "float32", "float"),
+        ("numpy", "bool", "bool"),
+        ("mlx.core", "float32", "float"),
+        ("mlx.core", "bfloat16", "float"),
+        ("mlx.core", "bool_", "bool"),
+        ("torch", "float16", "float"),
+        ("torch", "bfloat16", "float"),
+        ("torch", "bool", "bool"),
+    ],
+)
+def test_causal_mask_comes_in_the_library_of_its_dtype(library, dtype_name, kind):
+    """npattn.causal_mask(3, 7, mx.float32) is an mx.array of float32 (0.3: a NumPy
+    array), a torch dtype gives a torch.Tensor; its values are the NumPy mask's."""
+    lib = pytest.importorskip(library)
+    dtype = getattr(lib, dtype_name)
+    mask = npattn.causal_mask(3, 7, dtype)
+    array_type = {"numpy": np.ndarray, "mlx.core": getattr(lib, "array", None), "torch": getattr(lib, "Tensor", None)}
+    assert isinstance(mask, array_type[library]), type(mask)
+    assert mask.dtype == (np.dtype(dtype) if library == "numpy" else dtype), mask.dtype
+    assert tuple(mask.shape) == (3, 7)
+    want = npattn.reference.causal_mask(3, 7, bool if kind == "bool" else np.float32)
+    got = np.asarray(_interop.asarray(mask), dtype=want.dtype)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_sdpa_backward_without_lse_points_to_return_lse():
+    """sdpa_backward called without lse (or with None, or with sdpa's (out, lse) pair as
+    out) is a TypeError that says lse comes from sdpa(..., return_lse=True) (0.3:
+    Python's bare "missing 1 required positional argument: 'lse'")."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 3, 4), dtype=np.float32) for _ in range(3))
+    out = npattn.sdpa(q, k, v)
+    dout = np.ones_like(out)
+    for call in (
+        lambda: npattn.sdpa_backward(dout, q, k, v, out),
+        lambda: npattn.sdpa_backward(dout, q, k, v, out, None),
+    ):
+        with pytest.raises(TypeError, match=r"^sdpa_backward: lse is missing: .*return_lse=True") as info:
+            call()
+        assert "pair" not in str(info.value)
+    pair = npattn.sdpa(q, k, v, return_lse=True)
+    with pytest.raises(TypeError, match=r"return_lse=True.*out here is that pair.*\*result"):
+        npattn.sdpa_backward(dout, q, k, v, pair)
+
+
+@pytest.mark.parametrize("fn", ["sdpa", "paged_attention", "sdpa_backward", "attention_weights", "merge"])
+def test_signatures_name_the_type_aliases(fn):
+    """help() shows each signature with its aliases named (mask: MaskLike), never their
+    expansion (0.3: sdpa's was about 900 characters of Sequence[Sequence[...]])."""
+    import inspect
+    import pydoc
+
+    f = getattr(npattn, fn)
+    signature = str(inspect.signature(f))
+    for expanded in ("Sequence[Sequence[", "Literal[", "_SupportsArray", "Union["):
+        assert expanded not in signature, signature
+    if "mask" in signature:
+        assert "mask: 'MaskLike'" in signature or "mask: 'PagedMask'" in signature, signature
+    first = pydoc.render_doc(f, renderer=pydoc.plaintext).splitlines()[2]  # the signature line, as help() prints it
+    assert len(first) < 500, (len(first), first)

@@ -44,7 +44,7 @@ def test_bool_causal_mask_is_true_where_a_key_is_visible(dtype):
     """causal_mask(3, 5, bool) == the hand-written table of visible keys, dtype bool."""
     if dtype in ("mlx", "torch"):
         dtype = peer_dtype(dtype, "bool")
-    got = npattn.causal_mask(3, 5, dtype)
+    got = reference.causal_mask(3, 5, dtype)  # npattn.causal_mask's values, in NumPy (test_frictions: its library)
     assert type(got) is np.ndarray and got.dtype == np.bool_
     np.testing.assert_array_equal(got, np.array(CAUSAL_L3_S5, bool))
 
@@ -59,9 +59,10 @@ def test_sdpa_with_causal_mask_equals_the_causal_reference(rng, L, S, dtype):
 
 
 @pytest.mark.parametrize("library, name", [("mlx", "float32"), ("mlx", "bfloat16"), ("torch", "float16")])
-def test_causal_mask_of_a_peer_dtype_is_a_numpy_array(library, name):
-    """causal_mask(L, S, mx.float32) is a NumPy array of that dtype, as its docstring says."""
-    got = npattn.causal_mask(2, 4, peer_dtype(library, name))
+def test_reference_causal_mask_of_a_peer_dtype_is_a_numpy_array(library, name):
+    """reference.causal_mask(L, S, mx.float32) is a NumPy array of that dtype, as its docstring
+    says (npattn.causal_mask gives the dtype's own library's array: test_frictions.py)."""
+    got = reference.causal_mask(2, 4, peer_dtype(library, name))
     assert type(got) is np.ndarray and got.dtype.name == name
     np.testing.assert_array_equal(got.astype(np.float64), npattn.causal_mask(2, 4, np.float64))
 

@@ -20,9 +20,8 @@ from . import _loader
 _core = _loader.load_core()  # before anything else loads the extension
 
 from . import reference, testing  # noqa: E402
-from ._api import Grads, Lse, attention_weights, merge, paged_attention, sdpa, sdpa_backward  # noqa: E402
+from ._api import Grads, Lse, attention_weights, causal_mask, merge, paged_attention, sdpa, sdpa_backward  # noqa: E402
 from ._quant import Quantized, dequantize, quantize  # noqa: E402
-from .reference import causal_mask  # noqa: E402
 
 # Before the interpreter stops its threads, stop every call in flight (a daemon
 # thread's call then ends it with SystemExit), so that none is left computing

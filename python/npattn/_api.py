@@ -7,6 +7,8 @@ error that names the argument; an option added to a signature is passed on
 by name here and read in one place there (``OPTIONS`` in csrc/module.h).
 """
 
+from __future__ import annotations  # signatures name the aliases (MaskLike), never their expansion
+
 import functools
 import math
 import types
@@ -14,10 +16,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol, SupportsFloat, TypeAlias, overload
 
 import numpy as np
+from numpy.typing import DTypeLike
 
-from . import _args, _core, _interop
+from . import _args, _core, _interop, reference
 
-__all__ = ["sdpa", "paged_attention", "attention_weights", "merge", "sdpa_backward", "Grads", "Lse"]
+__all__ = ["sdpa", "paged_attention", "attention_weights", "merge", "sdpa_backward", "Grads", "Lse", "causal_mask"]
 
 
 class _SupportsArray(Protocol):
@@ -588,7 +591,7 @@ class Lse(np.ndarray):
     options: Mapping[str, Any] | None = None
 
     @classmethod
-    def _made(cls, lse: np.ndarray, options: dict[str, Any]) -> "Lse":
+    def _made(cls, lse: np.ndarray, options: dict[str, Any]) -> Lse:
         made = lse.view(cls)
         made.options = types.MappingProxyType(options)
         return made
@@ -691,13 +694,35 @@ class Grads(NamedTuple):
     dsinks: np.ndarray | None  # (H_q,), float32 (float64 for float64 inputs); None without sinks
 
 
+class _FromSdpa:
+    """The default of sdpa_backward's ``lse``, which has none: it comes from the forward call."""
+
+    def __repr__(self) -> str:
+        return "<from sdpa(..., return_lse=True)>"
+
+
+_FROM_SDPA: Any = _FromSdpa()
+
+
+def _missing_lse(out: Any) -> str:
+    """What to say when sdpa_backward is called without an lse."""
+    said = (
+        "sdpa_backward: lse is missing: the backward pass needs the forward call's log-sum-exp, which sdpa "
+        "returns with return_lse=True: out, lse = npattn.sdpa(q, k, v, ..., return_lse=True), then "
+        "sdpa_backward(dout, q, k, v, out, lse, ...)"
+    )
+    if isinstance(out, tuple) and len(out) == 2:
+        said += "; out here is that pair: pass its two parts, sdpa_backward(dout, q, k, v, *result, ...)"
+    return said
+
+
 def sdpa_backward(
     dout: Any,
     q: Any,
     k: Any,
     v: Any,
     out: Any,
-    lse: Any,
+    lse: Any = _FROM_SDPA,
     scale: Scale = None,
     mask: MaskLike = "causal",
     *,
@@ -738,7 +763,8 @@ def sdpa_backward(
     q, k, v : array_like
         As given to :func:`sdpa`.
     out, lse : array_like
-        What ``sdpa(q, k, v, ..., return_lse=True)`` returned.
+        What ``sdpa(q, k, v, ..., return_lse=True)`` returned. ``lse`` has no
+        default: a call without it is a ``TypeError`` that says where it comes from.
     scale, mask, sinks, window, softcap, q_offset, k_offset, precision, threads
         As given to :func:`sdpa`. The mask gets no gradient.
     k_start, k_lengths
@@ -783,6 +809,8 @@ def sdpa_backward(
         ...
     ValueError: sdpa_backward: mask is 'causal', but lse was computed by sdpa with mask=None; ...
     """
+    if lse is _FROM_SDPA or lse is None:
+        raise TypeError(_missing_lse(out))
     made = lse.options if isinstance(lse, Lse) else None
     given = {"scale": scale, "mask": mask, "sinks": sinks, "window": window, "softcap": softcap,
              "q_offset": q_offset, "k_offset": k_offset, "k_start": k_start, "k_lengths": k_lengths}  # fmt: skip
@@ -804,3 +832,51 @@ def sdpa_backward(
     if dsinks is not None:
         dsinks = dsinks.sum(axis=0).astype(np.float64 if dq.dtype == np.float64 else np.float32)
     return Grads(grads[0], grads[1], grads[2], dsinks)
+
+
+@overload
+def causal_mask(L: int, S: int, dtype: DTypeLike = np.float32) -> np.ndarray: ...
+@overload
+def causal_mask(L: int, S: int, dtype: Any) -> Any: ...  # MLX's or PyTorch's dtype: its array
+
+
+def causal_mask(L: int, S: int, dtype: Any = np.float32) -> Any:
+    """The ``(L, S)`` causal mask of the tutorial, in the library of ``dtype``: query
+    ``i`` sees key ``j`` iff ``j <= i + (S - L)`` (aligned to the bottom-right corner).
+
+    Parameters
+    ----------
+    L, S : int
+        Query rows and keys.
+    dtype : dtype, default numpy.float32
+        NumPy's (``bool`` included), MLX's (``mx.float32``, ``mx.bool_``...)
+        or PyTorch's (``torch.float16``...). A float dtype gives the additive
+        mask, 0 where the key is visible and ``-inf`` elsewhere; a bool dtype
+        ``True`` where it is visible, as every bool mask in npattn reads.
+        Either, passed as ``sdpa(..., mask=causal_mask(L, S, dtype))``, equals
+        ``mask="causal"``.
+
+    Returns
+    -------
+    numpy.ndarray, mx.array or torch.Tensor, shape (L, S)
+        Of ``dtype``, as its library holds it: an ``mx.array`` for an MLX
+        dtype, a ``torch.Tensor`` for a PyTorch one, else a NumPy array
+        (:func:`npattn.reference.causal_mask` always gives the NumPy array).
+
+    Raises
+    ------
+    TypeError
+        ``dtype`` is not a float or bool dtype (an integer dtype cannot hold
+        ``-inf``).
+
+    Examples
+    --------
+    >>> import numpy as np, npattn
+    >>> npattn.causal_mask(2, 4)
+    array([[  0.,   0.,   0., -inf],
+           [  0.,   0.,   0.,   0.]], dtype=float32)
+    >>> npattn.causal_mask(2, 4, bool)
+    array([[ True,  True,  True, False],
+           [ True,  True,  True,  True]])
+    """
+    return _interop.like_dtype(reference.causal_mask(L, S, dtype), dtype)

@@ -21,6 +21,10 @@ Nothing here imports torch, MLX or ml_dtypes: a library is looked up in
 ``sys.modules`` (so only when the caller has imported it), and ml_dtypes is
 imported only when a bfloat16 array arrives. Which converter a type takes is
 decided once per type and remembered, so a call costs a dict lookup.
+
+The way back, a NumPy result as the caller's library's array: :func:`to_mlx`
+(MLX copies it) and :func:`to_torch` (no copy), bfloat16 through its bits, as
+neither reads ml_dtypes'; :func:`like_dtype` picks the library a dtype names.
 """
 
 from __future__ import annotations
@@ -41,6 +45,39 @@ def asarray(x: Any, name: str = "the array") -> np.ndarray:
     if convert is None:
         convert = _converter(type(x))
     return convert(x, name)
+
+
+def to_mlx(a: np.ndarray) -> Any:
+    """A NumPy array as an ``mx.array`` (MLX copies it): bfloat16 through its bits,
+    float64 kept as float64 (``mx.array`` alone would round it to float32)."""
+    import mlx.core as mx  # the caller works in MLX: it is there
+
+    if a.dtype.kind == "V":  # ml_dtypes.bfloat16, which mx.array does not read
+        return mx.array(a.view(np.uint16)).view(mx.bfloat16)
+    if a.dtype == np.float64:
+        return mx.array(a, dtype=mx.float64)
+    return mx.array(a)
+
+
+def to_torch(a: np.ndarray) -> Any:
+    """A NumPy array as a ``torch.Tensor`` on the same memory; bfloat16 through its bits."""
+    import torch  # the caller works in PyTorch: it is there
+
+    if a.dtype.kind == "V":  # ml_dtypes.bfloat16, which torch.from_numpy does not know
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def like_dtype(a: np.ndarray, dtype: Any) -> Any:
+    """``a`` as an array of the library whose dtype ``dtype`` is: an ``mx.array`` for
+    MLX's (``mx.float32``), a ``torch.Tensor`` for PyTorch's (``torch.float16``), ``a``
+    itself for NumPy's. A library is looked for only if the caller has imported it."""
+    mx, torch = sys.modules.get("mlx.core"), sys.modules.get("torch")
+    if mx is not None and isinstance(dtype, mx.Dtype):
+        return to_mlx(a)
+    if torch is not None and isinstance(dtype, torch.dtype):
+        return to_torch(a)
+    return a
 
 
 def bfloat16(name: str = "a bfloat16 array") -> np.dtype:

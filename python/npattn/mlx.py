@@ -12,8 +12,6 @@ returning an ``mx.array`` of the inputs' dtype whose gradient
 
 from __future__ import annotations
 
-from typing import Any
-
 try:
     import mlx.core as mx
 except ImportError as e:  # the optional extra is missing
@@ -104,7 +102,7 @@ def _attention(q, k, v, sinks, options):
     arrays = [_interop.asarray(x) for x in (q, k, v)]
     s = None if sinks is None else _interop.asarray(sinks)
     out, lse = npattn.sdpa(*arrays, scale, mask, sinks=s, return_lse=True)
-    return _array(out), _array(lse)
+    return _interop.to_mlx(out), _interop.to_mlx(lse)
 
 
 @_attention.vjp
@@ -113,14 +111,5 @@ def _attention_vjp(primals, cotangents, outputs):
     arrays = [_interop.asarray(x) for x in (cotangents[0], q, k, v, *outputs)]
     s = None if sinks is None else _interop.asarray(sinks)
     grads = npattn.sdpa_backward(*arrays, scale, mask, sinks=s)
-    dsinks = None if sinks is None else _array(grads.dsinks).astype(sinks.dtype)
-    return _array(grads.dq), _array(grads.dk), _array(grads.dv), dsinks, (None, None)
-
-
-def _array(a: np.ndarray) -> Any:
-    """A NumPy result as an mx.array (MLX copies it); bfloat16 through its bits."""
-    if a.dtype.kind == "V":  # ml_dtypes.bfloat16, which mx.array does not read
-        return mx.array(a.view(np.uint16)).view(mx.bfloat16)
-    if a.dtype == np.float64:  # mx.array alone would round it to float32
-        return mx.array(a, dtype=mx.float64)
-    return mx.array(a)
+    dsinks = None if sinks is None else _interop.to_mlx(grads.dsinks).astype(sinks.dtype)
+    return _interop.to_mlx(grads.dq), _interop.to_mlx(grads.dk), _interop.to_mlx(grads.dv), dsinks, (None, None)

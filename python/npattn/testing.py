@@ -1,8 +1,10 @@
 """Checking an attention implementation: one line, and a message that says where
-it is wrong and which usual mistake the result matches.
+it is wrong and which usual mistake the result matches; the same for its
+gradients.
 
-    from npattn.testing import assert_attention_close
+    from npattn.testing import assert_attention_close, assert_attention_grads_close
     assert_attention_close(my_out, q, k, v, mask="causal")
+    assert_attention_grads_close((dq, dk, dv), dout, q, k, v, mask="causal")
 
 ``actual`` may be a NumPy, MLX or PyTorch array; so may q, k, v, the mask and
 the sinks. It is compared with ``npattn.reference.sdpa`` on float64 copies of
@@ -68,6 +70,7 @@ from . import _args, _interop, reference
 
 __all__ = [
     "assert_attention_close",
+    "assert_attention_grads_close",
     "assert_paged_attention_close",
     "tolerance",
     "backward_tolerance",
@@ -509,6 +512,15 @@ def _describe_mask(options: _Any, L: int, S: int) -> str:
     return f"an additive float array of shape {m.shape} ({int((m == -_np.inf).sum())} of {m.size} entries -inf)"
 
 
+def _mask_and_scale(options: _Any, L: int, S: int, D: int) -> list[str]:
+    """The lines of a message that say which mask and scale it checked against."""
+    factor = D**-0.5 if options.scale is None else float(options.scale)
+    return [
+        f"  mask {_describe_mask(options, L, S)}",
+        f"  scale {factor:.6g}" + (f" (the default 1/sqrt(D), D = {D})" if options.scale is None else " (given)"),
+    ]
+
+
 def _mistakes(q, k, v, options):
     """(what the mistake is, its changes or a result) for each usual mistake that
     differs from the call with these options (reference._Options): the changes, a
@@ -565,6 +577,28 @@ def _mistakes(q, k, v, options):
     if k.shape == v.shape:
         yield "keys and values swapped (sdpa(q, v, k))", {"k": v, "v": k}
     yield "softmax over the query axis instead of the key axis", _wrong_axis(q, k, v, options)
+    read_transposed = _transposed_reading(q, k, v, options)
+    if read_transposed is not None:
+        yield (
+            "q, k and v read as (B, L, H, D), heads and rows swapped: arrays laid out as a model holds them go in "
+            "as x.transpose(0, 2, 1, 3) (a view, no copy)",
+            read_transposed.swapaxes(-2, -3),
+        )
+
+
+def _transposed_reading(q, k, v, options):
+    """Attention over q, k, v under these options (reference._Options) with their heads
+    and rows swapped, (B, L, H, D) read as (B, H, L, D), in that swapped layout: what a
+    (B, L, H, D) array given for a (B, H, L, D) one computes. None where that reading is
+    not attention (the swapped head counts do not divide, or an option does not fit it)."""
+    if min(q.ndim, k.ndim, v.ndim) < 3:
+        return None
+    swapped = [x.swapaxes(-2, -3) for x in (q, k, v)]
+    try:
+        with _np.errstate(all="ignore"):
+            return reference.sdpa(*swapped, **options.keywords())
+    except (ValueError, TypeError):
+        return None
 
 
 def _wrong_axis(q, k, v, options):
@@ -668,7 +702,7 @@ def assert_attention_close(
     with _np.errstate(all="ignore"):
         want, lse = reference.sdpa(q64, k64, v64, return_lse=True, **options.keywords())
     if got.shape != want.shape:
-        raise AssertionError(f"actual has shape {got.shape}, but attention over these inputs has shape {want.shape}")
+        raise AssertionError(_shape_mismatch(got, want, q64, k64, v64, options))
     # the coarser of the result's dtype and the inputs': a float64 result computed from
     # float32 inputs carries float32 rounding
     inputs = _args.result_dtype(*(_interop.asarray(x).dtype for x in (q, k, v))).name
@@ -708,12 +742,10 @@ def assert_attention_close(
             )
             + " + the subnormal floor, over the keys the worst element's row sees (npattn.testing.tolerance)"
         )
-    factor = D**-0.5 if scale is None else float(scale)
     checked = [
         f"checked against npattn.reference.sdpa in float64: a {got.dtype.name} result of {inputs} inputs, "
         f"precision {precision!r}",
-        f"  mask {_describe_mask(options, L, S)}",
-        f"  scale {factor:.6g}" + (f" (the default 1/sqrt(D), D = {D})" if scale is None else " (given)"),
+        *_mask_and_scale(options, L, S, D),
         f"  GQA: {H_q} query heads in {H_kv} contiguous groups; query head h reads key/value head "
         f"h // {max(H_q // max(H_kv, 1), 1)}",
     ]
@@ -801,11 +833,40 @@ def assert_paged_attention_close(
     >>> assert_paged_attention_close(npattn.paged_attention(q, pages, pages, table, lengths),
     ...                              q, pages, pages, table, lengths)
     """
-    k, v, lengths = reference.gather_pages(key_pages, value_pages, block_table, context_lens, page_size)
+    pages = (_interop.asarray(x) for x in (key_pages, value_pages, block_table, context_lens))  # MLX's bfloat16 too
+    k, v, lengths = reference.gather_pages(*pages, page_size)
     assert_attention_close(
         actual, q, k, v, scale, mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
         k_lengths=lengths, peer=peer, rtol=rtol, atol=atol, precision=precision,
     )  # fmt: skip
+
+
+def _shape_mismatch(got, want, q, k, v, options) -> str:
+    """What a result of the wrong shape says: where it is attention laid out (B, L, H, D),
+    or attention over inputs that are, the mistake named."""
+    said = f"actual has shape {got.shape}, but attention over these inputs has shape {want.shape}"
+    if got.ndim < 3 or got.shape != want.swapaxes(-2, -3).shape:
+        return said
+    said += ": its heads and rows are swapped"
+    got64 = _np.asarray(got, dtype=_np.float64)
+    name = got.dtype.name if got.dtype.name in ULPS else "float64"
+    atol = _row_tolerance(q, k, v, options, name, None, "highest")[0][..., None]
+    if not _beyond(got64, want.swapaxes(-2, -3), atol.swapaxes(-2, -3), 0.0).any():
+        return said + (
+            "; it matches, within tolerance, this attention laid out (B, L, H, D): npattn's results are "
+            "(B, H, L, D), so compare actual.transpose(0, 2, 1, 3)"
+        )
+    transposed = _transposed_reading(q, k, v, options)
+    if transposed is not None:
+        swapped = (x.swapaxes(-2, -3) for x in (q, k, v))
+        atol = _row_tolerance(*swapped, options, name, None, "highest")[0][..., None]
+        if not _beyond(got64, transposed, atol, 0.0).any():
+            return said + (
+                "; it matches, within tolerance, attention over q, k and v transposed: q, k and v are laid out "
+                "(B, L, H, D), as models hold them, where npattn reads (B, H, L, D); pass x.transpose(0, 2, 1, 3) "
+                "(a view, no copy)"
+            )
+    return said
 
 
 def _diagnosis(got, q, k, v, options, name, atol, rtol, precision, want, want_atol) -> str:
@@ -844,3 +905,297 @@ def _diagnosis(got, q, k, v, options, name, atol, rtol, precision, want, want_at
     if earned:
         return "the result matches, within tolerance, " + "; and also ".join(earned)
     return "the result matches none of the usual mistakes tried: " + "; ".join(tried)
+
+
+# ---- the gradients' checker ----
+
+GRADIENTS = ("dq", "dk", "dv", "dsinks")
+
+
+def _named_grads(actual_grads: _Any) -> dict[str, _Any]:
+    """{"dq": ..., "dk": ..., "dv": ..., "dsinks": ...} from npattn.Grads, a sequence of 3 or 4
+    arrays (PyTorch's q.grad, k.grad, v.grad; MLX's vjp cotangents), or a mapping."""
+    if isinstance(actual_grads, dict):
+        unknown = set(actual_grads) - set(GRADIENTS)
+        if unknown:
+            raise TypeError(f"actual_grads: unknown gradients {sorted(unknown)}; the names are {list(GRADIENTS)}")
+        return {name: actual_grads.get(name) for name in GRADIENTS}
+    if isinstance(actual_grads, (str, bytes)) or not hasattr(actual_grads, "__len__"):
+        raise TypeError(f"actual_grads must be (dq, dk, dv[, dsinks]) or a mapping, got {type(actual_grads).__name__}")
+    if len(actual_grads) not in (3, 4):
+        raise TypeError(f"actual_grads must hold 3 or 4 gradients, (dq, dk, dv[, dsinks]); got {len(actual_grads)}")
+    return dict(zip(GRADIENTS, [*actual_grads, None][:4]))
+
+
+def _backward_mistakes(q, k, v, dout, options):
+    """(what, {gradient: float64 result}) for each usual mistake of a backward pass,
+    computed in float64 from the reference's weights, step by step as
+    npattn.reference.sdpa_backward writes them (P, dP = dout V^T, D_i = dout_i . out_i,
+    dS = P (dP - D), dq = scale dS K, dk = scale dS^T Q, dv = P^T dout), one step wrong."""
+    q, k, v, g = (x[None] if x.ndim == 2 else x for x in (q, k, v, dout))
+    squeeze = dout.ndim == 2
+    H_q, H_kv, D = q.shape[-3], k.shape[-3], q.shape[-1]
+    n_rep = H_q // H_kv
+    B = g.shape[:-3]
+    qb, kb, vb = (_np.broadcast_to(x, (*B, *x.shape[-3:])) for x in (q, k, v))
+    lse = reference.sdpa(qb, kb, _np.zeros((*kb.shape[:-1], 1)), return_lse=True, **options.keywords())[1][..., None]
+    weights = reference.attention_weights(qb, kb, **options.keywords())  # (*B, H_q, L, S)
+    unread = (weights == 0).all(axis=-2)[..., None]  # keys no row weighs: their rows count for nothing
+    k_all, v_all = (_np.where(unread, 0.0, _np.repeat(x, n_rep, axis=-3)) for x in (kb, vb))
+    f = _factor(options.scale, D)
+    cap = 1.0
+    if options.softcap is not None:  # the cap's slope, 1 - tanh^2, on the scaled scores
+        cap = 1 - _np.tanh(f * (qb @ k_all.swapaxes(-1, -2)) / options.softcap) ** 2
+
+    def shaped(grad, operand):  # a gradient summed back to its operand's batch shape, rank 2 kept
+        out = _args.unbroadcast(grad, (*operand.shape[:-3], *grad.shape[-3:]))
+        return out[0] if squeeze else out
+
+    def gradients(P, D_of=None, f_q=f, f_k=f, group="sum"):
+        o = P @ v_all
+        dp = g @ v_all.swapaxes(-1, -2)
+        Di = (g * o).sum(axis=-1, keepdims=True) if D_of is None else D_of(P, o, dp)
+        ds = P * (dp - Di) * cap
+        full_dk, full_dv = f_k * (ds.swapaxes(-1, -2) @ qb), P.swapaxes(-1, -2) @ g  # per query head
+        if group == "per query head":
+            dk, dv = full_dk, full_dv
+        elif group == "first":
+            dk, dv = full_dk[..., ::n_rep, :, :], full_dv[..., ::n_rep, :, :]
+        elif group == "interleaved":  # query head h into key/value head h % H_kv
+            dk, dv = (x.reshape(*B, n_rep, H_kv, *x.shape[-2:]).sum(axis=-4) for x in (full_dk, full_dv))
+        else:
+            dk, dv = (x.reshape(*B, H_kv, n_rep, *x.shape[-2:]).sum(axis=-3) for x in (full_dk, full_dv))
+            if group == "mean":
+                dk, dv = dk / n_rep, dv / n_rep
+        grads = {"dq": shaped(f_q * (ds @ k_all), q), "dk": shaped(dk, k), "dv": shaped(dv, v)}
+        if options.sinks is not None:  # the sink's weight is what the keys' leave of 1
+            p_sink = _np.where(_np.isfinite(lse), 1 - weights.sum(axis=-1, keepdims=True), 0.0)
+            per_head = -(p_sink * Di).sum(axis=(-1, -2))
+            grads["dsinks"] = per_head.reshape(-1, H_q).sum(axis=0)
+        return grads
+
+    with _np.errstate(all="ignore"):
+        yield (
+            "the softmax's D_i term missing: dS = P * dP, where dS = P * (dP - D_i), D_i = dout_i . out_i",
+            (gradients(weights, D_of=lambda P, o, dp: 0.0)),
+        )
+        yield (
+            "D_i taken as the plain row sum of dP, sum_j dP_ij, where it is sum_j P_ij dP_ij = dout_i . out_i",
+            (gradients(weights, D_of=lambda P, o, dp: dp.sum(axis=-1, keepdims=True))),
+        )
+        # the forward loop's O before its division by l_i = sum_j exp(x_ij - max_j x_ij) = 1 / max_j P_ij
+        unnormalised = lambda P, o, dp: (g * o).sum(axis=-1, keepdims=True) / P.max(axis=-1, keepdims=True)  # noqa: E731
+        yield (
+            "D_i taken from the wrong output: dout_i . O_i with O the forward loop's, not yet divided by l_i",
+            (gradients(weights, D_of=unnormalised)),
+        )
+        if f != 1:
+            yield (
+                f"the scale ({f:.4g}) missing from dq and dk: dS K and dS^T Q unscaled",
+                gradients(weights, f_q=1.0, f_k=1.0),
+            )
+            yield f"the scale ({f:.4g}) missing from dq: dS K unscaled", gradients(weights, f_q=1.0)
+            yield f"the scale ({f:.4g}) missing from dk: dS^T Q unscaled", gradients(weights, f_k=1.0)
+        if options.mask is not None or options.window is not None:
+            free = options.replace(mask=None, window=None)
+            if _np.ndim(options.mask) == 0 and options.mask == "causal_top_left" and free.q_offset is None:
+                free = free.replace(q_offset=0)
+            zeros = _np.zeros((*kb.shape[:-1], 1))
+            free_lse = reference.sdpa(qb, kb, zeros, return_lse=True, **free.keywords())[1][..., None]
+            every = reference.attention_weights(qb, kb, **free.keywords()) * _np.exp(free_lse - lse)  # all j
+            every = _np.where(_np.isfinite(lse), every, 0.0)
+            saved = (g * (weights @ v_all)).sum(axis=-1, keepdims=True)  # D_i from the forward's (masked) output
+            forgotten = "the mask forgotten in the backward: P recomputed from the saved lse over every key"
+            yield forgotten, gradients(every, D_of=lambda P, o, dp: saved)
+            yield forgotten + ", D_i = sum_j P_ij dP_ij with it", gradients(every)
+        if n_rep > 1:
+            contiguous = f"query heads {n_rep} g .. {n_rep} g + {n_rep - 1} into key/value head g"
+            yield (
+                f"GQA groups not summed into their key/value head ({contiguous})",
+                gradients(weights, group="per query head"),
+            )
+            yield (
+                f"only the first query head of each group kept ({contiguous} summed)",
+                gradients(weights, group="first"),
+            )
+            yield f"each group's mean instead of its sum ({contiguous})", gradients(weights, group="mean")
+            if H_kv > 1:
+                yield (
+                    "GQA groups interleaved: query head h summed into key/value head h % H_kv, not h // n_rep",
+                    (gradients(weights, group="interleaved")),
+                )
+
+
+def assert_attention_grads_close(
+    actual_grads: _Any,
+    dout: _Any,
+    q: _Any,
+    k: _Any,
+    v: _Any,
+    scale: _Any = None,
+    mask: _Any = "causal",
+    *,
+    sinks: _Any = None,
+    window: _Any = None,
+    softcap: float | None = None,
+    q_offset: _Any = None,
+    k_offset: int = 0,
+    k_start: _Any = None,
+    k_lengths: _Any = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """Asserts that ``actual_grads`` are the gradients of attention over q, k, v within
+    tolerance; if not, says where each is wrong and which usual mistake it matches.
+
+    The gradients are those of ``sum(dout * sdpa(q, k, v, ...))``, as
+    :func:`npattn.sdpa_backward` and autograd give them, compared with
+    :func:`npattn.reference.sdpa_backward` in float64.
+
+    Parameters
+    ----------
+    actual_grads : sequence or mapping of array_like
+        ``(dq, dk, dv)`` or ``(dq, dk, dv, dsinks)`` (an :class:`npattn.Grads`,
+        PyTorch's ``(q.grad, k.grad, v.grad)``, MLX's ``mx.vjp`` cotangents),
+        or a mapping with those names; NumPy, MLX or PyTorch arrays of the
+        shapes of q, k, v (and ``(H_q,)``). A ``dsinks`` of None is not checked.
+    dout : array_like, shape (*B, H_q, L, D_v)
+        The gradient of the loss with respect to the output.
+    q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths
+        The forward call's, with :func:`npattn.sdpa`'s meaning; ``mask``
+        defaults to ``"causal"`` as there.
+    rtol, atol : float, optional
+        The tolerance for every gradient, instead of the derived one.
+
+    Raises
+    ------
+    AssertionError
+        Naming each gradient that differs: where its worst element is (batch,
+        head, row, column) with both values, how many elements fail, per head,
+        the tolerance, and which usual mistake of a backward pass it matches
+        within tolerance, if one does: the softmax's ``D_i`` term missing or
+        taken from the wrong quantity (dP's plain row sum, the forward loop's
+        unnormalised output), the scale missing from ``dq`` or ``dk``, the
+        mask forgotten in the backward, GQA groups not summed into their
+        key/value head (or one head kept, their mean, or interleaved), ``dk``
+        and ``dv`` swapped.
+    TypeError
+        ``actual_grads`` is not 3 or 4 gradients.
+
+    Notes
+    -----
+    The derived tolerance is :func:`backward_tolerance`'s for the forward
+    result's dtype, at :data:`ULPS` (a peer's allowance, as the forward check
+    takes) and, for float16 and bfloat16, with the weights and ``dS`` rounded
+    to the half type before their products (``precision="fast"``'s terms), as
+    MLX's and PyTorch's half-precision backward passes compute.
+
+    Examples
+    --------
+    >>> import numpy as np, npattn
+    >>> from npattn.testing import assert_attention_grads_close
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((1, 2, 4, 8), dtype=np.float32) for _ in range(3))
+    >>> out, lse = npattn.sdpa(q, k, v, return_lse=True)
+    >>> dout = np.ones_like(out)
+    >>> assert_attention_grads_close(npattn.sdpa_backward(dout, q, k, v, out, lse), dout, q, k, v)
+    >>> dq, dk, dv, _ = npattn.sdpa_backward(dout, q, k, v, out, lse)
+    >>> assert_attention_grads_close((dq, dv, dk), dout, q, k, v)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    AssertionError: attention gradients differ from the float64 reference: dk, dv (within tolerance: dq)
+    ...
+    """
+    given = _named_grads(actual_grads)
+    got = {name: None if x is None else _interop.asarray(x, f"actual_grads: {name}") for name, x in given.items()}
+    for name, x in got.items():
+        if x is not None and not _args.is_float(x.dtype):
+            raise AssertionError(f"{name} must be an array of floats, got dtype {x.dtype}")
+    q64, k64, v64, g64 = (_f64(x) for x in (q, k, v, dout))
+    if scale is not None:
+        scale = _args.check_scale("assert_attention_grads_close", scale, q64.shape[-1])
+    mask, sinks = _f64(mask), _f64(sinks)
+    options = reference._Options(scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths)
+    with _np.errstate(all="ignore"):
+        want = dict(zip(GRADIENTS, reference.sdpa_backward(g64, q64, k64, v64, None, None, **options.keywords())))
+    inputs = _args.result_dtype(*(_interop.asarray(x).dtype for x in (q, k, v)))
+    computed = "float64" if inputs == _np.float64 else "float32"
+    # a peer's allowance: ULPS, and half-precision weights and dS rounded before their products
+    own = [_interop.asarray(x) for x in (q, k, v, dout)]  # in their own dtypes, as NumPy arrays
+    tolerances = backward_tolerance(*own, inputs, **options.keywords(), ulps=ULPS[computed], precision="fast")
+    checks = {}  # gradient: (its float64 value, atol, rtol), for each one given
+    for name in GRADIENTS:
+        if got[name] is None or want[name] is None:
+            continue
+        if atol is not None:
+            checks[name] = (_np.asarray(got[name], _np.float64), float(atol), 0.0 if rtol is None else float(rtol))
+        else:
+            rt, at = tolerances[name]
+            checks[name] = (_np.asarray(got[name], _np.float64), at, rt if rtol is None else float(rtol))
+
+    def agrees(name: str, value: _Any) -> bool:  # the gradient given is `value`, within tolerance
+        value = _np.asarray(value, dtype=_np.float64)
+        got64, at, rt = checks[name]
+        if _np.shape(at) not in ((), got64.shape):  # a gradient of the wrong shape: the largest atol of the right one
+            at = float(_np.max(at, initial=0.0))
+        return value.shape == got64.shape and not _beyond(got64, value, at, rt).any()
+
+    failing = [name for name in checks if not agrees(name, want[name])]
+    if not failing:
+        return
+    mistakes = list(_backward_mistakes(q64, k64, v64, g64, options))
+    if _np.shape(want["dk"]) == _np.shape(want["dv"]):
+        mistakes.append(
+            ("dk and dv swapped: dk is dv of these inputs, and dv is dk", {"dk": want["dv"], "dv": want["dk"]})
+        )
+    # a mistake every gradient given agrees with, the right ones included, before one that explains a gradient alone
+    whole = [what for what, grads in mistakes if all(agrees(n, grads.get(n, want[n])) for n in checks)]
+    lines = []
+    for name in failing:
+        lines += _gradient_failure(name, *checks[name], _np.asarray(want[name], _np.float64), atol is not None)
+        alone = [what for what, grads in mistakes if name in grads and agrees(name, grads[name])]
+        if whole:
+            lines.append(f"  {name} matches, within tolerance, " + "; and also ".join(whole))
+        elif alone:
+            lines.append(f"  {name} alone matches, within tolerance, " + "; and also ".join(alone))
+        else:
+            lines.append(f"  {name} matches none of the usual backward mistakes tried")
+    passed = [n for n in checks if n not in failing]
+    head = "attention gradients differ from the float64 reference: " + ", ".join(failing)
+    head += f" (within tolerance: {', '.join(passed)})" if passed else ""
+    L, S, D = q64.shape[-2], k64.shape[-2], q64.shape[-1]
+    H_q, H_kv = (q64.shape[-3], k64.shape[-3]) if q64.ndim > 2 else (1, 1)
+    n_rep = H_q // max(H_kv, 1)
+    checked = [
+        f"checked against npattn.reference.sdpa_backward in float64: gradients of {inputs.name} inputs",
+        *_mask_and_scale(options, L, S, D),
+        f"  GQA: {H_q} query heads in {H_kv} contiguous groups of {n_rep}; key/value head g sums the gradients "
+        f"of query heads {n_rep} g .. {n_rep} g + {n_rep - 1}"
+        if n_rep > 1
+        else f"  {H_q} query heads, each with its own key/value head",
+    ]
+    raise AssertionError("\n".join([head, *lines, *checked]))
+
+
+def _gradient_failure(name, got, atol, rtol, want, given) -> list[str]:
+    """The lines that say where one gradient differs from the reference: its shape, or its
+    worst element, how many fail, per head, and the tolerance."""
+    if got.shape != want.shape:
+        return [f"{name} has shape {got.shape}, but {name} of these inputs has shape {want.shape}"]
+    bad = _beyond(got, want, atol, rtol)
+    n_bad = int(bad.sum())
+    with _np.errstate(invalid="ignore", over="ignore"):
+        excess = _np.where(bad, _np.abs(got - want) - (atol + rtol * _np.abs(want)), -_np.inf)
+    worst = _np.unravel_index(int(_np.argmax(_np.nan_to_num(excess, nan=_np.inf))), got.shape)
+    at_worst = float(_np.broadcast_to(atol, got.shape)[worst])
+    where = f"head {worst[0]}" if name == "dsinks" else _where(worst, got.ndim).replace("D_v index", "column")
+    lines = [
+        f"{name}: {n_bad} of {got.size} elements beyond tolerance ({100 * n_bad / got.size:.3g}%); worst at "
+        f"{where}: actual {float(got[worst])!r}, reference {float(want[worst])!r}",
+        f"  tolerance: atol {at_worst:.3g}" + (" (given)" if given else " (npattn.testing.backward_tolerance)")
+        + f", rtol {rtol:.3g}",
+    ]  # fmt: skip
+    if name != "dsinks" and got.ndim >= 3:
+        heads = bad.reshape(-1, *got.shape[-3:]).sum(axis=(0, 2, 3))
+        lines.append(f"  failing elements per head: {_per_index(heads, got.size // max(got.shape[-3], 1))}")
+    return lines

@@ -259,7 +259,7 @@ def attention(
             q_offset=_numpy_int(q_offset), k_offset=k_offset, k_start=_numpy_int(k_start),
             k_lengths=_numpy_int(k_lengths), precision=precision, threads=_threads(threads),
         )  # fmt: skip
-    return _tensor(out)
+    return _interop.to_torch(out)
 
 
 def _threads(threads: int | None) -> int:
@@ -331,7 +331,7 @@ def _sdpa_op(
     arrays = (_interop.asarray(t) for t in (q, k, v))
     with on_torch_threads():
         out, lse = npattn.sdpa(*arrays, return_lse=True, threads=_threads(threads), **options)
-    return _tensor(out), torch.from_numpy(np.asarray(lse))
+    return _interop.to_torch(out), torch.from_numpy(np.asarray(lse))
 
 
 @_sdpa_op.register_fake
@@ -371,7 +371,7 @@ def _sdpa_backward_op(
     with on_torch_threads():
         grads = npattn.sdpa_backward(*arrays, threads=_threads(threads), **options)
     dsinks = torch.empty(0, dtype=lse.dtype) if grads.dsinks is None else torch.from_numpy(grads.dsinks)
-    return _tensor(grads.dq), _tensor(grads.dk), _tensor(grads.dv), dsinks
+    return _interop.to_torch(grads.dq), _interop.to_torch(grads.dk), _interop.to_torch(grads.dv), dsinks
 
 
 @_sdpa_backward_op.register_fake
@@ -540,10 +540,3 @@ def _mask(attn_mask, is_causal: bool, L: int, S: int) -> Any:
         raise TypeError(f"{FN}: attn_mask must be a torch.Tensor, a CausalBias or None, got {type(attn_mask).__name__}")
     _check_mask_tensor(FN, attn_mask)
     return attn_mask
-
-
-def _tensor(a: np.ndarray) -> torch.Tensor:
-    """A NumPy result as a torch tensor on the same memory; bfloat16 through its bits."""
-    if a.dtype.kind == "V":  # ml_dtypes.bfloat16, which torch.from_numpy does not know
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)

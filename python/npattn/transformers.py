@@ -383,7 +383,7 @@ def _weights(query, key, scaling, sinks, softcap, arguments) -> torch.Tensor:
         _interop.asarray(query), _interop.asarray(key), scaling, sinks=None if sinks is None else
         _interop.asarray(sinks), softcap=softcap, **kw
     )  # fmt: skip
-    return _torch._tensor(w)
+    return _interop.to_torch(w)
 
 
 # ---- the cache ----
