@@ -8,247 +8,12 @@
 
 #include "avx512.h"
 #include "kernels.h"
+#include "vec_avx512.h"
+#include "vec_math.h"
+#include "vec_softmax.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define INLINE static inline __attribute__((always_inline))
-
-/* 2^y for y <= 0 (or -inf), 0 below 2^-126: 2^n p(y - n), n the nearest
- * integer, p Cephes's polynomial (NPATTN_EXP2_C*) or, `fast`, the degree-4
- * one of the "fast" tiles' weights (NPATTN_EXP2_FAST_*). The lanes below
- * (-inf among them, whose polynomial is NaN) are zeroed by the scaling's
- * mask, so y needs no clamp. */
-AVX512 INLINE __m512 exp2_nonpos(__m512 y, const int fast) {
-    const __mmask16 keep = _mm512_cmp_ps_mask(y, _mm512_set1_ps(NPATTN_EXP2_MIN), _CMP_GE_OQ);
-    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(y, n);
-    __m512 p;
-    if (fast) {
-        p = _mm512_set1_ps(NPATTN_EXP2_FAST_C4);
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C3));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C2));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C1));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C0));
-    } else {
-        p = _mm512_set1_ps(NPATTN_EXP2_C6);
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C5));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C4));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C3));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C2));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C1));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    }
-    return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n */
-}
-
-/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e). */
-AVX512 INLINE __m512 exp_nonpos(__m512 x) { return exp2_nonpos(_mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E)), 0); }
-
-/* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
-AVX512 INLINE __m512 tanh_approx(__m512 y) {
-    const __m512 sign = _mm512_set1_ps(-0.0f), one = _mm512_set1_ps(1.0f);
-    __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_castps_si512(sign), _mm512_castps_si512(y)));
-    __m512 u = _mm512_mul_ps(y, y);
-    __m512 p = _mm512_set1_ps(NPATTN_TANH_P4);
-    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P3));
-    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P2));
-    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P1));
-    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P0));
-    __m512 near = _mm512_fmadd_ps(_mm512_mul_ps(y, u), p, y);
-    __m512 e = exp_nonpos(_mm512_mul_ps(a, _mm512_set1_ps(-2.0f)));
-    __m512 far = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
-    far = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(far),
-                                              _mm512_and_si512(_mm512_castps_si512(y), _mm512_castps_si512(sign))));
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(NPATTN_TANH_SPLIT), _CMP_LT_OQ), far, near);
-}
-
-/* Pass 1 of a softmax step for the 16 columns from r (live lanes): the
- * columns' new max in *mx_out, pass 2's shift (the new max, or 0 for a
- * column that saw nothing) and the factor exp(old max - shift) in *a_out;
- * the scores (unless plain: only scaled) written back with scale, softcap,
- * bias and band applied. Returns 1 where a score or max is NaN or
- * infinite. */
-AVX512 INLINE int softmax_max(float *st, const struct npattn_score_tile *t, const float *m, int64_t r, __mmask16 live,
-                              int plain, __m512 *mx_out, __m512 *shift_out, __m512 *a_out) {
-    const int64_t nk = t->nk, ld = t->ld;
-    const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
-    const int capped = t->softcap > 0;
-    const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
-    __m512 vm = _mm512_maskz_loadu_ps(live, m + r), mx = vm;
-    /* nf sums x - x over unhidden scores (plain: the scores): it stays finite unless one is NaN or infinite */
-    __m512 nf = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(vm, ninf, _CMP_NEQ_UQ), vm, vm);
-    __m512i vlo = _mm512_setzero_si512(), vhi = vlo;
-    if (t->lo) {
-        vlo = _mm512_maskz_loadu_epi32(live, t->lo + r);
-        vhi = _mm512_maskz_loadu_epi32(live, t->hi + r);
-    }
-    if (plain) { /* the column max of the raw scores, times scale; four chains of keys */
-        __m512 raw[4], sums[4];
-        for (int c = 0; c < 4; c++) raw[c] = _mm512_set1_ps(-FLT_MAX), sums[c] = zero;
-        int64_t j = 0;
-        for (; j + 4 <= nk; j += 4)
-            for (int c = 0; c < 4; c++) {
-                const __m512 x = _mm512_maskz_loadu_ps(live, st + (j + c) * ld + r);
-                sums[c] = _mm512_add_ps(sums[c], x);
-                raw[c] = _mm512_max_ps(raw[c], x);
-            }
-        for (; j < nk; j++) {
-            const __m512 x = _mm512_maskz_loadu_ps(live, st + j * ld + r);
-            sums[0] = _mm512_add_ps(sums[0], x);
-            raw[0] = _mm512_max_ps(raw[0], x);
-        }
-        const __m512 most = _mm512_max_ps(_mm512_max_ps(raw[0], raw[1]), _mm512_max_ps(raw[2], raw[3]));
-        const __m512 top = _mm512_mul_ps(most, scale);
-        nf = _mm512_add_ps(nf, _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), _mm512_add_ps(sums[2], sums[3])));
-        nf = _mm512_add_ps(nf, top);
-        mx = _mm512_max_ps(mx, top);
-    }
-    /* else the final scores written back, the column max */
-    for (int64_t j = 0; j < nk && !plain; j++) {
-        float *row = st + j * ld + r;
-        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row), scale);
-        __m512 check = _mm512_sub_ps(x, x);
-        __mmask16 vis = live;
-        if (capped) x = _mm512_mul_ps(cap, tanh_approx(_mm512_mul_ps(x, inv_cap)));
-        if (t->lo) {
-            __m512i vj = _mm512_set1_epi32((int32_t)j);
-            vis &= _mm512_cmp_epi32_mask(vlo, vj, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(vj, vhi, _MM_CMPINT_LE);
-        }
-        if (t->bias) {
-            __m512 b = _mm512_maskz_loadu_ps(live, t->bias + j * ld + r);
-            vis &= _mm512_cmp_ps_mask(b, ninf, _CMP_NEQ_UQ);
-            x = _mm512_add_ps(x, b);
-            check = _mm512_add_ps(check, _mm512_sub_ps(x, x));
-        }
-        nf = _mm512_mask_add_ps(nf, vis, nf, check);
-        x = _mm512_mask_blend_ps(vis, ninf, x);
-        _mm512_mask_storeu_ps(row, live, x);
-        mx = _mm512_max_ps(mx, x);
-    }
-    if (_mm512_cmp_ps_mask(_mm512_sub_ps(nf, nf), zero, _CMP_NEQ_UQ)) return 1;
-    *mx_out = mx;
-    *shift_out = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), mx, zero);
-    *a_out = exp_nonpos(_mm512_sub_ps(vm, *shift_out));
-    return 0;
-}
-
-/* A probability of pass 2: exp of the score (plain: times scale) less the shift. */
-AVX512 INLINE __m512 softmax_p(__m512 x, int plain, __m512 scale, __m512 shift) {
-    return exp_nonpos(_mm512_sub_ps(plain ? _mm512_mul_ps(x, scale) : x, shift));
-}
-
-/* The columns' new sum, max and factor, after pass 2. */
-AVX512 INLINE void softmax_done(float *m, float *l, float *alpha, int64_t r, __mmask16 live, __m512 mx, __m512 a,
-                                __m512 sum) {
-    _mm512_mask_storeu_ps(l + r, live, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l + r), a, sum));
-    _mm512_mask_storeu_ps(m + r, live, mx);
-    _mm512_mask_storeu_ps(alpha + r, live, a);
-}
-
-AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
-    const int64_t nk = t->nk, M = t->M, ld = t->ld;
-    const __m512 scale = _mm512_set1_ps(t->scale), zero = _mm512_setzero_ps();
-    const int plain = npattn_tile_plain(t);
-    for (int64_t r = 0; r < M; r += 16) {
-        const __mmask16 live = lanes(M - r, 0);
-        __m512 mx, shift, a, sum = zero;
-        if (softmax_max(st, t, m, r, live, plain, &mx, &shift, &a)) return 1;
-        /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
-        for (int64_t j = 0; j < nk; j++) {
-            float *row = st + j * ld + r;
-            __m512 p = softmax_p(_mm512_maskz_loadu_ps(live, row), plain, scale, shift);
-            _mm512_mask_storeu_ps(row, live, p);
-            sum = _mm512_add_ps(sum, p);
-        }
-        softmax_done(m, l, alpha, r, live, mx, a, sum);
-    }
-    return 0;
-}
-
-AVX512 static int softmax_rows_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l,
-                                      float *alpha) {
-    const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
-    const int capped = t->softcap > 0;
-    const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const int plain = npattn_tile_plain(t);
-    for (int64_t r = 0; r < t->M; r++) {
-        float *row = st + r * t->ld;
-        const float *brow = t->bias ? t->bias + r * t->ld : NULL;
-        if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
-        __m512i vlo = _mm512_set1_epi32(t->lo ? t->lo[r] : 0), vhi = _mm512_set1_epi32(t->lo ? t->hi[r] : 0);
-        __m512 vmx = ninf, nf = zero;
-        if (plain) { /* pass 1: the row's max of the raw scores, times scale; two chains */
-            __m512 raw[2] = {_mm512_set1_ps(-FLT_MAX), _mm512_set1_ps(-FLT_MAX)}, sums[2] = {zero, zero};
-            int64_t j = 0;
-            for (; j + 32 <= t->nk; j += 32)
-                for (int c = 0; c < 2; c++) {
-                    const __m512 x = _mm512_loadu_ps(row + j + 16 * c);
-                    sums[c] = _mm512_add_ps(sums[c], x);
-                    raw[c] = _mm512_max_ps(raw[c], x);
-                }
-            for (; j < t->nk; j += 16) {
-                const __mmask16 live = lanes(t->nk - j, 0);
-                const __m512 x = _mm512_maskz_loadu_ps(live, row + j);
-                sums[0] = _mm512_add_ps(sums[0], x);
-                raw[0] = _mm512_mask_max_ps(raw[0], live, raw[0], x);
-            }
-            /* the lanes' max before scaling: a lane no score reached holds -FLT_MAX */
-            vmx = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(raw[0], raw[1])) * t->scale);
-            /* finite unless a score is NaN or infinite, or scaling overflowed */
-            nf = _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), vmx);
-            nf = _mm512_sub_ps(nf, nf);
-        }
-        /* pass 1: final scores written back, the row's max */
-        for (int64_t j = 0; j < t->nk && !plain; j += 16) {
-            const __mmask16 live = lanes(t->nk - j, 0);
-            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + j), scale);
-            __m512 check = _mm512_sub_ps(x, x);
-            __mmask16 vis = live;
-            if (capped) x = _mm512_mul_ps(cap, tanh_approx(_mm512_mul_ps(x, inv_cap)));
-            if (t->lo) {
-                __m512i vj = _mm512_add_epi32(iota, _mm512_set1_epi32((int32_t)j));
-                vis &= _mm512_cmp_epi32_mask(vlo, vj, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(vj, vhi, _MM_CMPINT_LE);
-            }
-            if (brow) {
-                __m512 b = _mm512_maskz_loadu_ps(live, brow + j);
-                vis &= _mm512_cmp_ps_mask(b, ninf, _CMP_NEQ_UQ);
-                x = _mm512_add_ps(x, b);
-                check = _mm512_add_ps(check, _mm512_sub_ps(x, x));
-            }
-            nf = _mm512_mask_add_ps(nf, vis, nf, check);
-            x = _mm512_mask_blend_ps(vis, ninf, x);
-            _mm512_mask_storeu_ps(row + j, live, x);
-            vmx = _mm512_mask_max_ps(vmx, live, vmx, x);
-        }
-        if (_mm512_cmp_ps_mask(nf, zero, _CMP_NEQ_UQ)) return 1;
-        float mx = _mm512_reduce_max_ps(vmx);
-        mx = m[r] > mx ? m[r] : mx;
-        /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
-        const __m512 shift = _mm512_set1_ps(mx == -INFINITY ? 0.0f : mx);
-        const __m512 by = plain ? scale : _mm512_set1_ps(1.0f);
-        __m512 sums[2] = {zero, zero};
-        int64_t j = 0;
-        for (; j + 32 <= t->nk; j += 32)
-            for (int c = 0; c < 2; c++) {
-                const __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row + j + 16 * c), by), shift));
-                _mm512_storeu_ps(row + j + 16 * c, p);
-                sums[c] = _mm512_add_ps(sums[c], p);
-            }
-        for (; j < t->nk; j += 16) {
-            const __mmask16 live = lanes(t->nk - j, 0);
-            const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + j), by);
-            const __m512 p = _mm512_maskz_mov_ps(live, exp_nonpos(_mm512_sub_ps(x, shift)));
-            _mm512_mask_storeu_ps(row + j, live, p);
-            sums[0] = _mm512_add_ps(sums[0], p);
-        }
-        const __m512 sum = _mm512_add_ps(sums[0], sums[1]);
-        float a = _mm_cvtss_f32(_mm512_castps512_ps128(exp_nonpos(_mm512_sub_ps(_mm512_set1_ps(m[r]), shift))));
-        l[r] = l[r] * a + _mm512_reduce_add_ps(sum);
-        m[r] = mx;
-        alpha[r] = a;
-    }
-    return 0;
-}
 
 /* The 16 sums of v[0..15], lane i = sum of v[i]: a transpose-and-add tree
  * (15 adds, 30 shuffles) instead of 16 horizontal reductions. */
@@ -742,7 +507,7 @@ AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_
     for (int64_t r = 0; r < M; r += 16) {
         const __mmask16 live = lanes(M - r, 0);
         __m512 mx, shift, a, sum = zero;
-        if (softmax_max(st, t, m, r, live, plain, &mx, &shift, &a)) return 1;
+        if (vec_columns_max(st, t, m, r, live, &mx, &shift, &a)) return 1;
         const __m512 from = _mm512_mul_ps(shift, _mm512_set1_ps(-NPATTN_LOG2E));
         for (int64_t p0 = 0; p0 < n16; p0 += 16) {
             __m512i x[16];
@@ -752,7 +517,7 @@ AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_
                 for (int h = 0; h < 2; h++) { /* keys j and j + 1; zeros past nk, and in the lanes past M */
                     const int64_t j = 2 * (p0 + i) + h;
                     p[h] = whole || j < nk
-                               ? _mm512_maskz_mov_ps(live, exp2_nonpos(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, st + j * ld + r),
+                               ? _mm512_maskz_mov_ps(live, vexp2_nonpos(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, st + j * ld + r),
                                                                                        to2, from), 1))
                                : zero;
                     sum = _mm512_add_ps(sum, p[h]);
@@ -762,7 +527,7 @@ AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_
             transpose16(x);
             for (int i = 0; i < 16; i++) _mm512_storeu_si512(pa + (r + i) * ldpa + p0, x[i]);
         }
-        softmax_done(m, l, alpha, r, live, mx, a, sum);
+        vec_columns_done(m, l, alpha, r, live, mx, a, sum);
     }
     return 0;
 }
@@ -1184,7 +949,7 @@ AVX512 static void gemm_f32_avx512(int64_t m, int64_t n, int64_t k, float alpha,
 
 /* The float32 kernels but scores, shared by the three AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
-    .softmax_f32 = softmax_avx512, .softmax_rows_f32 = softmax_rows_avx512,                                          \
+    .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows,                                          \
     .accumulate = accumulate_avx512, .accumulate_ahead = accumulate_ahead_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
     .finish_rows = finish_rows_avx512, .add_f32 = add_f32_avx512, .fma_loop = fma_loop_avx512,                      \
     .gemm_f32 = gemm_f32_avx512

@@ -8,239 +8,11 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "vec_neon.h"
+#include "vec_math.h"
+#include "vec_softmax.h"
 
 #define INLINE static inline __attribute__((always_inline))
-
-INLINE float32x4_t select(uint32x4_t mask, float32x4_t a, float32x4_t b) { return vbslq_f32(mask, a, b); }
-
-INLINE float32x4_t keep(float32x4_t x, uint32x4_t mask) {
-    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x), mask));
-}
-
-/* Whether a lane of x is not 0 (NaN included). */
-INLINE int any_nonzero(float32x4_t x) { return vminvq_u32(vceqq_f32(x, vdupq_n_f32(0.0f))) == 0; }
-
-/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
-INLINE float32x4_t exp_nonpos(float32x4_t x) {
-    const float32x4_t vmin = vdupq_n_f32(NPATTN_EXP2_MIN);
-    float32x4_t y = vmulq_f32(x, vdupq_n_f32(NPATTN_LOG2E));
-    uint32x4_t live = vcgeq_f32(y, vmin);
-    y = vmaxq_f32(y, vmin);
-    float32x4_t n = vrndnq_f32(y);
-    float32x4_t f = vsubq_f32(y, n);
-    float32x4_t p = vdupq_n_f32(NPATTN_EXP2_C6);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C5), p, f);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C4), p, f);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C3), p, f);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C2), p, f);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C1), p, f);
-    p = vfmaq_f32(vdupq_n_f32(1.0f), p, f);
-    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-    return keep(vmulq_f32(p, vreinterpretq_f32_s32(e)), live);
-}
-
-/* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
-INLINE float32x4_t tanh_approx(float32x4_t y) {
-    const float32x4_t one = vdupq_n_f32(1.0f);
-    float32x4_t a = vabsq_f32(y);
-    float32x4_t u = vmulq_f32(y, y);
-    float32x4_t p = vdupq_n_f32(NPATTN_TANH_P4);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P3), p, u);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P2), p, u);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P1), p, u);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P0), p, u);
-    float32x4_t near = vfmaq_f32(y, vmulq_f32(y, u), p);
-    float32x4_t e = exp_nonpos(vmulq_f32(a, vdupq_n_f32(-2.0f)));
-    float32x4_t far = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
-    far = vbslq_f32(vdupq_n_u32(0x80000000u), y, far); /* y's sign */
-    return select(vcltq_f32(a, vdupq_n_f32(NPATTN_TANH_SPLIT)), near, far);
-}
-
-static int softmax_neon(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
-    const int64_t nk = t->nk, M = t->M, ld = t->ld;
-    const float32x4_t scale = vdupq_n_f32(t->scale), ninf = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
-    const int capped = t->softcap > 0;
-    const float32x4_t cap = vdupq_n_f32(t->softcap), inv_cap = vdupq_n_f32(capped ? 1.0f / t->softcap : 0.0f);
-    const int plain = npattn_tile_plain(t);
-    int64_t r = 0;
-    for (; r + 4 <= M; r += 4) {
-        float32x4_t vm = vld1q_f32(m + r), mx = vm;
-        /* nf sums x - x over unhidden scores (plain: the scores): it stays finite unless one is NaN or infinite */
-        float32x4_t nf = keep(vsubq_f32(vm, vm), vmvnq_u32(vceqq_f32(vm, ninf)));
-        int32x4_t vlo = vdupq_n_s32(0), vhi = vlo;
-        if (t->lo) {
-            vlo = vld1q_s32(t->lo + r);
-            vhi = vld1q_s32(t->hi + r);
-        }
-        if (plain) { /* pass 1: the column max of the raw scores, times scale; four chains of keys */
-            float32x4_t raw[4], sums[4];
-            for (int c = 0; c < 4; c++) raw[c] = vdupq_n_f32(-FLT_MAX), sums[c] = zero;
-            int64_t j = 0;
-            for (; j + 4 <= nk; j += 4)
-                for (int c = 0; c < 4; c++) {
-                    const float32x4_t x = vld1q_f32(st + (j + c) * ld + r);
-                    sums[c] = vaddq_f32(sums[c], x);
-                    raw[c] = vmaxq_f32(raw[c], x);
-                }
-            for (; j < nk; j++) {
-                const float32x4_t x = vld1q_f32(st + j * ld + r);
-                sums[0] = vaddq_f32(sums[0], x);
-                raw[0] = vmaxq_f32(raw[0], x);
-            }
-            const float32x4_t most = vmaxq_f32(vmaxq_f32(raw[0], raw[1]), vmaxq_f32(raw[2], raw[3]));
-            const float32x4_t top = vmulq_f32(most, scale);
-            nf = vaddq_f32(nf, vaddq_f32(vaddq_f32(sums[0], sums[1]), vaddq_f32(sums[2], sums[3])));
-            nf = vaddq_f32(nf, top);
-            mx = vmaxq_f32(mx, top);
-        }
-        /* pass 1: final scores written back, the column max */
-        for (int64_t j = 0; j < nk && !plain; j++) {
-            float *row = st + j * ld + r;
-            float32x4_t x = vmulq_f32(vld1q_f32(row), scale);
-            float32x4_t check = vsubq_f32(x, x);
-            uint32x4_t vis = vdupq_n_u32(~0u);
-            if (capped) x = vmulq_f32(cap, tanh_approx(vmulq_f32(x, inv_cap)));
-            if (t->lo) {
-                int32x4_t vj = vdupq_n_s32((int32_t)j);
-                vis = vbicq_u32(vis, vorrq_u32(vcgtq_s32(vlo, vj), vcgtq_s32(vj, vhi)));
-            }
-            if (t->bias) {
-                float32x4_t b = vld1q_f32(t->bias + j * ld + r);
-                vis = vandq_u32(vis, vmvnq_u32(vceqq_f32(b, ninf)));
-                x = vaddq_f32(x, b);
-                check = vaddq_f32(check, vsubq_f32(x, x));
-            }
-            nf = vaddq_f32(nf, keep(check, vis));
-            x = select(vis, x, ninf);
-            vst1q_f32(row, x);
-            mx = vmaxq_f32(mx, x);
-        }
-        if (any_nonzero(vsubq_f32(nf, nf))) return 1;
-        /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
-        float32x4_t shift = select(vceqq_f32(mx, ninf), zero, mx);
-        float32x4_t a = exp_nonpos(vsubq_f32(vm, shift)), sum = zero;
-        for (int64_t j = 0; j < nk; j++) {
-            float *row = st + j * ld + r;
-            float32x4_t x = vld1q_f32(row);
-            float32x4_t p = exp_nonpos(vsubq_f32(plain ? vmulq_f32(x, scale) : x, shift));
-            vst1q_f32(row, p);
-            sum = vaddq_f32(sum, p);
-        }
-        vst1q_f32(l + r, vfmaq_f32(sum, vld1q_f32(l + r), a));
-        vst1q_f32(m + r, mx);
-        vst1q_f32(alpha + r, a);
-    }
-    return r < M ? npattn_softmax_f32_columns(st, t, r, M, m, l, alpha) : 0;
-}
-
-/* Lanes j .. j+3 of a row of n: all ones where j + lane < n. */
-INLINE uint32x4_t lanes(int64_t n, int64_t j) {
-    static const int32_t iota[4] = {0, 1, 2, 3};
-    int64_t left = n - j;
-    return vcgtq_s32(vdupq_n_s32((int32_t)(left > 4 ? 4 : left)), vld1q_s32(iota));
-}
-
-/* NEON has no masked load or store: the lanes past n go through a buffer. */
-INLINE float32x4_t load_part(const float *src, int64_t n, int64_t j) {
-    if (n - j >= 4) return vld1q_f32(src + j);
-    float buf[4] = {0, 0, 0, 0};
-    memcpy(buf, src + j, (size_t)(n - j) * sizeof *buf);
-    return vld1q_f32(buf);
-}
-
-INLINE void store_part(float *dst, int64_t n, int64_t j, float32x4_t x) {
-    if (n - j >= 4) {
-        vst1q_f32(dst + j, x);
-        return;
-    }
-    float buf[4];
-    vst1q_f32(buf, x);
-    memcpy(dst + j, buf, (size_t)(n - j) * sizeof *buf);
-}
-
-static int softmax_rows_neon(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
-    const float32x4_t scale = vdupq_n_f32(t->scale), ninf = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
-    const int capped = t->softcap > 0;
-    const float32x4_t cap = vdupq_n_f32(t->softcap), inv_cap = vdupq_n_f32(capped ? 1.0f / t->softcap : 0.0f);
-    static const int32_t iota_s[4] = {0, 1, 2, 3};
-    const int32x4_t iota = vld1q_s32(iota_s);
-    const int plain = npattn_tile_plain(t);
-    for (int64_t r = 0; r < t->M; r++) {
-        float *row = st + r * t->ld;
-        const float *brow = t->bias ? t->bias + r * t->ld : NULL;
-        if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
-        int32x4_t vlo = vdupq_n_s32(t->lo ? t->lo[r] : 0), vhi = vdupq_n_s32(t->lo ? t->hi[r] : 0);
-        float32x4_t vmx = ninf, nf = zero;
-        if (plain) { /* pass 1: the row's max of the raw scores, times scale; two chains */
-            float32x4_t raw[2] = {vdupq_n_f32(-FLT_MAX), vdupq_n_f32(-FLT_MAX)}, sums[2] = {zero, zero};
-            int64_t j = 0;
-            for (; j + 8 <= t->nk; j += 8)
-                for (int c = 0; c < 2; c++) {
-                    const float32x4_t x = vld1q_f32(row + j + 4 * c);
-                    sums[c] = vaddq_f32(sums[c], x);
-                    raw[c] = vmaxq_f32(raw[c], x);
-                }
-            for (; j < t->nk; j += 4) {
-                const float32x4_t x = select(lanes(t->nk, j), load_part(row, t->nk, j), raw[0]);
-                sums[0] = vaddq_f32(sums[0], x);
-                raw[0] = vmaxq_f32(raw[0], x);
-            }
-            /* the lanes' max before scaling: a lane no score reached holds -FLT_MAX */
-            vmx = vdupq_n_f32(vmaxvq_f32(vmaxq_f32(raw[0], raw[1])) * t->scale);
-            /* finite unless a score is NaN or infinite, or scaling overflowed */
-            nf = vaddq_f32(vaddq_f32(sums[0], sums[1]), vmx);
-            nf = vsubq_f32(nf, nf);
-        }
-        /* pass 1: final scores written back, the row's max */
-        for (int64_t j = 0; j < t->nk && !plain; j += 4) {
-            const uint32x4_t live = lanes(t->nk, j);
-            float32x4_t x = vmulq_f32(load_part(row, t->nk, j), scale);
-            float32x4_t check = vsubq_f32(x, x);
-            uint32x4_t vis = live;
-            if (capped) x = vmulq_f32(cap, tanh_approx(vmulq_f32(x, inv_cap)));
-            if (t->lo) {
-                int32x4_t vj = vaddq_s32(iota, vdupq_n_s32((int32_t)j));
-                vis = vbicq_u32(vis, vorrq_u32(vcgtq_s32(vlo, vj), vcgtq_s32(vj, vhi)));
-            }
-            if (brow) {
-                float32x4_t b = load_part(brow, t->nk, j);
-                vis = vandq_u32(vis, vmvnq_u32(vceqq_f32(b, ninf)));
-                x = vaddq_f32(x, b);
-                check = vaddq_f32(check, vsubq_f32(x, x));
-            }
-            nf = vaddq_f32(nf, keep(check, vis));
-            x = select(vis, x, ninf);
-            store_part(row, t->nk, j, x);
-            vmx = vmaxq_f32(vmx, x);
-        }
-        if (any_nonzero(nf)) return 1;
-        float mx = vmaxvq_f32(vmx);
-        mx = m[r] > mx ? m[r] : mx;
-        /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
-        const float32x4_t shift = vdupq_n_f32(mx == -INFINITY ? 0.0f : mx);
-        const float32x4_t by = plain ? scale : vdupq_n_f32(1.0f);
-        float32x4_t sums[2] = {zero, zero};
-        int64_t j = 0;
-        for (; j + 8 <= t->nk; j += 8)
-            for (int c = 0; c < 2; c++) {
-                const float32x4_t p = exp_nonpos(vsubq_f32(vmulq_f32(vld1q_f32(row + j + 4 * c), by), shift));
-                vst1q_f32(row + j + 4 * c, p);
-                sums[c] = vaddq_f32(sums[c], p);
-            }
-        for (; j < t->nk; j += 4) {
-            const float32x4_t x = vmulq_f32(load_part(row, t->nk, j), by);
-            const float32x4_t p = keep(exp_nonpos(vsubq_f32(x, shift)), lanes(t->nk, j));
-            store_part(row, t->nk, j, p);
-            sums[0] = vaddq_f32(sums[0], p);
-        }
-        const float32x4_t sum = vaddq_f32(sums[0], sums[1]);
-        float a = vgetq_lane_f32(exp_nonpos(vsubq_f32(vdupq_n_f32(m[r]), shift)), 0);
-        l[r] = l[r] * a + vaddvq_f32(sum);
-        m[r] = mx;
-        alpha[r] = a;
-    }
-    return 0;
-}
 
 /* 4 elements of a row of type t at p, as floats: float16 through fcvtl,
  * bfloat16 widened into a float's top half (shll); both exact. */
@@ -732,7 +504,7 @@ NEONBF16 INLINE bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
             if (np - p > 2) SCORES_STEP(2, NJ, NV);                                                                     \
         }                                                                                                               \
         for (int j = 0; j < NJ; j++)                                                                                    \
-            for (int v = 0; v < NV && 4 * v < nr; v++) store_part(st + j * ldst, nr, 4 * v, acc[j][v]);                   \
+            for (int v = 0; v < NV && 4 * v < nr; v++) vstore_part(st + j * ldst + 4 * v, nr - 4 * v, acc[j][v]);           \
     }
 
 SCORES_BF16_NEON(4, 4)
@@ -764,7 +536,7 @@ NEONBF16 static void scores_bf16_neon(const uint32_t *qp, int64_t ldq, int64_t M
         float32x4_t acc[4][NV];                                                                                         \
         for (int r = 0; r < 4; r++)                                                                                     \
             for (int v = 0; v < NV; v++)                                                                                \
-                acc[r][v] = r < nr && 4 * v < nc ? load_part(o + r * ldo, nc, 4 * v) : vdupq_n_f32(0.0f);                 \
+                acc[r][v] = r < nr && 4 * v < nc ? vload_part(o + r * ldo + 4 * v, nc - 4 * v) : vdupq_n_f32(0.0f);         \
         for (int64_t p = 0; p < np; p++) {                                                                              \
             bfloat16x8_t x[NV];                                                                                         \
             for (int v = 0; v < NV; v++) x[v] = vreinterpretq_bf16_u32(vld1q_u32(vp + p * ldv + 4 * v));                \
@@ -777,7 +549,7 @@ NEONBF16 static void scores_bf16_neon(const uint32_t *qp, int64_t ldq, int64_t M
             }                                                                                                           \
         }                                                                                                               \
         for (int r = 0; r < 4 && r < nr; r++)                                                                           \
-            for (int v = 0; v < NV && 4 * v < nc; v++) store_part(o + r * ldo, nc, 4 * v, acc[r][v]);                     \
+            for (int v = 0; v < NV && 4 * v < nc; v++) vstore_part(o + r * ldo + 4 * v, nc - 4 * v, acc[r][v]);             \
     }
 
 ACCUMULATE_BF16_NEON(4)
@@ -791,7 +563,7 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
 
 /* The float32 kernels, shared by the two NEON tables. */
 #define NEON_F32_KERNELS                                                                                             \
-    .softmax_f32 = softmax_neon, .softmax_rows_f32 = softmax_rows_neon, .scores = scores_neon,                       \
+    .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows, .scores = scores_neon,                       \
     .accumulate = accumulate_neon, .accumulate_ahead = accumulate_ahead_neon, .f16_to_f32 = f16_to_f32_neon,         \
     .transpose_f32 = transpose_f32_neon, .finish_rows = npattn_finish_rows, .add_f32 = npattn_add_f32,               \
     .fma_loop = fma_loop_neon,                                                                                       \

@@ -1,0 +1,95 @@
+/* kernels/vec_avx2.h: the vector layer in AVX2 + FMA + F16C, 8 float lanes
+ * (see vec_avx512.h for the layer's operations and how to add an element
+ * format). Masks are vectors of all-ones lanes; masked loads and stores are
+ * slow on some CPUs, so the kernels' column tails go to the portable code
+ * (VEC_MASKED_TAILS 0) and a row's tail is masked only where it is short. */
+#ifndef NPATTN_KERNELS_VEC_H
+#define NPATTN_KERNELS_VEC_H
+
+#include <immintrin.h>
+
+#include "kernels.h"
+
+#define VEC_TARGET __attribute__((target("avx2,fma,f16c")))
+#define VEC_FN static inline __attribute__((always_inline)) VEC_TARGET
+#define VEC_LANES 8
+#define VEC_MASKED_TAILS 0
+
+typedef __m256 vf;  /* float lanes */
+typedef __m256 vm;  /* a lane mask: all ones or zeros */
+typedef __m256i vi; /* int32 lanes */
+
+VEC_FN vf vzero(void) { return _mm256_setzero_ps(); }
+VEC_FN vf vset1(float x) { return _mm256_set1_ps(x); }
+VEC_FN vf vbroadcast(const float *p) { return _mm256_broadcast_ss(p); }
+VEC_FN vf vload(const float *p) { return _mm256_loadu_ps(p); }
+VEC_FN void vstore(float *p, vf x) { _mm256_storeu_ps(p, x); }
+VEC_FN vm vall(void) { return _mm256_castsi256_ps(_mm256_set1_epi32(-1)); }
+
+/* The lanes below n (all where n >= 8), as a mask and as maskload's. */
+VEC_FN __m256i vlanes_i(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(n > 8 ? 8 : n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+VEC_FN vm vlanes(int64_t n) { return _mm256_castsi256_ps(vlanes_i(n)); }
+
+/* The first n lanes at p, the rest 0: a plain load where all 8 are there,
+ * maskload only for a short tail; the store likewise. */
+VEC_FN vf vload_part(const float *p, int64_t n) { return n >= 8 ? vload(p) : _mm256_maskload_ps(p, vlanes_i(n)); }
+VEC_FN void vstore_part(float *p, int64_t n, vf x) {
+    if (n >= 8) vstore(p, x);
+    else _mm256_maskstore_ps(p, vlanes_i(n), x);
+}
+/* The lanes of `live` (all lanes here: VEC_MASKED_TAILS is 0). */
+VEC_FN vf vload_m(const float *p, vm live) { return (void)live, vload(p); }
+VEC_FN void vstore_m(float *p, vm live, vf x) { (void)live, vstore(p, x); }
+
+VEC_FN vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+VEC_FN vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+VEC_FN vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+VEC_FN vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+VEC_FN vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); } /* a * b + c, one rounding */
+VEC_FN vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }          /* b where either is NaN */
+VEC_FN vf vabs(vf x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+/* x (not negative) with y's sign. */
+VEC_FN vf vor_sign(vf x, vf y) { return _mm256_or_ps(x, _mm256_and_ps(y, _mm256_set1_ps(-0.0f))); }
+
+VEC_FN vm veq(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+VEC_FN vm vne(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_NEQ_UQ); } /* NaN: not equal */
+VEC_FN vm vge(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+VEC_FN vm vlt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+VEC_FN vm vmand(vm a, vm b) { return _mm256_and_ps(a, b); }
+VEC_FN int vany(vm m) { return _mm256_movemask_ps(m) != 0; }
+VEC_FN vf vselect(vm m, vf a, vf b) { return _mm256_blendv_ps(b, a, m); } /* m ? a : b */
+VEC_FN vf vkeep(vf x, vm m) { return _mm256_and_ps(x, m); }             /* m ? x : 0 */
+
+VEC_FN vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* p * 2^n where keep (n an integer, -126 <= n <= 0 there), else 0. */
+VEC_FN vf vldexp_keep(vf p, vf n, vm keep) {
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+VEC_FN vi viset1(int32_t x) { return _mm256_set1_epi32(x); }
+VEC_FN vi viload_m(const int32_t *p, vm live) { return (void)live, _mm256_loadu_si256((const __m256i *)p); }
+VEC_FN vi viota_plus(int64_t j) { return _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), viset1((int32_t)j)); }
+/* The band mask: the lanes where lo <= j <= hi. */
+VEC_FN vm vband(vi lo, vi hi, vi j) {
+    const __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(lo, j), _mm256_cmpgt_epi32(j, hi));
+    return _mm256_andnot_ps(_mm256_castsi256_ps(out), vall());
+}
+
+VEC_FN float vfirst(vf x) { return _mm_cvtss_f32(_mm256_castps256_ps128(x)); }
+VEC_FN float vreduce_max(vf v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+VEC_FN float vreduce_add(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#endif

@@ -1,0 +1,103 @@
+/* kernels/vec_avx512.h: the vector layer in AVX-512 (F, BW, VL), 16 float
+ * lanes, masks in k registers.
+ *
+ * The layer (vec_avx2.h and vec_neon.h define the same names for their
+ * widths): vf holds VEC_LANES floats, vm a mask of lanes, vi int32 lanes.
+ * Every function is VEC_FN (inline, compiled for the layer's target), so
+ * that the kernels written once over it (vec_math.h, vec_softmax.h,
+ * vec_stream.h) are built once per table by the ISA file that includes them
+ * after its layer:
+ *   vzero vset1 vbroadcast vload vstore vload_part vstore_part vload_m
+ *   vstore_m vall vlanes                         moving floats, masks
+ *   vadd vsub vmul vdiv vfma vmax vabs vor_sign  arithmetic
+ *   veq vne vge vlt vmand vany vselect vkeep     comparing, selecting
+ *   vround vldexp_keep                           the exp2 polynomial's parts
+ *   viset1 viload_m viota_plus vband             the band mask
+ *   vfirst vreduce_max vreduce_add vsums         reductions
+ *   vload_as vload_as_part vprefetch             stored rows, any format
+ * VEC_MASKED_TAILS says whether the kernels run a tail of fewer than
+ * VEC_LANES columns as a masked vector (here) or leave it to the portable
+ * code (the other layers, whose masked loads are slow or missing).
+ *
+ * Element formats. A row stored as F32, F16 or BF16 is read by vload_as(t,
+ * p): VEC_LANES elements as float lanes, exactly (vload_as_part for the
+ * first n of them, the rest 0); npattn_stream_elem (scalar.h) is its scalar
+ * twin for the tails and the portable table. A new format is one more case
+ * in each: its load here, in vec_avx2.h, in vec_neon.h, and its element in
+ * scalar.h, with npattn_stream_size's bytes. Every kernel that reads K or V
+ * (the streamed scores, accumulate) then reads it in its own type. */
+#ifndef NPATTN_KERNELS_VEC_H
+#define NPATTN_KERNELS_VEC_H
+
+#include <immintrin.h>
+
+#include "kernels.h"
+
+#define VEC_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define VEC_FN static inline __attribute__((always_inline)) VEC_TARGET
+#define VEC_LANES 16
+#define VEC_MASKED_TAILS 1
+
+typedef __m512 vf;
+typedef __mmask16 vm;
+typedef __m512i vi;
+
+VEC_FN vf vzero(void) { return _mm512_setzero_ps(); }
+VEC_FN vf vset1(float x) { return _mm512_set1_ps(x); }
+VEC_FN vf vbroadcast(const float *p) { return _mm512_set1_ps(*p); }
+VEC_FN vf vload(const float *p) { return _mm512_loadu_ps(p); }
+VEC_FN void vstore(float *p, vf x) { _mm512_storeu_ps(p, x); }
+VEC_FN vm vall(void) { return (vm)0xFFFF; }
+
+/* The lanes below n (all where n >= 16, none where n <= 0). */
+VEC_FN vm vlanes(int64_t n) { return n >= 16 ? (vm)0xFFFF : n <= 0 ? (vm)0 : (vm)((1u << n) - 1); }
+
+/* The lanes of `live`, the others 0 (stores leave them). */
+VEC_FN vf vload_m(const float *p, vm live) { return _mm512_maskz_loadu_ps(live, p); }
+VEC_FN void vstore_m(float *p, vm live, vf x) { _mm512_mask_storeu_ps(p, live, x); }
+VEC_FN vf vload_part(const float *p, int64_t n) { return vload_m(p, vlanes(n)); }
+VEC_FN void vstore_part(float *p, int64_t n, vf x) { vstore_m(p, vlanes(n), x); }
+
+VEC_FN vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+VEC_FN vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+VEC_FN vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+VEC_FN vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+VEC_FN vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); } /* a * b + c, one rounding */
+VEC_FN vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }          /* b where either is NaN */
+VEC_FN vf vabs(vf x) {
+    return _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_castps_si512(_mm512_set1_ps(-0.0f)), _mm512_castps_si512(x)));
+}
+/* x (not negative) with y's sign. */
+VEC_FN vf vor_sign(vf x, vf y) {
+    const __m512i sign = _mm512_castps_si512(_mm512_set1_ps(-0.0f));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_and_si512(_mm512_castps_si512(y), sign)));
+}
+
+VEC_FN vm veq(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+VEC_FN vm vne(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ); } /* NaN: not equal */
+VEC_FN vm vge(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+VEC_FN vm vlt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+VEC_FN vm vmand(vm a, vm b) { return a & b; }
+VEC_FN int vany(vm m) { return m != 0; }
+VEC_FN vf vselect(vm m, vf a, vf b) { return _mm512_mask_blend_ps(m, b, a); } /* m ? a : b */
+VEC_FN vf vkeep(vf x, vm m) { return _mm512_maskz_mov_ps(m, x); }          /* m ? x : 0 */
+
+VEC_FN vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* p * 2^n where keep (n an integer, -126 <= n <= 0 there), else 0. */
+VEC_FN vf vldexp_keep(vf p, vf n, vm keep) { return _mm512_maskz_scalef_ps(keep, p, n); }
+
+VEC_FN vi viset1(int32_t x) { return _mm512_set1_epi32(x); }
+VEC_FN vi viload_m(const int32_t *p, vm live) { return _mm512_maskz_loadu_epi32(live, p); }
+VEC_FN vi viota_plus(int64_t j) {
+    return _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), viset1((int32_t)j));
+}
+/* The band mask: the lanes where lo <= j <= hi. */
+VEC_FN vm vband(vi lo, vi hi, vi j) {
+    return _mm512_cmp_epi32_mask(lo, j, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(j, hi, _MM_CMPINT_LE);
+}
+
+VEC_FN float vfirst(vf x) { return _mm_cvtss_f32(_mm512_castps512_ps128(x)); }
+VEC_FN float vreduce_max(vf v) { return _mm512_reduce_max_ps(v); }
+VEC_FN float vreduce_add(vf v) { return _mm512_reduce_add_ps(v); }
+
+#endif
