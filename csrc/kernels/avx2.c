@@ -9,100 +9,16 @@
 #include "vec_avx2.h"
 #include "vec_math.h"
 #include "vec_softmax.h"
+#include "vec_stream.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* The 8 sums of v[0..7], lane i = sum of v[i]: a tree of horizontal adds. */
-AVX2 INLINE __m256 sum8(const __m256 v[8]) {
-    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
-    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    /* u0 holds the low-half sums of v0..v3 in lanes 0..3 and the high-half ones in 4..7 */
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-/* 8 elements of a row of type t at p, as floats: float16 through F16C,
- * bfloat16 widened into a float's top half; both exact. */
-AVX2 INLINE __m256 load8(enum npattn_dtype t, const void *p) {
-    if (t == NPATTN_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    if (t == NPATTN_DTYPE_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-    return _mm256_loadu_ps((const float *)p);
-}
-
 /* The n elements of type t at src as floats at dst: 8 at a time, then one by one. */
 AVX2 INLINE void row_f32(enum npattn_dtype t, const void *src, int64_t n, float *dst) {
     int64_t j = 0;
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, load8(t, npattn_stream_at(t, src, j)));
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, vload_as(t, npattn_stream_at(t, src, j)));
     for (; j < n; j++) dst[j] = npattn_stream_elem(t, src, j);
-}
-
-/* The n bytes from p, into L2. */
-AVX2 INLINE void prefetch_row(const void *p, int64_t n) {
-    for (int64_t b = 0; b < n; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
-}
-
-/* Scores of nr <= 4 query rows against nkb <= 3 keys (rows of type kt at
- * kr), into st (nr, ldst), a small GEMM's microkernel for 16 registers: 12
- * accumulators, 3 key vectors (converted once, used 4 times) and a query
- * vector; then one reduction tree per 8 scores. pf: where the rows to
- * prefetch for these keys start, or NULL. */
-AVX2 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
-                              int nkb, float *st, int64_t ldst, const void *pf) {
-    __m256 acc[16]; /* acc[3 * row + key]; 12 .. 15 stay zero, for the reduction */
-    for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();
-    int64_t d = 0;
-    const int64_t es = npattn_stream_size(kt);
-    for (; d < (D & ~(int64_t)7); d += 8) {
-        if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
-            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + d), 1);
-        __m256 kv[3];
-        for (int a = 0; a < nkb; a++) kv[a] = load8(kt, npattn_stream_at(kt, kr, a * ldk + d));
-        for (int b = 0; b < nr; b++) {
-            __m256 qv = _mm256_loadu_ps(qr + b * D + d);
-            for (int a = 0; a < nkb; a++) acc[3 * b + a] = _mm256_fmadd_ps(kv[a], qv, acc[3 * b + a]);
-        }
-    }
-    float out[16];
-    _mm256_storeu_ps(out, sum8(acc));
-    if (nr * 3 > 8) _mm256_storeu_ps(out + 8, sum8(acc + 8));
-    if (D % 8) /* the columns past the last 8 */
-        for (int b = 0; b < nr; b++)
-            for (int a = 0; a < nkb; a++)
-                for (int64_t e = d; e < D; e++) out[3 * b + a] += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
-    for (int b = 0; b < nr; b++)
-        for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[3 * b + a];
-}
-
-/* Keys j .. j+nkb-1 against every row, 4 rows at a time, the row count of
- * the last block specialised. */
-AVX2 INLINE void scores_keys(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *kr, int64_t ldk,
-                             int nkb, float *st, int64_t ldst, const void *pf) {
-    int64_t r = 0;
-    for (; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, nkb, st + r * ldst, ldst, r == 0 ? pf : NULL);
-    const void *pr = r == 0 ? pf : NULL;
-    switch (M - r) {
-    case 3: scores_block(kt, q + r * D, 3, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
-    case 2: scores_block(kt, q + r * D, 2, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
-    case 1: scores_block(kt, q + r * D, 1, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
-    default: break;
-    }
-}
-
-AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                           int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n) {
-        const void *k = spans[i].rows;
-        const int64_t nk = spans[i].n;
-        float *sj = st + j0;
-        int64_t j = 0;
-        for (; j + 3 <= nk; j += 3) /* the first row block prefetches */
-            scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 3, sj + j, ldst,
-                        npattn_stream_at(kt, spans[i].ahead, j * ldk));
-        if (nk - j == 2) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 2, sj + j, ldst, NULL);
-        if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, sj + j, ldst, NULL);
-    }
 }
 
 /* MQA and wide groups, 16 rows or more a kv head: the scores of 16 rows
@@ -144,7 +60,7 @@ AVX2 INLINE void scores_lanes_block(const float *qt, int64_t D, const float *kr,
     for (int i = 0; i < 2 * nkb; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d++) {
         if (pf && (d * es) % 64 == 0)
-            for (int a = 0; a < nkb; a++) prefetch_row((const char *)pf + (a * ldp + d) * es, 1);
+            for (int a = 0; a < nkb; a++) vprefetch((const char *)pf + (a * ldp + d) * es);
         const __m256 q0 = _mm256_loadu_ps(qt + LANES_ROWS * d), q1 = _mm256_loadu_ps(qt + LANES_ROWS * d + 8);
         for (int a = 0; a < nkb; a++) {
             const __m256 kb = _mm256_broadcast_ss(kr + a * ldk + d);
@@ -224,66 +140,14 @@ AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, c
     }
 }
 
-/* D = 64 as a constant, so that the loops over it unroll: 1.08-1.27x in
- * cache. (D = 128 so unrolled ran faster alone but no faster in a decode.) */
-AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    if (D == 64) scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
-    else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes, then the
- * rows left by the reduction trees. */
-AVX2 INLINE void scores_typed(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                             int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes; the
+ * rows left take vec_stream.h's reduction trees. */
+AVX2 INLINE int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
+                                   const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     const int64_t lanes = npattn_rows_in_lanes(M, D);
     for (int64_t r = 0; r < lanes; r += LANES_ROWS)
         scores_lanes(kt, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
-    if (M > lanes) scores_sized(kt, q + lanes * D, M - lanes, D, spans, n_span, ldk, st + lanes * ldst, ldst);
-}
-
-/* One copy of the loops per key type, its conversion inlined. */
-AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
-                             int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
-    (void)qb; /* no tiles */
-    if (kt == NPATTN_DTYPE_F16) scores_typed(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_typed(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
-    else scores_typed(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* o (nr rows, 8 * nc columns from e0; nr * nc <= 12) += P @ v, o in
- * registers while the value rows (type vt) of the spans stream past: nr * nc
- * accumulators, enough independent chains for two FMA units of 4-cycle
- * latency, nc value vectors (converted once, used nr times) and a broadcast
- * weight. It prefetches its columns of every pf_every-th row ahead, from
- * row pf_first on. */
-AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
-                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
-                                  float *o, int pf_every, int pf_first) {
-    const int64_t es = npattn_stream_size(vt);
-    __m256 acc[12]; /* acc[nc * row + chunk], from zero */
-    for (int i = 0; i < nr * nc; i++) acc[i] = _mm256_setzero_ps();
-    int to_pf = pf_first; /* rows until the next prefetch */
-    for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
-        const char *v = spans[ri].rows, *pf = spans[ri].ahead;
-        for (int64_t i = 0; i < spans[ri].n; i++, j++) {
-            if (to_pf-- == 0) { /* the block's columns, into L2 */
-                prefetch_row(pf + (i * ldv + e0) * es, 8 * nc * es);
-                to_pf = pf_every - 1;
-            }
-            __m256 vv[12];
-            for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, i * ldv + e0 + 8 * c));
-            for (int a = 0; a < nr; a++) {
-                __m256 pa = _mm256_broadcast_ss(st + a * ldst + j);
-                for (int c = 0; c < nc; c++) acc[nc * a + c] = _mm256_fmadd_ps(pa, vv[c], acc[nc * a + c]);
-            }
-        }
-    }
-    for (int a = 0; a < nr; a++)
-        for (int c = 0; c < nc; c++) {
-            float *oc = o + a * Dv + e0 + 8 * c;
-            _mm256_storeu_ps(oc, _mm256_add_ps(_mm256_loadu_ps(oc), acc[nc * a + c]));
-        }
+    return lanes;
 }
 
 /* accumulate_of's blocks: blocks of 6 rows, then what is left; 4 + 3 for the last 7 */
@@ -300,11 +164,11 @@ INLINE int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 : (int)l
  * block of the chunks left, fewer than nc, each count a constant of its own
  * so that the accumulators stay in registers (the cases of nc or more never
  * occur, and compile to nothing). Each block prefetches its own columns of
- * the rows ahead that accumulate_block's pf_every and pf_first name. */
+ * the rows ahead that vec_accumulate_block's pf_every and pf_first name. */
 AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
                                  int pf_every, int pf_first) {
-#define BLOCK(n) accumulate_block(vt, st, ldst, nr, n, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first)
+#define BLOCK(n) vec_accumulate_block(vt, st, ldst, nr, n, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first)
     int64_t e0 = 0;
     for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) BLOCK(nc);
     switch ((Dv - e0) / 8) {
@@ -345,16 +209,17 @@ AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ld
         default: break;
         }
     }
-    if (Dv % 8) /* columns left over, fewer than 8 */
-        npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, Dv / 8 * 8, o);
 }
 
-/* Dv = 64 as a constant, as scores_sized: 1.03-1.08x. */
-AVX2 INLINE void accumulate_sized(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+/* accumulate_of, Dv = 64 as a constant (as the scores: 1.03-1.08x); the
+ * columns past the last 8 left to the portable code. */
+AVX2 INLINE int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                                      const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     if (Dv == 64) accumulate_of(vt, st, ldst, M, spans, n_span, ldv, 64, o);
     else accumulate_of(vt, st, ldst, M, spans, n_span, ldv, Dv, o);
+    return Dv / 8 * 8;
 }
+
 
 /* accumulate_of's passes over each value row, counted with float32's
  * blocks (half values' blocks, no wider, take as many or more). */
@@ -365,14 +230,6 @@ static int64_t accumulate_ahead_avx2(int64_t M, int64_t Dv, int64_t rows, int64_
         passes += (Dv / 8 + ACC_CHUNKS(nr, 1) - 1) / ACC_CHUNKS(nr, 1);
     }
     return npattn_ahead_of_passes(passes, rows, tile);
-}
-
-/* One copy of the loops per value type, its conversion inlined. */
-AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                                 int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_sized(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_sized(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else accumulate_sized(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
 }
 
 AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) { row_f32(NPATTN_DTYPE_F16, src, n, dst); }
@@ -557,8 +414,8 @@ const struct npattn_kernels npattn_kernels_avx2 = {
     .name = "avx2",
     .softmax_f32 = vec_softmax_columns,
     .softmax_rows_f32 = vec_softmax_rows,
-    .scores = scores_avx2,
-    .accumulate = accumulate_avx2,
+    .scores = vec_scores,
+    .accumulate = vec_accumulate,
     .accumulate_ahead = accumulate_ahead_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
     .transpose_f32 = npattn_transpose_f32_avx2,

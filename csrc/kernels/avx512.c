@@ -11,89 +11,10 @@
 #include "vec_avx512.h"
 #include "vec_math.h"
 #include "vec_softmax.h"
+#include "vec_stream.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define INLINE static inline __attribute__((always_inline))
-
-/* The 16 sums of v[0..15], lane i = sum of v[i]: a transpose-and-add tree
- * (15 adds, 30 shuffles) instead of 16 horizontal reductions. */
-AVX512 INLINE __m512 sum16(const __m512 v[16]) {
-    __m512 b[4];
-    for (int g = 0; g < 4; g++) {
-        const __m512 *w = v + 4 * g;
-        /* within each 128-bit lane: partial sums of w0, w1 (then w2, w3) interleaved */
-        __m512 a01 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
-        __m512 a23 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
-        /* each 128-bit lane now holds one partial sum of w0, w1, w2, w3 */
-        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
-        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
-        b[g] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-    }
-    /* add the four 128-bit lanes, group g ending in lane g */
-    __m512 d01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
-    __m512 d23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD));
-}
-
-/* 16 float16 or bfloat16 values as floats, exactly: float16 through
- * vcvtph2ps, bfloat16 widened into a float's top half. */
-AVX512 INLINE __m512 widen16(enum npattn_dtype t, __m256i x) {
-    if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
-}
-
-/* Chunk c (16 elements) of a row of type t at p, as floats, the lanes not
- * live zero. No branch, so that loops keeping many accumulators in
- * registers do not spill them. */
-AVX512 INLINE __m512 load16_live(enum npattn_dtype t, const void *p, __mmask16 live, int64_t c) {
-    if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(live, (const float *)p + 16 * c);
-    return widen16(t, _mm256_maskz_loadu_epi16(live, (const uint16_t *)p + 16 * c));
-}
-
-/* The same for a row of n elements, lanes beyond n zero; a whole chunk of
- * halves by a plain load (masked, the scores' loops over a D that is not
- * a constant ran 5-10% slower). */
-AVX512 INLINE __m512 load16(enum npattn_dtype t, const void *p, int64_t n, int64_t c) {
-    if (t == NPATTN_DTYPE_F32 || n - 16 * c < 16) return load16_live(t, p, lanes(n, c), c);
-    return widen16(t, _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + 16 * c)));
-}
-
-/* The n bytes from p, into L2. */
-AVX512 INLINE void prefetch_row(const void *p, int64_t n) {
-    for (int64_t b = 0; b < n; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
-}
-
-/* Scores of nr <= 4 query rows (at qr) against nkb <= 4 keys (rows of type
- * kt at kr), into st (nr, ldst): 16 products per pair of loaded vectors, one
- * reduction tree. pf: where the rows to prefetch for these keys start, or NULL. */
-AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
-                                int nkb, float *st, int64_t ldst, const void *pf) {
-    __m512 acc[16]; /* acc[4 * row + key] */
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    const int64_t es = npattn_stream_size(kt);
-    for (int64_t c = 0; 16 * c < D; c++) {
-        __mmask16 m = lanes(D, c);
-        __m512 kv[4], qv[4];
-        if (pf && (16 * c * es) % 64 == 0) /* one prefetch per cache line */
-            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + 16 * c), 1);
-        for (int a = 0; a < nkb; a++) kv[a] = load16(kt, npattn_stream_at(kt, kr, a * ldk), D, c);
-        for (int b = 0; b < nr; b++) qv[b] = _mm512_maskz_loadu_ps(m, qr + b * D + 16 * c);
-        for (int b = 0; b < nr; b++)
-            for (int a = 0; a < nkb; a++) acc[4 * b + a] = _mm512_fmadd_ps(kv[a], qv[b], acc[4 * b + a]);
-    }
-    __m512 sums = sum16(acc); /* lanes 4b .. 4b+3: row b, keys 0..3 */
-    if (nkb == 4) {
-        if (nr > 0) _mm_storeu_ps(st, _mm512_extractf32x4_ps(sums, 0));
-        if (nr > 1) _mm_storeu_ps(st + ldst, _mm512_extractf32x4_ps(sums, 1));
-        if (nr > 2) _mm_storeu_ps(st + 2 * ldst, _mm512_extractf32x4_ps(sums, 2));
-        if (nr > 3) _mm_storeu_ps(st + 3 * ldst, _mm512_extractf32x4_ps(sums, 3));
-        return;
-    }
-    float out[16];
-    _mm512_storeu_ps(out, sums);
-    for (int b = 0; b < nr; b++)
-        for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[4 * b + a];
-}
 
 /* kt (D, 16) = nkb <= 16 bfloat16 key rows (at rows[i]; D a multiple of
  * 32) with the keys in lanes, zeros past nkb: each row's pairs transposed,
@@ -107,7 +28,7 @@ AVX512 INLINE int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D
     for (int64_t c = 0; c < D; c += 32) {
         __m512i x[16];
         for (int i = 0; i < 16; i++) {
-            if (i < nkb) prefetch_row((const uint16_t *)ahead[i] + c, 1);
+            if (i < nkb) vprefetch((const uint16_t *)ahead[i] + c);
             x[i] = i < nkb ? _mm512_loadu_si512((const uint16_t *)rows[i] + c) : _mm512_setzero_si512();
             if (pairs) least = bf16_least(least, x[i]);
         }
@@ -194,110 +115,27 @@ AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, co
     }
 }
 
-/* The keys of one span (n rows at k, ldk apart; the rows ahead at ahead)
- * against every row of q, into st's columns from 0. */
-AVX512 INLINE void scores_span(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k,
-                              const void *ahead, int64_t ldk, int64_t nk, float *st, int64_t ldst) {
-    int64_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const void *pf = npattn_stream_at(kt, ahead, j * ldk); /* the first row block prefetches */
-        int64_t r = 0;
-        if (M >= 4) {
-            scores_block(kt, q, 4, D, kr, ldk, 4, st + j, ldst, pf);
-            for (r = 4; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, 4, st + r * ldst + j, ldst, NULL);
-        }
-        const void *pr = r == 0 ? pf : NULL;
-        switch (M - r) { /* the rows left, each count specialised */
-        case 3: scores_block(kt, q + r * D, 3, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
-        case 2: scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
-        case 1: scores_block(kt, q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
-        default: break;
-        }
-    }
-    if (j < nk)
-        for (int64_t r = 0; r < M; r += 4)
-            scores_block(kt, q + r * D, (int)(M - r < 4 ? M - r : 4), D, npattn_stream_at(kt, k, j * ldk), ldk,
-                         (int)(nk - j), st + r * ldst + j, ldst, NULL);
-}
-
-AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                             int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
-        scores_span(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
-}
-
-/* D = 64 as a constant, so that the loops over it unroll: 0.98-1.28x in
- * cache. (D = 128 so unrolled ran faster alone but no faster in a decode;
- * accumulate_of so unrolled ran its float32 rows at 0.6x.) */
-AVX512 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
-                                const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    if (D == 64) scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
-    else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* One copy of the loops per key type, its conversion inlined. */
-AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldk, const uint32_t *qb,
-                                 float *st, int64_t ldst) {
-    (void)qb; /* no tiles */
-    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D))
-        bf16_scores_in_lanes(q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
-    else scores_sized(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
+/* A bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: all of
+ * them with the keys in the lanes; else none (vec_stream.h's reduction
+ * trees take them). */
+AVX512 INLINE int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
+                                     const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
+                                     int64_t ldst) {
+    if (kt != NPATTN_DTYPE_BF16 || !npattn_bf16_keys_in_lanes(M, D)) return 0;
+    bf16_scores_in_lanes(q, M, D, spans, n_span, ldk, st, ldst);
+    return M;
 }
 
 /* The most rows of one block of accumulate_of, whose accumulators (rows x
  * chunks of 16 columns) are at most 16 registers. */
 #define ACC_ROWS 8
 
-/* Key j's terms of accumulate_block: value row vr's nc chunks (lanes m)
- * against column j of P's nr rows. */
-AVX512 INLINE void accumulate_key(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t j,
-                                  const void *vr, const __mmask16 *m, __m512 *acc) {
-    __m512 vv[4];
-    for (int c = 0; c < nc; c++) vv[c] = load16_live(vt, vr, m[c], c);
-    for (int a = 0; a < nr; a++) {
-        const __m512 pa = _mm512_set1_ps(st[a * ldst + j]);
-        for (int c = 0; c < nc; c++) acc[nc * a + c] = _mm512_fmadd_ps(pa, vv[c], acc[nc * a + c]);
-    }
-}
-
-/* o (nr rows, 16 nc columns from e0) += P @ v: o in registers while the
- * value rows (type vt) of the spans stream past, each row's chunks loaded
- * and converted once for all nr. With `ahead` (a constant: the loop
- * specialised), the same columns of the spans' rows ahead are prefetched.
- * No branch within the loop over a span's rows, which would spill o. */
-AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
-                                    const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
-                                    float *o, int ahead) {
-    const int64_t es = npattn_stream_size(vt);
-    __mmask16 m[4];
-    for (int c = 0; c < nc; c++) m[c] = lanes(Dv - e0, c);
-    __m512 acc[16]; /* acc[nc * row + chunk], from zero */
-    for (int i = 0; i < nc * nr; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
-        const char *vr = (const char *)spans[ri].rows + e0 * es, *pf = (const char *)spans[ri].ahead + e0 * es;
-        for (int64_t i = 0; i < spans[ri].n; i++, j++) {
-            if (ahead)
-                for (int64_t b = 0; b < 16 * nc * es; b += 64) _mm_prefetch(pf + i * ldv * es + b, _MM_HINT_T1);
-            accumulate_key(vt, st, ldst, nr, nc, j, vr + i * ldv * es, m, acc);
-        }
-    }
-    for (int a = 0; a < nr; a++)
-        for (int c = 0; c < nc; c++) {
-            float *oc = o + a * Dv + e0 + 16 * c;
-            _mm512_mask_storeu_ps(oc, m[c], _mm512_add_ps(_mm512_maskz_loadu_ps(m[c], oc), acc[nc * a + c]));
-        }
-}
-
-/* accumulate_block for nr rows, specialised: the case nr of a switch; the
- * first block (b == 0) prefetches. */
+/* vec_accumulate_block for nr rows, specialised: the case nr of a switch;
+ * the first block (b == 0) prefetches every row ahead. */
 #define ACCUMULATE_BLOCK(nr, nc)                                                                                     \
     case nr:                                                                                                         \
-        if (b == 0) accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 1);                  \
-        else accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 0);                         \
+        if (b == 0) vec_accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 1, 0);           \
+        else vec_accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 0, 0);                  \
         break;
 
 /* Up to 4 rows in one block of 64 columns at a time; more in blocks of at
@@ -305,8 +143,9 @@ AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64
  * blocks of 4 and 3 of 64 columns, one Xeon core), so that each value row
  * is loaded the fewest times. The first block of each pass over the
  * columns prefetches its columns of the rows ahead. */
-AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+AVX512 INLINE int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                                        const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv,
+                                        float *o) {
     if (M <= 4) { /* one block (b, r: its number and first row, for the macro) */
         for (int64_t e0 = 0, r = 0, b = 0; e0 < Dv; e0 += 64) {
             const float *s = st;
@@ -317,7 +156,7 @@ AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t 
                 ACCUMULATE_BLOCK(1, 4)
             }
         }
-        return;
+        return Dv;
     }
     const int64_t n_block = (M + ACC_ROWS - 1) / ACC_ROWS;
     for (int64_t e0 = 0; e0 < Dv; e0 += 32)
@@ -334,22 +173,16 @@ AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t 
             }
             r = r1;
         }
+    return Dv;
 }
 #undef ACCUMULATE_BLOCK
+
 
 /* accumulate_of passes over each value row once per block of rows and
  * columns (npattn_ahead_of_passes). */
 static int64_t accumulate_ahead_avx512(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
     const int64_t passes = M <= 4 ? (Dv + 63) / 64 : (M + ACC_ROWS - 1) / ACC_ROWS * ((Dv + 31) / 32);
     return npattn_ahead_of_passes(passes, rows, tile);
-}
-
-/* One copy of the loops per value type, its conversion inlined. */
-AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                                     int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
 }
 
 AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst) {
@@ -639,7 +472,7 @@ AVX512BF16 static void scores_avx512bf16(const float *q, int64_t M, int64_t D, e
                                          const struct npattn_span *spans, int64_t n_span, int64_t ldk,
                                          const uint32_t *qb, float *st, int64_t ldst) {
     if (kt == NPATTN_DTYPE_BF16 && qb) pairs_scores(q, qb, M, D, spans, n_span, ldk, st, ldst);
-    else scores_avx512(q, M, D, kt, spans, n_span, ldk, NULL, st, ldst);
+    else vec_scores(q, M, D, kt, spans, n_span, ldk, NULL, st, ldst);
 }
 
 /* The pair (k[2p], k[2p + 1]) in every lane. */
@@ -950,7 +783,7 @@ AVX512 static void gemm_f32_avx512(int64_t m, int64_t n, int64_t k, float alpha,
 /* The float32 kernels but scores, shared by the three AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
     .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows,                                          \
-    .accumulate = accumulate_avx512, .accumulate_ahead = accumulate_ahead_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
+    .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
     .finish_rows = finish_rows_avx512, .add_f32 = add_f32_avx512, .fma_loop = fma_loop_avx512,                      \
     .gemm_f32 = gemm_f32_avx512
 
@@ -992,6 +825,6 @@ const struct npattn_kernels npattn_kernels_amx = {
 const struct npattn_kernels npattn_kernels_avx512 = {
     .name = "avx512",
     AVX512_F32_KERNELS,
-    .scores = scores_avx512,
+    .scores = vec_scores,
 };
 #endif

@@ -11,72 +11,9 @@
 #include "vec_neon.h"
 #include "vec_math.h"
 #include "vec_softmax.h"
+#include "vec_stream.h"
 
 #define INLINE static inline __attribute__((always_inline))
-
-/* 4 elements of a row of type t at p, as floats: float16 through fcvtl,
- * bfloat16 widened into a float's top half (shll); both exact. */
-INLINE float32x4_t load4(enum npattn_dtype t, const void *p) {
-    if (t == NPATTN_DTYPE_F16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p)));
-    if (t == NPATTN_DTYPE_BF16) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)p), 16));
-    return vld1q_f32((const float *)p);
-}
-
-/* The n bytes from p, into L2. */
-INLINE void prefetch_row(const void *p, int64_t n) {
-    for (int64_t b = 0; b < n; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
-}
-
-/* Scores of nr <= 2 query rows against nkb <= 4 keys (rows of type kt at
- * kr), into st (nr, ldst): 8 products per loaded pair of vectors, then one
- * reduction per score. pf: where the rows to prefetch for these keys start, or NULL. */
-INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
-                         int nkb, float *st, int64_t ldst, const void *pf) {
-    float32x4_t acc[8]; /* acc[4 * row + key] */
-    for (int i = 0; i < 8; i++) acc[i] = vdupq_n_f32(0.0f);
-    int64_t d = 0;
-    const int64_t es = npattn_stream_size(kt);
-    for (; d + 4 <= D; d += 4) {
-        if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
-            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + d), 1);
-        float32x4_t kv[4], qv[2];
-        for (int a = 0; a < nkb; a++) kv[a] = load4(kt, npattn_stream_at(kt, kr, a * ldk + d));
-        for (int b = 0; b < nr; b++) qv[b] = vld1q_f32(qr + b * D + d);
-        for (int b = 0; b < nr; b++)
-            for (int a = 0; a < nkb; a++) acc[4 * b + a] = vfmaq_f32(acc[4 * b + a], kv[a], qv[b]);
-    }
-    for (int b = 0; b < nr; b++)
-        for (int a = 0; a < nkb; a++) {
-            float s = vaddvq_f32(acc[4 * b + a]);
-            for (int64_t e = d; e < D; e++) s += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
-            st[b * ldst + a] = s;
-        }
-}
-
-/* The keys of one span (n rows at k, ldk apart; the rows ahead at ahead)
- * against every row of q, into st's columns from 0. */
-INLINE void scores_span(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, const void *ahead,
-                       int64_t ldk, int64_t nk, float *st, int64_t ldst) {
-    int64_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const void *pf = npattn_stream_at(kt, ahead, j * ldk); /* the first row block prefetches */
-        int64_t r = 0;
-        for (; r + 2 <= M; r += 2)
-            scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : NULL);
-        if (r < M) scores_block(kt, q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : NULL);
-    }
-    if (j < nk)
-        for (int64_t r = 0; r < M; r += 2)
-            scores_block(kt, q + r * D, (int)(M - r < 2 ? M - r : 2), D, npattn_stream_at(kt, k, j * ldk), ldk,
-                         (int)(nk - j), st + r * ldst + j, ldst, NULL);
-}
-
-INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                      int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
-        scores_span(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
-}
 
 /* MQA and wide groups (npattn_rows_in_lanes), as avx2.c's scores_lanes: 16
  * rows in the lanes of four vectors (q transposed, qt: D x 16) and each key
@@ -122,9 +59,9 @@ INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D,
     int64_t d = 0;
     for (; d + 4 <= D; d += 4) {
         if (pf && (d * es) % 64 == 0)
-            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + d), 1);
+            for (int a = 0; a < nkb; a++) vprefetch(npattn_stream_at(kt, pf, a * ldk + d));
         float32x4_t kv[LANES_KEYS];
-        for (int a = 0; a < nkb; a++) kv[a] = load4(kt, npattn_stream_at(kt, kr, a * ldk + d));
+        for (int a = 0; a < nkb; a++) kv[a] = vload_as(kt, npattn_stream_at(kt, kr, a * ldk + d));
 #define LANE(e)                                                                                                        \
     for (int v = 0; v < 4; v++) {                                                                                      \
         const float32x4_t qv = vld1q_f32(qt + LANES_ROWS * (d + e) + 4 * v);                                           \
@@ -174,91 +111,46 @@ INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const 
         }
 }
 
-/* D = 64 as a constant, so that the loops over it unroll, as in the x86
- * kernels. */
-INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                         int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    if (D == 64) scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
-    else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes, then the
- * rows left by the reduction trees. */
-INLINE void scores_typed(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                        int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes; the
+ * rows left take vec_stream.h's reduction trees. */
+INLINE int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     const int64_t lanes = npattn_rows_in_lanes(M, D);
     for (int64_t r = 0; r < lanes; r += LANES_ROWS)
         scores_lanes(kt, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
-    if (M > lanes) scores_sized(kt, q + lanes * D, M - lanes, D, spans, n_span, ldk, st + lanes * ldst, ldst);
+    return lanes;
 }
 
-/* One copy of the loops per key type, its conversion inlined. */
-static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
-                        int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
-    (void)qb; /* no tiles */
-    if (kt == NPATTN_DTYPE_F16) scores_typed(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_typed(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
-    else scores_typed(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers while the
- * value rows (type vt) of the spans stream past. With ahead, its columns of
- * each row ahead are prefetched. */
-INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, const struct npattn_span *spans,
-                             int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0, float *o, int ahead) {
-    const int64_t es = npattn_stream_size(vt);
-    float32x4_t acc[16]; /* acc[4 * row + chunk], from zero */
-    for (int i = 0; i < 4 * nr; i++) acc[i] = vdupq_n_f32(0.0f);
-    for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
-        const char *v = spans[ri].rows, *pf = spans[ri].ahead;
-        for (int64_t i = 0; i < spans[ri].n; i++, j++) {
-            if (ahead) prefetch_row(pf + (i * ldv + e0) * es, 16 * es); /* the block's columns, into L2 */
-            float32x4_t vv[4];
-            for (int c = 0; c < 4; c++) vv[c] = load4(vt, npattn_stream_at(vt, v, i * ldv + e0 + 4 * c));
-            for (int a = 0; a < nr; a++) {
-                float32x4_t pa = vdupq_n_f32(st[a * ldst + j]);
-                for (int c = 0; c < 4; c++) acc[4 * a + c] = vfmaq_f32(acc[4 * a + c], pa, vv[c]);
-            }
-        }
-    }
-    for (int a = 0; a < nr; a++)
-        for (int c = 0; c < 4; c++) {
-            float *oc = o + a * Dv + e0 + 4 * c;
-            vst1q_f32(oc, vaddq_f32(vld1q_f32(oc), acc[4 * a + c]));
-        }
-}
-
-INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                          int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
-    /* the first block of each pass over the columns prefetches them (npattn_ahead_of_passes) */
+/* Blocks of 4 rows by 16 columns; the first block of each pass over the
+ * columns prefetches them (npattn_ahead_of_passes); the columns past the
+ * last 16 left to the portable code. */
+INLINE int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+#define BLOCK(nr, pf) vec_accumulate_block(vt, st + r * ldst, ldst, nr, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, pf, 0)
     int64_t e0 = 0;
     for (; e0 + 16 <= Dv; e0 += 16) {
         int64_t r = 0;
         for (; r + 4 <= M; r += 4)
-            accumulate_block(vt, st + r * ldst, ldst, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, r == 0);
-        const int pr = r == 0;
-        switch (M - r) {
-        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
+            if (r == 0) BLOCK(4, 1);
+            else BLOCK(4, 0);
+        switch ((M - r) * 2 + (r == 0)) {
+        case 7: BLOCK(3, 1); break;
+        case 6: BLOCK(3, 0); break;
+        case 5: BLOCK(2, 1); break;
+        case 4: BLOCK(2, 0); break;
+        case 3: BLOCK(1, 1); break;
+        case 2: BLOCK(1, 0); break;
         default: break;
         }
     }
-    if (e0 < Dv) /* columns left over, fewer than 16 */
-        npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, e0, o);
+#undef BLOCK
+    return e0;
 }
 
-/* accumulate_of's passes over each value row: a block of 4 rows by 16 columns each. */
+
+/* isa_accumulate_of's passes over each value row: a block of 4 rows by 16 columns each. */
 static int64_t accumulate_ahead_neon(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
     return npattn_ahead_of_passes((M + 3) / 4 * (Dv / 16), rows, tile);
-}
-
-/* One copy of the loops per value type, its conversion inlined. */
-static void accumulate_neon(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans, int64_t n_span,
-                            enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
 }
 
 static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {
@@ -563,8 +455,8 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
 
 /* The float32 kernels, shared by the two NEON tables. */
 #define NEON_F32_KERNELS                                                                                             \
-    .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows, .scores = scores_neon,                       \
-    .accumulate = accumulate_neon, .accumulate_ahead = accumulate_ahead_neon, .f16_to_f32 = f16_to_f32_neon,         \
+    .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows, .scores = vec_scores,                       \
+    .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_neon, .f16_to_f32 = f16_to_f32_neon,         \
     .transpose_f32 = transpose_f32_neon, .finish_rows = npattn_finish_rows, .add_f32 = npattn_add_f32,               \
     .fma_loop = fma_loop_neon,                                                                                       \
     .gemm_f32 = gemm_f32_neon

@@ -92,4 +92,42 @@ VEC_FN float vreduce_add(vf v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The lane sums of acc[0 .. n), n <= 16, into out: horizontal adds, 8 sums
+ * a tree (acc[n .. 16) zeros where n > 8, their sums not used). */
+VEC_FN __m256 vsum8(const vf v[8]) {
+    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    /* u0 holds the low-half sums of v0..v3 in lanes 0..3 and the high-half ones in 4..7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#define VEC_SUMS 16 /* the accumulators vsums reads */
+VEC_FN void vsums(const vf acc[VEC_SUMS], int n, float *out) {
+    _mm256_storeu_ps(out, vsum8(acc));
+    if (n > 8) _mm256_storeu_ps(out + 8, vsum8(acc + 8));
+}
+
+/* ---- stored rows: each element format as float lanes, exactly ---- */
+
+/* 8 elements of a row of type t at p: float16 through F16C, bfloat16
+ * widened into a float's top half. */
+VEC_FN vf vload_as(enum npattn_dtype t, const void *p) {
+    if (t == NPATTN_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    if (t == NPATTN_DTYPE_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    return _mm256_loadu_ps((const float *)p);
+}
+
+/* The 64 bytes from p, into L2. */
+VEC_FN void vprefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }
+
+/* The streamed scores' register block (vec_stream.h): 4 rows of q against
+ * 3 keys, 12 accumulators, 3 key vectors and a query vector: 16 registers. */
+#define VEC_SCORE_ROWS 4
+/* accumulate's register blocks: at most VEC_ACC_REGS accumulators, rows
+ * times vectors of columns, and VEC_ACC_CHUNKS vectors of a value row. */
+#define VEC_ACC_REGS 12
+#define VEC_ACC_CHUNKS 8
+#define VEC_SCORE_KEYS 3
+
 #endif

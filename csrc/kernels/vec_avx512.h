@@ -100,4 +100,63 @@ VEC_FN float vfirst(vf x) { return _mm_cvtss_f32(_mm512_castps512_ps128(x)); }
 VEC_FN float vreduce_max(vf v) { return _mm512_reduce_max_ps(v); }
 VEC_FN float vreduce_add(vf v) { return _mm512_reduce_add_ps(v); }
 
+/* The lane sums of acc[0 .. 16) into out (n <= 16 of them used): a
+ * transpose-and-add tree (15 adds, 30 shuffles) instead of 16 horizontal
+ * reductions. */
+#define VEC_SUMS 16
+VEC_FN void vsums(const vf v[VEC_SUMS], int n, float *out) {
+    (void)n;
+    __m512 b[4];
+    for (int g = 0; g < 4; g++) {
+        const __m512 *w = v + 4 * g;
+        /* within each 128-bit lane: partial sums of w0, w1 (then w2, w3) interleaved */
+        __m512 a01 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+        __m512 a23 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+        /* each 128-bit lane now holds one partial sum of w0, w1, w2, w3 */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
+        b[g] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    /* add the four 128-bit lanes, group g ending in lane g */
+    __m512 d01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+    __m512 d23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD)));
+}
+
+/* ---- stored rows: each element format as float lanes, exactly ---- */
+
+/* 16 float16 or bfloat16 values as floats: float16 through vcvtph2ps,
+ * bfloat16 widened into a float's top half. */
+VEC_FN vf vwiden16(enum npattn_dtype t, __m256i x) {
+    if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+/* The 16 elements of a row of type t at p, those of `live` (the others 0).
+ * No branch, so that loops keeping many accumulators in registers do not
+ * spill them. */
+VEC_FN vf vload_as_m(enum npattn_dtype t, const void *p, vm live) {
+    if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(live, p);
+    return vwiden16(t, _mm256_maskz_loadu_epi16(live, p));
+}
+/* The first n (the rest 0); 16 halves by a plain load (masked, the scores'
+ * loops over a D that is not a constant ran 5-10% slower). */
+VEC_FN vf vload_as_part(enum npattn_dtype t, const void *p, int64_t n) {
+    if (t == NPATTN_DTYPE_F32 || n < 16) return vload_as_m(t, p, vlanes(n));
+    return vwiden16(t, _mm256_loadu_si256((const __m256i *)p));
+}
+VEC_FN vf vload_as(enum npattn_dtype t, const void *p) { return vload_as_part(t, p, 16); }
+
+/* The 64 bytes from p, into L2. */
+VEC_FN void vprefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }
+
+/* The streamed scores' register block (vec_stream.h): 4 rows of q against
+ * 4 keys, one reduction tree for the 16 sums. */
+#define VEC_SCORE_ROWS 4
+/* accumulate's register blocks: at most VEC_ACC_REGS accumulators, rows
+ * times vectors of columns, and VEC_ACC_CHUNKS vectors of a value row. */
+#define VEC_ACC_REGS 16
+#define VEC_ACC_CHUNKS 4
+#define VEC_SCORE_KEYS 4
+
 #endif

@@ -89,4 +89,32 @@ VEC_FN float vfirst(vf x) { return vgetq_lane_f32(x, 0); }
 VEC_FN float vreduce_max(vf v) { return vmaxvq_f32(v); }
 VEC_FN float vreduce_add(vf v) { return vaddvq_f32(v); }
 
+/* The lane sums of acc[0 .. n) into out, one reduction each. */
+#define VEC_SUMS 8
+VEC_FN void vsums(const vf acc[VEC_SUMS], int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = vaddvq_f32(acc[i]);
+}
+
+/* ---- stored rows: each element format as float lanes, exactly ---- */
+
+/* 4 elements of a row of type t at p: float16 through fcvtl, bfloat16
+ * widened into a float's top half (shll). */
+VEC_FN vf vload_as(enum npattn_dtype t, const void *p) {
+    if (t == NPATTN_DTYPE_F16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p)));
+    if (t == NPATTN_DTYPE_BF16) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)p), 16));
+    return vld1q_f32((const float *)p);
+}
+
+/* The 64 bytes from p, into L2. */
+VEC_FN void vprefetch(const void *p) { __builtin_prefetch(p, 0, 2); }
+
+/* The streamed scores' register block (vec_stream.h): 2 rows of q against
+ * 4 keys, a reduction per score. */
+#define VEC_SCORE_ROWS 2
+/* accumulate's register blocks: at most VEC_ACC_REGS accumulators, rows
+ * times vectors of columns, and VEC_ACC_CHUNKS vectors of a value row. */
+#define VEC_ACC_REGS 16
+#define VEC_ACC_CHUNKS 4
+#define VEC_SCORE_KEYS 4
+
 #endif
