@@ -10,16 +10,10 @@
 #include "vec_math.h"
 #include "vec_softmax.h"
 #include "vec_stream.h"
+#include "vec_rows.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
-
-/* The n elements of type t at src as floats at dst: 8 at a time, then one by one. */
-AVX2 INLINE void row_f32(enum npattn_dtype t, const void *src, int64_t n, float *dst) {
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, vload_as(t, npattn_stream_at(t, src, j)));
-    for (; j < n; j++) dst[j] = npattn_stream_elem(t, src, j);
-}
 
 /* MQA and wide groups, 16 rows or more a kv head: the scores of 16 rows
  * with the rows in the lanes of two vectors (q transposed, qt: D x 16) and
@@ -82,39 +76,12 @@ AVX2 INLINE void scores_lanes_block(const float *qt, int64_t D, const float *kr,
         for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[8 * (2 * a + r / 8) + r % 8];
 }
 
-/* q's 16 rows of D as qt (D x 16): 8 x 8 blocks through the registers,
- * the columns past the last 8 one by one. */
-AVX2 INLINE void transpose_rows16(const float *q, int64_t D, float *qt) {
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-        for (int h = 0; h < 2; h++) {
-            __m256 r[8], t[8], u[8];
-            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(q + (8 * h + i) * D + d);
-            for (int i = 0; i < 4; i++) { /* rows 2i, 2i+1 interleaved: columns 0 1 4 5, then 2 3 6 7 */
-                t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-                t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-            }
-            for (int i = 0; i < 2; i++) { /* rows 4i .. 4i+3 of columns c and c + 4, c = 0 .. 3 */
-                u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-                u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-                u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-                u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-            }
-            for (int c = 0; c < 4; c++) {
-                _mm256_storeu_ps(qt + LANES_ROWS * (d + c) + 8 * h, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
-                _mm256_storeu_ps(qt + LANES_ROWS * (d + c + 4) + 8 * h, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
-            }
-        }
-    for (; d < D; d++)
-        for (int64_t r = 0; r < LANES_ROWS; r++) qt[LANES_ROWS * d + r] = q[r * D + d];
-}
-
 /* 16 rows of q against the spans' keys (of type kt), into st. */
 AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
                               int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
     float kb[LANES_KEYS * NPATTN_LANES_MAX_D] __attribute__((aligned(64))); /* half keys, converted */
-    transpose_rows16(q, D, qt);
+    vec_transpose_rows(q, D, LANES_ROWS, D, qt, LANES_ROWS);
     const int64_t es = npattn_stream_size(kt);
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n) {
         for (int64_t j = 0, nkb; j < spans[i].n; j += nkb) {
@@ -123,7 +90,7 @@ AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, c
             int64_t ld = ldk;
             if (kt != NPATTN_DTYPE_F32) { /* the block's rows as floats, exactly */
                 for (int64_t a = 0; a < nkb; a++)
-                    row_f32(kt, npattn_stream_at(kt, spans[i].rows, (j + a) * ldk), D, kb + a * D);
+                    vec_row_f32(kt, npattn_stream_at(kt, spans[i].rows, (j + a) * ldk), D, kb + a * D);
                 kr = kb, ld = D;
             }
             const void *pf = nkb == LANES_KEYS ? npattn_stream_at(kt, spans[i].ahead, j * ldk) : NULL;
@@ -232,85 +199,9 @@ static int64_t accumulate_ahead_avx2(int64_t M, int64_t Dv, int64_t rows, int64_
     return npattn_ahead_of_passes(passes, rows, tile);
 }
 
-AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) { row_f32(NPATTN_DTYPE_F16, src, n, dst); }
-
-/* rowsT (w, M) = the transpose of rows (M, w), ldt and ldr apart: 8 x 8 blocks in registers
- * (24 shuffles a block, against 64 stores one by one), then the columns and
- * rows left over one by one. */
-AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT,
-                                    int64_t ldt) {
-    int64_t r0 = 0;
-    for (; r0 + 8 <= M; r0 += 8) {
-        int64_t d0 = 0;
-        for (; d0 + 8 <= w; d0 += 8) {
-            __m256 x[8], t[8], u[8];
-            for (int r = 0; r < 8; r++) x[r] = _mm256_loadu_ps(rows + (r0 + r) * ldr + d0);
-            for (int r = 0; r < 8; r += 2) {
-                t[r] = _mm256_unpacklo_ps(x[r], x[r + 1]);
-                t[r + 1] = _mm256_unpackhi_ps(x[r], x[r + 1]);
-            }
-            /* within each 128-bit half H: u[4g + c] = column 4H + c of rows 4g .. 4g + 3 */
-            for (int g = 0; g < 2; g++) {
-                u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-                u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
-                u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-                u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
-            }
-            for (int c = 0; c < 4; c++) {
-                _mm256_storeu_ps(rowsT + (d0 + c) * ldt + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
-                _mm256_storeu_ps(rowsT + (d0 + 4 + c) * ldt + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
-            }
-        }
-        for (int64_t d = d0; d < w; d++)
-            for (int r = 0; r < 8; r++) rowsT[d * ldt + r0 + r] = rows[(r0 + r) * ldr + d];
-    }
-    for (int64_t r = r0; r < M; r++)
-        for (int64_t d = 0; d < w; d++) rowsT[d * ldt + r] = rows[r * ldr + d];
-}
-
-/* finish_rows: 8 columns a vector, the rest one by one; bfloat16 rounded in
- * integers, float16 by vcvtps2ph. */
-AVX2 static int finish_rows_avx2(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,
-                                 int64_t ld) {
-    const __m256 zero = _mm256_setzero_ps();
-    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF), mag = _mm256_set1_epi32(0x7FFFFFFF);
-    const __m256i inf = _mm256_set1_epi32(0x7F800000), quiet = _mm256_set1_epi32(0x400000);
-    __m256 bad = zero;
-    int tail_bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const float inv = npattn_finish_factor(l, i);
-        const __m256 by = _mm256_set1_ps(inv), seen = _mm256_castsi256_ps(_mm256_set1_epi32(inv == 0.0f ? 0 : -1));
-        const float *x = o + i * w;
-        void *row = (char *)dst + i * ld * npattn_stream_size(dt);
-        int64_t e = 0;
-        for (; e + 8 <= w; e += 8) {
-            const __m256 v = _mm256_loadu_ps(x + e);
-            bad = _mm256_add_ps(bad, _mm256_sub_ps(v, v));
-            const __m256 y = _mm256_and_ps(_mm256_mul_ps(v, by), seen);
-            if (dt == NPATTN_DTYPE_F32) {
-                _mm256_storeu_ps((float *)row + e, y);
-                continue;
-            }
-            __m128i h;
-            if (dt == NPATTN_DTYPE_F16) h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            else { /* + 0x7fff + the kept bit's lowest, then the high half; a NaN kept quiet */
-                const __m256i u = _mm256_castps_si256(y);
-                __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
-                const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, mag), inf);
-                r = _mm256_srli_epi32(_mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan), 16);
-                h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
-            }
-            _mm_storeu_si128((__m128i *)((uint16_t *)row + e), h);
-        }
-        tail_bad |= npattn_finish_columns(x, e, w, inv, dt, row);
-    }
-    return tail_bad || _mm256_movemask_ps(_mm256_cmp_ps(bad, zero, _CMP_NEQ_UQ));
-}
-
-AVX2 static void add_f32_avx2(float *o, const float *x, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_loadu_ps(x + i)));
-    npattn_add_f32(o + i, x + i, n - i);
+/* transpose_f32 in 8 x 8 blocks: the AVX2 table's and the AVX-512 ones'. */
+AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT, int64_t ldt) {
+    vec_transpose_f32(rows, ldr, M, w, rowsT, ldt);
 }
 
 /* ---- the tiles' float products (gemm_f32) ---- */
@@ -396,20 +287,6 @@ AVX2 static void gemm_f32_avx2(int64_t m, int64_t n, int64_t k, float alpha, con
     }
 }
 
-/* 12 chains of 8 lanes: two FMA units of 4-cycle latency want 8 or more. */
-AVX2 static double fma_loop_avx2(int64_t n, float *sink) {
-    __m256 acc[12], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_ps((float)i);
-    for (int64_t r = 0; r < n; r++)
-        for (int i = 0; i < 12; i++) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
-    __m256 s = acc[0];
-    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, acc[i]);
-    float out[8];
-    _mm256_storeu_ps(out, s);
-    *sink = out[0];
-    return 2.0 * 8 * 12 * (double)n;
-}
-
 const struct npattn_kernels npattn_kernels_avx2 = {
     .name = "avx2",
     .softmax_f32 = vec_softmax_columns,
@@ -417,11 +294,11 @@ const struct npattn_kernels npattn_kernels_avx2 = {
     .scores = vec_scores,
     .accumulate = vec_accumulate,
     .accumulate_ahead = accumulate_ahead_avx2,
-    .f16_to_f32 = f16_to_f32_avx2,
+    .f16_to_f32 = vec_f16_to_f32,
     .transpose_f32 = npattn_transpose_f32_avx2,
-    .finish_rows = finish_rows_avx2,
-    .add_f32 = add_f32_avx2,
-    .fma_loop = fma_loop_avx2,
+    .finish_rows = vec_finish_rows,
+    .add_f32 = vec_add_f32,
+    .fma_loop = vec_fma_loop,
     .gemm_f32 = gemm_f32_avx2,
 };
 #endif

@@ -12,6 +12,7 @@
 #include "vec_math.h"
 #include "vec_softmax.h"
 #include "vec_stream.h"
+#include "vec_rows.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define INLINE static inline __attribute__((always_inline))
@@ -183,68 +184,6 @@ AVX512 INLINE int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, i
 static int64_t accumulate_ahead_avx512(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
     const int64_t passes = M <= 4 ? (Dv + 63) / 64 : (M + ACC_ROWS - 1) / ACC_ROWS * ((Dv + 31) / 32);
     return npattn_ahead_of_passes(passes, rows, tile);
-}
-
-AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst) {
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16)
-        _mm512_storeu_ps(dst + j, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + j))));
-    for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
-}
-
-/* finish_rows: 16 columns a vector, the last masked; bfloat16 rounded in
- * integers (vcvtneps2bf16 would flush subnormals), float16 by vcvtps2ph. */
-AVX512 static int finish_rows_avx512(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt,
-                                     void *dst, int64_t ld) {
-    const __m512 zero = _mm512_setzero_ps();
-    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF), mag = _mm512_set1_epi32(0x7FFFFFFF);
-    const __m512i inf = _mm512_set1_epi32(0x7F800000), quiet = _mm512_set1_epi32(0x400000);
-    __m512 bad = zero;
-    for (int64_t i = 0; i < n; i++) {
-        const float inv = npattn_finish_factor(l, i);
-        const __m512 by = _mm512_set1_ps(inv);
-        const __mmask16 seen = inv == 0.0f ? 0 : 0xFFFF;
-        for (int64_t c = 0; 16 * c < w; c++) {
-            const __mmask16 k = lanes(w, c);
-            const __m512 x = _mm512_maskz_loadu_ps(k, o + i * w + 16 * c);
-            bad = _mm512_add_ps(bad, _mm512_sub_ps(x, x));
-            const __m512 y = _mm512_maskz_mul_ps(seen, x, by);
-            if (dt == NPATTN_DTYPE_F32) {
-                _mm512_mask_storeu_ps((float *)dst + i * ld + 16 * c, k, y);
-                continue;
-            }
-            __m256i h;
-            if (dt == NPATTN_DTYPE_F16) h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            else { /* + 0x7fff + the kept bit's lowest, then the high half; a NaN kept quiet */
-                const __m512i u = _mm512_castps_si512(y);
-                __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-                r = _mm512_mask_or_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, mag), inf), u, quiet);
-                h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-            }
-            _mm256_mask_storeu_epi16((uint16_t *)dst + i * ld + 16 * c, k, h);
-        }
-    }
-    return _mm512_cmp_ps_mask(bad, zero, _CMP_NEQ_UQ) != 0;
-}
-
-AVX512 static void add_f32_avx512(float *o, const float *x, int64_t n) {
-    for (int64_t c = 0; 16 * c < n; c++) {
-        const __mmask16 k = lanes(n, c);
-        _mm512_mask_storeu_ps(o + 16 * c, k,
-                              _mm512_add_ps(_mm512_maskz_loadu_ps(k, o + 16 * c), _mm512_maskz_loadu_ps(k, x + 16 * c)));
-    }
-}
-
-/* 16 chains of 16 lanes. */
-AVX512 static double fma_loop_avx512(int64_t n, float *sink) {
-    __m512 acc[16], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_ps((float)i);
-    for (int64_t r = 0; r < n; r++)
-        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
-    __m512 s = acc[0];
-    for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, acc[i]);
-    *sink = _mm512_reduce_add_ps(s);
-    return 2.0 * 16 * 16 * (double)n;
 }
 
 /* ---- bfloat16 dot products (AVX512-BF16: vdpbf16ps) ----
@@ -783,8 +722,8 @@ AVX512 static void gemm_f32_avx512(int64_t m, int64_t n, int64_t k, float alpha,
 /* The float32 kernels but scores, shared by the three AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
     .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows,                                          \
-    .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
-    .finish_rows = finish_rows_avx512, .add_f32 = add_f32_avx512, .fma_loop = fma_loop_avx512,                      \
+    .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_avx512, .f16_to_f32 = vec_f16_to_f32, .transpose_f32 = npattn_transpose_f32_avx2,       \
+    .finish_rows = vec_finish_rows, .add_f32 = vec_add_f32, .fma_loop = vec_fma_loop,                      \
     .gemm_f32 = gemm_f32_avx512
 
 const struct npattn_kernels npattn_kernels_avx512bf16 = {

@@ -12,6 +12,7 @@
 #include "vec_math.h"
 #include "vec_softmax.h"
 #include "vec_stream.h"
+#include "vec_rows.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -20,33 +21,6 @@
  * element taken by lane into the FMAs, half keys converted in registers: no
  * reduction tree, each score one FMA per element in order. */
 enum { LANES_ROWS = 16, LANES_KEYS = 4 };
-
-/* r[i] = lane i of a[0 .. 3]: a 4 x 4 transpose. */
-INLINE void transpose4(const float32x4_t a[4], float32x4_t r[4]) {
-    const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(a[0], a[1]));
-    const float64x2_t t1 = vreinterpretq_f64_f32(vtrn2q_f32(a[0], a[1]));
-    const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(a[2], a[3]));
-    const float64x2_t t3 = vreinterpretq_f64_f32(vtrn2q_f32(a[2], a[3]));
-    r[0] = vreinterpretq_f32_f64(vtrn1q_f64(t0, t2));
-    r[1] = vreinterpretq_f32_f64(vtrn1q_f64(t1, t3));
-    r[2] = vreinterpretq_f32_f64(vtrn2q_f64(t0, t2));
-    r[3] = vreinterpretq_f32_f64(vtrn2q_f64(t1, t3));
-}
-
-/* q's 16 rows of D as qt (D x 16): 4 x 4 blocks through the registers, the
- * columns past the last 4 one by one. */
-INLINE void transpose_rows16(const float *q, int64_t D, float *qt) {
-    int64_t d = 0;
-    for (; d + 4 <= D; d += 4)
-        for (int h = 0; h < 4; h++) {
-            float32x4_t a[4], r[4];
-            for (int i = 0; i < 4; i++) a[i] = vld1q_f32(q + (4 * h + i) * D + d);
-            transpose4(a, r);
-            for (int c = 0; c < 4; c++) vst1q_f32(qt + LANES_ROWS * (d + c) + 4 * h, r[c]);
-        }
-    for (; d < D; d++)
-        for (int64_t r = 0; r < LANES_ROWS; r++) qt[LANES_ROWS * d + r] = q[r * D + d];
-}
 
 /* 16 rows (qt) against nkb <= 4 keys (rows of type kt at kr): 16
  * accumulators, a key vector of 4 elements each, four query vectors an
@@ -78,9 +52,8 @@ INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D,
         }
     if (nkb == LANES_KEYS) {
         for (int v = 0; v < 4; v++) {
-            const float32x4_t a[4] = {acc[v], acc[4 + v], acc[8 + v], acc[12 + v]};
-            float32x4_t r[4];
-            transpose4(a, r);
+            float32x4_t r[4] = {acc[v], acc[4 + v], acc[8 + v], acc[12 + v]};
+            vtranspose(r);
             for (int i = 0; i < 4; i++) vst1q_f32(st + (4 * v + i) * ldst, r[i]);
         }
         return;
@@ -95,7 +68,7 @@ INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D,
 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
                          int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
-    transpose_rows16(q, D, qt);
+    vec_transpose_rows(q, D, LANES_ROWS, D, qt, LANES_ROWS);
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
         for (int64_t j = 0, nkb; j < spans[i].n; j += nkb) {
             nkb = spans[i].n - j < LANES_KEYS ? spans[i].n - j : LANES_KEYS;
@@ -151,35 +124,6 @@ INLINE int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t 
 /* isa_accumulate_of's passes over each value row: a block of 4 rows by 16 columns each. */
 static int64_t accumulate_ahead_neon(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
     return npattn_ahead_of_passes((M + 3) / 4 * (Dv / 16), rows, tile);
-}
-
-static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) vst1q_f32(dst + j, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + j))));
-    for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
-}
-
-/* rowsT (w, M) = the transpose of rows (M, w), ldt and ldr apart: 4 x 4 blocks in registers
- * (as the x86 kernels' 8 x 8), then the columns and rows left over one by
- * one. */
-static void transpose_f32_neon(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT,
-                               int64_t ldt) {
-    int64_t r0 = 0;
-    for (; r0 + 4 <= M; r0 += 4) {
-        int64_t d0 = 0;
-        for (; d0 + 4 <= w; d0 += 4) {
-            const float32x4x2_t a = vtrnq_f32(vld1q_f32(rows + r0 * ldr + d0), vld1q_f32(rows + (r0 + 1) * ldr + d0));
-            const float32x4x2_t b = vtrnq_f32(vld1q_f32(rows + (r0 + 2) * ldr + d0), vld1q_f32(rows + (r0 + 3) * ldr + d0));
-            vst1q_f32(rowsT + d0 * ldt + r0, vcombine_f32(vget_low_f32(a.val[0]), vget_low_f32(b.val[0])));
-            vst1q_f32(rowsT + (d0 + 1) * ldt + r0, vcombine_f32(vget_low_f32(a.val[1]), vget_low_f32(b.val[1])));
-            vst1q_f32(rowsT + (d0 + 2) * ldt + r0, vcombine_f32(vget_high_f32(a.val[0]), vget_high_f32(b.val[0])));
-            vst1q_f32(rowsT + (d0 + 3) * ldt + r0, vcombine_f32(vget_high_f32(a.val[1]), vget_high_f32(b.val[1])));
-        }
-        for (int64_t d = d0; d < w; d++)
-            for (int r = 0; r < 4; r++) rowsT[d * ldt + r0 + r] = rows[(r0 + r) * ldr + d];
-    }
-    for (int64_t r = r0; r < M; r++)
-        for (int64_t d = 0; d < w; d++) rowsT[d * ldt + r] = rows[r * ldr + d];
 }
 
 /* ---- the tiles' float products (gemm_f32), in avx2.c's and avx512.c's shape ---- */
@@ -254,18 +198,6 @@ static void gemm_f32_neon(int64_t m, int64_t n, int64_t k, float alpha, const fl
             }
         }
     }
-}
-
-/* 16 chains of 4 lanes. */
-static double fma_loop_neon(int64_t n, float *sink) {
-    float32x4_t acc[16], x = vdupq_n_f32(0.999999f), y = vdupq_n_f32(1e-7f);
-    for (int i = 0; i < 16; i++) acc[i] = vdupq_n_f32((float)i);
-    for (int64_t r = 0; r < n; r++)
-        for (int i = 0; i < 16; i++) acc[i] = vfmaq_f32(y, acc[i], x);
-    float32x4_t s = acc[0];
-    for (int i = 1; i < 16; i++) s = vaddq_f32(s, acc[i]);
-    *sink = vaddvq_f32(s);
-    return 2.0 * 4 * 16 * (double)n;
 }
 
 /* ---- neonbf16: the neon table with BFDOT (FEAT_BF16: Apple M2 and later,
@@ -456,9 +388,9 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
 /* The float32 kernels, shared by the two NEON tables. */
 #define NEON_F32_KERNELS                                                                                             \
     .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows, .scores = vec_scores,                       \
-    .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_neon, .f16_to_f32 = f16_to_f32_neon,         \
-    .transpose_f32 = transpose_f32_neon, .finish_rows = npattn_finish_rows, .add_f32 = npattn_add_f32,               \
-    .fma_loop = fma_loop_neon,                                                                                       \
+    .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_neon, .f16_to_f32 = vec_f16_to_f32,         \
+    .transpose_f32 = vec_transpose_f32, .finish_rows = npattn_finish_rows, .add_f32 = vec_add_f32,               \
+    .fma_loop = vec_fma_loop,                                                                                       \
     .gemm_f32 = gemm_f32_neon
 
 const struct npattn_kernels npattn_kernels_neon = {

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include "kernels.h"
+#include "vec_ops.h"
 
 #define VEC_TARGET __attribute__((target("avx2,fma,f16c")))
 #define VEC_FN static inline __attribute__((always_inline)) VEC_TARGET
@@ -43,12 +44,8 @@ VEC_FN void vstore_part(float *p, int64_t n, vf x) {
 VEC_FN vf vload_m(const float *p, vm live) { return (void)live, vload(p); }
 VEC_FN void vstore_m(float *p, vm live, vf x) { (void)live, vstore(p, x); }
 
-VEC_FN vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
-VEC_FN vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
-VEC_FN vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-VEC_FN vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+VEC_ELEMENTWISE(_mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_max_ps)
 VEC_FN vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); } /* a * b + c, one rounding */
-VEC_FN vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }          /* b where either is NaN */
 VEC_FN vf vabs(vf x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
 /* x (not negative) with y's sign. */
 VEC_FN vf vor_sign(vf x, vf y) { return _mm256_or_ps(x, _mm256_and_ps(y, _mm256_set1_ps(-0.0f))); }
@@ -118,11 +115,56 @@ VEC_FN vf vload_as(enum npattn_dtype t, const void *p) {
     return _mm256_loadu_ps((const float *)p);
 }
 
+/* y's lanes stored as type t at p, rounded to nearest even (subnormals
+ * kept, overflow to infinity): float16 by vcvtps2ph, bfloat16 in integers
+ * (+ 0x7fff + the kept bit's lowest, then the high half; a NaN kept quiet).
+ * live: all lanes here. */
+#define VEC_NARROW_STORES 1
+VEC_FN void vstore_as_m(enum npattn_dtype t, void *p, vm live, vf y) {
+    (void)live;
+    if (t == NPATTN_DTYPE_F32) {
+        _mm256_storeu_ps((float *)p, y);
+        return;
+    }
+    __m128i h;
+    if (t == NPATTN_DTYPE_F16) h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    else {
+        const __m256i u = _mm256_castps_si256(y), one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF);
+        __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+        r = _mm256_srli_epi32(_mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan), 16);
+        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+    }
+    _mm_storeu_si128((__m128i *)p, h);
+}
+
+/* The transpose of 8 vectors of 8 lanes, in place: 24 shuffles. */
+VEC_FN void vtranspose(vf x[8]) {
+    __m256 t[8], u[8];
+    for (int r = 0; r < 8; r += 2) {
+        t[r] = _mm256_unpacklo_ps(x[r], x[r + 1]);
+        t[r + 1] = _mm256_unpackhi_ps(x[r], x[r + 1]);
+    }
+    /* within each 128-bit half H: u[4g + c] = column 4H + c of rows 4g .. 4g + 3 */
+    for (int g = 0; g < 2; g++) {
+        u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
+        u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        x[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        x[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+
 /* The 64 bytes from p, into L2. */
 VEC_FN void vprefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }
 
 /* The streamed scores' register block (vec_stream.h): 4 rows of q against
  * 3 keys, 12 accumulators, 3 key vectors and a query vector: 16 registers. */
+/* fma_loop's chains: two FMA units of 4-cycle latency want 8 or more. */
+#define VEC_FMA_CHAINS 12
 #define VEC_SCORE_ROWS 4
 /* accumulate's register blocks: at most VEC_ACC_REGS accumulators, rows
  * times vectors of columns, and VEC_ACC_CHUNKS vectors of a value row. */

@@ -31,7 +31,9 @@
 
 #include <immintrin.h>
 
+#include "avx512.h"
 #include "kernels.h"
+#include "vec_ops.h"
 
 #define VEC_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define VEC_FN static inline __attribute__((always_inline)) VEC_TARGET
@@ -58,12 +60,8 @@ VEC_FN void vstore_m(float *p, vm live, vf x) { _mm512_mask_storeu_ps(p, live, x
 VEC_FN vf vload_part(const float *p, int64_t n) { return vload_m(p, vlanes(n)); }
 VEC_FN void vstore_part(float *p, int64_t n, vf x) { vstore_m(p, vlanes(n), x); }
 
-VEC_FN vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
-VEC_FN vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-VEC_FN vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-VEC_FN vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+VEC_ELEMENTWISE(_mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_max_ps)
 VEC_FN vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); } /* a * b + c, one rounding */
-VEC_FN vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }          /* b where either is NaN */
 VEC_FN vf vabs(vf x) {
     return _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_castps_si512(_mm512_set1_ps(-0.0f)), _mm512_castps_si512(x)));
 }
@@ -147,11 +145,44 @@ VEC_FN vf vload_as_part(enum npattn_dtype t, const void *p, int64_t n) {
 }
 VEC_FN vf vload_as(enum npattn_dtype t, const void *p) { return vload_as_part(t, p, 16); }
 
+/* y's lanes of live stored as type t at p, rounded to nearest even
+ * (subnormals kept, overflow to infinity): float16 by vcvtps2ph, bfloat16
+ * in integers (vcvtneps2bf16 would flush subnormals; + 0x7fff + the kept
+ * bit's lowest, then the high half; a NaN kept quiet). */
+#define VEC_NARROW_STORES 1
+VEC_FN void vstore_as_m(enum npattn_dtype t, void *p, vm live, vf y) {
+    if (t == NPATTN_DTYPE_F32) {
+        _mm512_mask_storeu_ps(p, live, y);
+        return;
+    }
+    __m256i h;
+    if (t == NPATTN_DTYPE_F16) h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    else {
+        const __m512i u = _mm512_castps_si512(y), one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+        const __mmask16 nan =
+            _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+        r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+        h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+    }
+    _mm256_mask_storeu_epi16(p, live, h);
+}
+
+/* The transpose of 16 vectors of 16 lanes, in place (avx512.h's transpose16). */
+VEC_FN void vtranspose(vf x[16]) {
+    __m512i y[16];
+    for (int i = 0; i < 16; i++) y[i] = _mm512_castps_si512(x[i]);
+    transpose16(y);
+    for (int i = 0; i < 16; i++) x[i] = _mm512_castsi512_ps(y[i]);
+}
+
 /* The 64 bytes from p, into L2. */
 VEC_FN void vprefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }
 
 /* The streamed scores' register block (vec_stream.h): 4 rows of q against
  * 4 keys, one reduction tree for the 16 sums. */
+/* fma_loop's chains. */
+#define VEC_FMA_CHAINS 16
 #define VEC_SCORE_ROWS 4
 /* accumulate's register blocks: at most VEC_ACC_REGS accumulators, rows
  * times vectors of columns, and VEC_ACC_CHUNKS vectors of a value row. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "vec_ops.h"
 
 #define VEC_TARGET
 #define VEC_FN static inline __attribute__((always_inline))
@@ -54,12 +55,8 @@ VEC_FN void vstore_part(float *p, int64_t n, vf x) {
 VEC_FN vf vload_m(const float *p, vm live) { return (void)live, vld1q_f32(p); }
 VEC_FN void vstore_m(float *p, vm live, vf x) { (void)live, vst1q_f32(p, x); }
 
-VEC_FN vf vadd(vf a, vf b) { return vaddq_f32(a, b); }
-VEC_FN vf vsub(vf a, vf b) { return vsubq_f32(a, b); }
-VEC_FN vf vmul(vf a, vf b) { return vmulq_f32(a, b); }
-VEC_FN vf vdiv(vf a, vf b) { return vdivq_f32(a, b); }
+VEC_ELEMENTWISE(vaddq_f32, vsubq_f32, vmulq_f32, vdivq_f32, vmaxq_f32)
 VEC_FN vf vfma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); } /* a * b + c, one rounding */
-VEC_FN vf vmax(vf a, vf b) { return vmaxq_f32(a, b); }          /* NaN where either is */
 VEC_FN vf vabs(vf x) { return vabsq_f32(x); }
 /* x (not negative) with y's sign. */
 VEC_FN vf vor_sign(vf x, vf y) { return vbslq_f32(vdupq_n_u32(0x80000000u), y, x); }
@@ -105,11 +102,26 @@ VEC_FN vf vload_as(enum npattn_dtype t, const void *p) {
     return vld1q_f32((const float *)p);
 }
 
+/* The transpose of 4 vectors of 4 lanes, in place. */
+VEC_FN void vtranspose(vf x[4]) {
+    const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(x[0], x[1]));
+    const float64x2_t t1 = vreinterpretq_f64_f32(vtrn2q_f32(x[0], x[1]));
+    const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(x[2], x[3]));
+    const float64x2_t t3 = vreinterpretq_f64_f32(vtrn2q_f32(x[2], x[3]));
+    x[0] = vreinterpretq_f32_f64(vtrn1q_f64(t0, t2));
+    x[1] = vreinterpretq_f32_f64(vtrn1q_f64(t1, t3));
+    x[2] = vreinterpretq_f32_f64(vtrn2q_f64(t0, t2));
+    x[3] = vreinterpretq_f32_f64(vtrn2q_f64(t1, t3));
+}
+
 /* The 64 bytes from p, into L2. */
 VEC_FN void vprefetch(const void *p) { __builtin_prefetch(p, 0, 2); }
 
 /* The streamed scores' register block (vec_stream.h): 2 rows of q against
  * 4 keys, a reduction per score. */
+/* fma_loop's chains. */
+#define VEC_FMA_CHAINS 16
+#define VEC_NARROW_STORES 0 /* finish_rows: the portable code's */
 #define VEC_SCORE_ROWS 2
 /* accumulate's register blocks: at most VEC_ACC_REGS accumulators, rows
  * times vectors of columns, and VEC_ACC_CHUNKS vectors of a value row. */
