@@ -11,6 +11,7 @@
 #include "vec_softmax.h"
 #include "vec_stream.h"
 #include "vec_rows.h"
+#include "vec_gemm.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -204,89 +205,6 @@ AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, i
     vec_transpose_f32(rows, ldr, M, w, rowsT, ldt);
 }
 
-/* ---- the tiles' float products (gemm_f32) ---- */
-
-#define GEMM_ROWS 4     /* rows of c in a block */
-#define GEMM_VECS 3     /* its columns' vectors: 4 x 3 sums, 3 of b, 1 of a: all 16 registers (6 x 2 and
-                           * 3 x 4 ran 1-7% slower) */
-#define GEMM_PACK_K 128 /* rows of b packed at a time: 12 KiB */
-
-/* One block of c = alpha * a @ b + beta * c, R rows by V vectors of 8
- * columns, the last one's lanes `last` unless `full`: the R x V sums stay
- * in registers over the whole of k, each step a row of b's block loaded and
- * R of a's elements broadcast. */
-AVX2 INLINE void gemm_block(const int R, const int V, const int full, __m256i last, int64_t k, float alpha,
-                            const float *a, int64_t a_rs, int64_t a_ps, const float *b, int64_t ldb, float beta,
-                            float *c, int64_t ldc) {
-    __m256 s[GEMM_ROWS][GEMM_VECS];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) s[r][v] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < k; p++, a += a_ps, b += ldb) {
-        __m256 bv[GEMM_VECS];
-        for (int v = 0; v < V; v++)
-            bv[v] = full || v < V - 1 ? _mm256_loadu_ps(b + 8 * v) : _mm256_maskload_ps(b + 8 * v, last);
-        for (int r = 0; r < R; r++) {
-            const __m256 x = _mm256_broadcast_ss(a + r * a_rs);
-            for (int v = 0; v < V; v++) s[r][v] = _mm256_fmadd_ps(x, bv[v], s[r][v]);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) {
-            const int whole = full || v < V - 1;
-            float *to = c + r * ldc + 8 * v;
-            __m256 x = _mm256_mul_ps(s[r][v], _mm256_set1_ps(alpha));
-            if (beta != 0.0f)
-                x = _mm256_fmadd_ps(_mm256_set1_ps(beta), whole ? _mm256_loadu_ps(to) : _mm256_maskload_ps(to, last), x);
-            if (whole) _mm256_storeu_ps(to, x);
-            else _mm256_maskstore_ps(to, last, x);
-        }
-}
-
-/* For each GEMM_PACK_K rows of b and each block of its columns: the block
- * packed (its rows adjacent, so that it stays in L1 without the cache-set
- * conflicts of a power-of-two leading dimension; 7% of a Qwen3-4B prefill),
- * then every block of c's rows against it; the block shapes as literals,
- * each its own unrolled code. */
-AVX2 static void gemm_f32_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
-                               int64_t a_ps, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    float pack[GEMM_PACK_K * 8 * GEMM_VECS] __attribute__((aligned(32)));
-    for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += GEMM_PACK_K) { /* k = 0: c = beta * c */
-        const int64_t kb = k - k0 < GEMM_PACK_K ? k - k0 : GEMM_PACK_K;
-        const float beta_k = k0 == 0 ? beta : 1.0f;
-        for (int64_t c0 = 0, w; c0 < n; c0 += w) {
-            /* blocks of 24 columns, but the last 25-32 as two of 16, not 24 and a block of 8 (whose 4 sums, 4
-             * chains, keep one FMA unit busy): n = 128, 4.5% faster alone */
-            w = n - c0 > 32 || n - c0 == 24 ? 24 : n - c0 > 24 ? 16 : n - c0;
-            const int V = (int)((w + 7) / 8), full = w % 8 == 0;
-            const __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(w - 8 * (V - 1))),
-                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            const float *bp = b + k0 * ldb + c0;
-            int64_t ldp = ldb;
-            if (m > GEMM_ROWS && w == 8 * GEMM_VECS && ldb != w) { /* reused by blocks of rows: packed */
-                for (int64_t p = 0; p < kb; p++)
-                    for (int v = 0; v < GEMM_VECS; v++)
-                        _mm256_store_ps(pack + p * w + 8 * v, _mm256_loadu_ps(bp + p * ldb + 8 * v));
-                bp = pack, ldp = w;
-            }
-            for (int64_t r0 = 0; r0 < m; r0 += GEMM_ROWS) {
-                const int R = (int)(m - r0 >= GEMM_ROWS ? GEMM_ROWS : m - r0);
-                const float *ar = a + r0 * a_rs + k0 * a_ps;
-                float *cr = c + r0 * ldc + c0;
-#define BLOCK(R_, V_, F_)                                                                                              \
-    case ((R_) * 4 + (V_)) * 2 + (F_):                                                                                 \
-        gemm_block(R_, V_, F_, last, kb, alpha, ar, a_rs, a_ps, bp, ldp, beta_k, cr, ldc);                             \
-        break;
-#define BLOCKS(R_) BLOCK(R_, 1, 0) BLOCK(R_, 1, 1) BLOCK(R_, 2, 0) BLOCK(R_, 2, 1) BLOCK(R_, 3, 0) BLOCK(R_, 3, 1)
-                switch ((R * 4 + V) * 2 + full) {
-                    BLOCKS(1) BLOCKS(2) BLOCKS(3) BLOCKS(4)
-                }
-#undef BLOCKS
-#undef BLOCK
-            }
-        }
-    }
-}
-
 const struct npattn_kernels npattn_kernels_avx2 = {
     .name = "avx2",
     .softmax_f32 = vec_softmax_columns,
@@ -299,6 +217,6 @@ const struct npattn_kernels npattn_kernels_avx2 = {
     .finish_rows = vec_finish_rows,
     .add_f32 = vec_add_f32,
     .fma_loop = vec_fma_loop,
-    .gemm_f32 = gemm_f32_avx2,
+    .gemm_f32 = vec_gemm_f32,
 };
 #endif

@@ -13,6 +13,7 @@
 #include "vec_softmax.h"
 #include "vec_stream.h"
 #include "vec_rows.h"
+#include "vec_gemm.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define INLINE static inline __attribute__((always_inline))
@@ -644,87 +645,12 @@ AVX512BF16 static int accumulate_pairs_avx512(const uint16_t *pb, int64_t ldp, i
 }
 #undef PAIRS_BLOCK
 
-/* ---- the tiles' float products (gemm_f32) ---- */
-
-#define GEMM_ROWS 6     /* rows of c in a block */
-#define GEMM_VECS 4     /* its columns' vectors: 6 x 4 sums in 24 of the 32 registers */
-#define GEMM_PACK_K 128 /* rows of b packed at a time: 32 KiB */
-
-/* One block of c = alpha * a @ b + beta * c, R rows by V vectors of 16
- * columns (the last one's lanes `last`): the R x V sums stay in registers
- * over the whole of k, each step a row of b's block loaded and R of a's
- * elements broadcast. */
-AVX512 INLINE void gemm_block(const int R, const int V, __mmask16 last, int64_t k, float alpha, const float *a,
-                              int64_t a_rs, int64_t a_ps, const float *b, int64_t ldb, float beta, float *c,
-                              int64_t ldc) {
-    __m512 s[GEMM_ROWS][GEMM_VECS];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) s[r][v] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < k; p++, a += a_ps, b += ldb) {
-        __m512 bv[GEMM_VECS];
-        for (int v = 0; v < V; v++) bv[v] = _mm512_maskz_loadu_ps(v == V - 1 ? last : 0xFFFF, b + 16 * v);
-        for (int r = 0; r < R; r++) {
-            const __m512 x = _mm512_set1_ps(a[r * a_rs]);
-            for (int v = 0; v < V; v++) s[r][v] = _mm512_fmadd_ps(x, bv[v], s[r][v]);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) {
-            const __mmask16 lane = v == V - 1 ? last : 0xFFFF;
-            float *to = c + r * ldc + 16 * v;
-            __m512 x = _mm512_mul_ps(s[r][v], _mm512_set1_ps(alpha));
-            if (beta != 0.0f) x = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(lane, to), x);
-            _mm512_mask_storeu_ps(to, lane, x);
-        }
-}
-
-/* For each GEMM_PACK_K rows of b and each block of its columns: the block
- * packed (its rows adjacent, so that it stays in L1 without the cache-set
- * conflicts of a power-of-two leading dimension; 4-10% of a Qwen3-4B
- * prefill), then every block of c's rows against it; the block shapes as
- * literals, each its own unrolled code. */
-AVX512 static void gemm_f32_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
-                                   int64_t a_ps, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    float pack[GEMM_PACK_K * 16 * GEMM_VECS] __attribute__((aligned(64)));
-    for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += GEMM_PACK_K) { /* k = 0: c = beta * c */
-        const int64_t kb = k - k0 < GEMM_PACK_K ? k - k0 : GEMM_PACK_K;
-        const float beta_k = k0 == 0 ? beta : 1.0f;
-        for (int64_t c0 = 0; c0 < n; c0 += 16 * GEMM_VECS) {
-            const int V = (int)(n - c0 >= 16 * GEMM_VECS ? GEMM_VECS : (n - c0 + 15) / 16);
-            const __mmask16 last = lanes(n - c0, V - 1);
-            const float *bp = b + k0 * ldb + c0;
-            int64_t ldp = ldb;
-            if (m > GEMM_ROWS && ldb != 16 * V) { /* reused by blocks of rows: packed */
-                for (int64_t p = 0; p < kb; p++)
-                    for (int v = 0; v < V; v++) {
-                        const __m512 x = _mm512_maskz_loadu_ps(v == V - 1 ? last : 0xFFFF, bp + p * ldb + 16 * v);
-                        _mm512_store_ps(pack + (p * V + v) * 16, x);
-                    }
-                bp = pack, ldp = 16 * V;
-            }
-            for (int64_t r0 = 0; r0 < m; r0 += GEMM_ROWS) {
-                const int R = (int)(m - r0 >= GEMM_ROWS ? GEMM_ROWS : m - r0);
-                const float *ar = a + r0 * a_rs + k0 * a_ps;
-                float *cr = c + r0 * ldc + c0;
-#define BLOCK(R_, V_)                                                                                                  \
-    case (R_) * 8 + (V_): gemm_block(R_, V_, last, kb, alpha, ar, a_rs, a_ps, bp, ldp, beta_k, cr, ldc); break;
-#define BLOCKS(R_) BLOCK(R_, 1) BLOCK(R_, 2) BLOCK(R_, 3) BLOCK(R_, 4)
-                switch (R * 8 + V) {
-                    BLOCKS(1) BLOCKS(2) BLOCKS(3) BLOCKS(4) BLOCKS(5) BLOCKS(6)
-                }
-#undef BLOCKS
-#undef BLOCK
-            }
-        }
-    }
-}
-
 /* The float32 kernels but scores, shared by the three AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
     .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows,                                          \
     .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_avx512, .f16_to_f32 = vec_f16_to_f32, .transpose_f32 = npattn_transpose_f32_avx2,       \
     .finish_rows = vec_finish_rows, .add_f32 = vec_add_f32, .fma_loop = vec_fma_loop,                      \
-    .gemm_f32 = gemm_f32_avx512
+    .gemm_f32 = vec_gemm_f32
 
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",

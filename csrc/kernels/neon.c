@@ -13,6 +13,7 @@
 #include "vec_softmax.h"
 #include "vec_stream.h"
 #include "vec_rows.h"
+#include "vec_gemm.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -124,80 +125,6 @@ INLINE int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t 
 /* isa_accumulate_of's passes over each value row: a block of 4 rows by 16 columns each. */
 static int64_t accumulate_ahead_neon(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
     return npattn_ahead_of_passes((M + 3) / 4 * (Dv / 16), rows, tile);
-}
-
-/* ---- the tiles' float products (gemm_f32), in avx2.c's and avx512.c's shape ---- */
-
-#define GEMM_ROWS 6     /* rows of c in a block */
-#define GEMM_VECS 4     /* its columns' vectors: 6 x 4 sums, 4 of b: 28 of the 32 registers */
-#define GEMM_PACK_K 256 /* rows of b packed at a time: 16 KiB */
-
-/* One block of c = alpha * a @ b + beta * c, R rows by V vectors of 4
- * columns, w of them c's (the last vector's lanes past w are b's padding):
- * the R x V sums stay in registers over the whole of k, each step a row of
- * b's block loaded and R of a's elements multiplied in by lane. */
-INLINE void gemm_block(const int R, const int V, int64_t w, int64_t k, float alpha, const float *a, int64_t a_rs,
-                       int64_t a_ps, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    float32x4_t s[GEMM_ROWS][GEMM_VECS];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) s[r][v] = vdupq_n_f32(0.0f);
-    for (int64_t p = 0; p < k; p++, a += a_ps, b += ldb) {
-        float32x4_t bv[GEMM_VECS];
-        for (int v = 0; v < V; v++) bv[v] = vld1q_f32(b + 4 * v);
-        for (int r = 0; r < R; r++) {
-            const float x = a[r * a_rs];
-            for (int v = 0; v < V; v++) s[r][v] = vfmaq_n_f32(s[r][v], bv[v], x);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) {
-            float *to = c + r * ldc + 4 * v;
-            const float32x4_t x = vmulq_n_f32(s[r][v], alpha);
-            if (w - 4 * v >= 4) {
-                vst1q_f32(to, beta != 0.0f ? vfmaq_n_f32(x, vld1q_f32(to), beta) : x);
-                continue;
-            }
-            float t[4];
-            vst1q_f32(t, x);
-            for (int64_t l = 0; l < w - 4 * v; l++) to[l] = beta != 0.0f ? fmaf(beta, to[l], t[l]) : t[l];
-        }
-}
-
-/* For each GEMM_PACK_K rows of b and each block of its columns: the block
- * packed where blocks of rows reuse it, or where it ends inside a vector
- * (zeros past n: NEON has no masked loads), then every block of c's rows
- * against it; the block shapes as literals, each its own unrolled code. */
-static void gemm_f32_neon(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs, int64_t a_ps,
-                          const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    float pack[GEMM_PACK_K * 4 * GEMM_VECS] __attribute__((aligned(16)));
-    for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += GEMM_PACK_K) { /* k = 0: c = beta * c */
-        const int64_t kb = k - k0 < GEMM_PACK_K ? k - k0 : GEMM_PACK_K;
-        const float beta_k = k0 == 0 ? beta : 1.0f;
-        for (int64_t c0 = 0; c0 < n; c0 += 4 * GEMM_VECS) {
-            const int64_t w = n - c0 < 4 * GEMM_VECS ? n - c0 : 4 * GEMM_VECS;
-            const int V = (int)((w + 3) / 4);
-            const float *bp = b + k0 * ldb + c0;
-            int64_t ldp = ldb;
-            if ((m > GEMM_ROWS && ldb != 4 * V) || w % 4 != 0) {
-                for (int64_t p = 0; p < kb; p++)
-                    for (int64_t e = 0; e < 4 * V; e++) pack[p * 4 * V + e] = e < w ? bp[p * ldb + e] : 0.0f;
-                bp = pack, ldp = 4 * V;
-            }
-            for (int64_t r0 = 0; r0 < m; r0 += GEMM_ROWS) {
-                const int R = (int)(m - r0 >= GEMM_ROWS ? GEMM_ROWS : m - r0);
-                const float *ar = a + r0 * a_rs + k0 * a_ps;
-                float *cr = c + r0 * ldc + c0;
-#define BLOCK(R_, V_)                                                                                                  \
-    case (R_) * 8 + (V_): gemm_block(R_, V_, w, kb, alpha, ar, a_rs, a_ps, bp, ldp, beta_k, cr, ldc); break;
-#define BLOCKS(R_) BLOCK(R_, 1) BLOCK(R_, 2) BLOCK(R_, 3) BLOCK(R_, 4)
-                switch (R * 8 + V) {
-                    BLOCKS(1) BLOCKS(2) BLOCKS(3) BLOCKS(4) BLOCKS(5) BLOCKS(6)
-                }
-#undef BLOCKS
-#undef BLOCK
-            }
-        }
-    }
 }
 
 /* ---- neonbf16: the neon table with BFDOT (FEAT_BF16: Apple M2 and later,
@@ -391,7 +318,7 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
     .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_neon, .f16_to_f32 = vec_f16_to_f32,         \
     .transpose_f32 = vec_transpose_f32, .finish_rows = npattn_finish_rows, .add_f32 = vec_add_f32,               \
     .fma_loop = vec_fma_loop,                                                                                       \
-    .gemm_f32 = gemm_f32_neon
+    .gemm_f32 = vec_gemm_f32
 
 const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",

@@ -58,6 +58,8 @@ VEC_FN vm vlanes(int64_t n) { return n >= 16 ? (vm)0xFFFF : n <= 0 ? (vm)0 : (vm
 VEC_FN vf vload_m(const float *p, vm live) { return _mm512_maskz_loadu_ps(live, p); }
 VEC_FN void vstore_m(float *p, vm live, vf x) { _mm512_mask_storeu_ps(p, live, x); }
 VEC_FN vf vload_part(const float *p, int64_t n) { return vload_m(p, vlanes(n)); }
+VEC_FN vf vload_mask(const float *p, vm m) { return vload_m(p, m); }
+VEC_FN void vstore_mask(float *p, vm m, vf x) { vstore_m(p, m, x); }
 VEC_FN void vstore_part(float *p, int64_t n, vf x) { vstore_m(p, vlanes(n), x); }
 
 VEC_ELEMENTWISE(_mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_max_ps)
@@ -181,6 +183,16 @@ VEC_FN void vprefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1
 
 /* The streamed scores' register block (vec_stream.h): 4 rows of q against
  * 4 keys, one reduction tree for the 16 sums. */
+/* gemm_f32's register block (vec_gemm.h): 6 rows x 4 vectors of sums in 24
+ * of the 32 registers; 128 rows of b packed at a time (32 KiB) where
+ * blocks of rows reuse them. */
+#define VEC_GEMM_ROWS 6
+#define VEC_GEMM_VECS 4
+#define VEC_GEMM_PACK_K 128
+#define VEC_GEMM_PAD 0
+VEC_FN int vgemm_packs(int reused, int64_t w) { return (void)w, reused; }
+VEC_FN int64_t vgemm_width(int64_t left) { return left < 64 ? left : 64; }
+
 /* fma_loop's chains. */
 #define VEC_FMA_CHAINS 16
 #define VEC_SCORE_ROWS 4

@@ -119,6 +119,17 @@ VEC_FN void vprefetch(const void *p) { __builtin_prefetch(p, 0, 2); }
 
 /* The streamed scores' register block (vec_stream.h): 2 rows of q against
  * 4 keys, a reduction per score. */
+/* gemm_f32's register block (vec_gemm.h): 6 rows x 4 vectors of sums, 4 of
+ * b: 28 of the 32 registers; 256 rows of b packed at a time (16 KiB) where
+ * blocks of rows reuse them, or where a block ends inside a vector (zeros
+ * after: NEON has no masked loads). */
+#define VEC_GEMM_ROWS 6
+#define VEC_GEMM_VECS 4
+#define VEC_GEMM_PACK_K 256
+#define VEC_GEMM_PAD 1
+VEC_FN int vgemm_packs(int reused, int64_t w) { return reused || w % 4 != 0; }
+VEC_FN int64_t vgemm_width(int64_t left) { return left < 16 ? left : 16; }
+
 /* fma_loop's chains. */
 #define VEC_FMA_CHAINS 16
 #define VEC_NARROW_STORES 0 /* finish_rows: the portable code's */
