@@ -207,16 +207,10 @@ AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, i
 
 const struct npattn_kernels npattn_kernels_avx2 = {
     .name = "avx2",
-    .softmax_f32 = vec_softmax_columns,
-    .softmax_rows_f32 = vec_softmax_rows,
+    VEC_TABLE_KERNELS,
     .scores = vec_scores,
-    .accumulate = vec_accumulate,
     .accumulate_ahead = accumulate_ahead_avx2,
-    .f16_to_f32 = vec_f16_to_f32,
     .transpose_f32 = npattn_transpose_f32_avx2,
     .finish_rows = vec_finish_rows,
-    .add_f32 = vec_add_f32,
-    .fma_loop = vec_fma_loop,
-    .gemm_f32 = vec_gemm_f32,
 };
 #endif

@@ -443,12 +443,9 @@ AVX512BF16 INLINE __m512bh pair_at(const uint16_t *k, int64_t p) {
             for (int v = 0; v < NV; v++)                                                                            \
                 _mm512_mask_storeu_ps(st + j * ldst + 16 * v, v == NV - 1 ? m : (__mmask16)0xFFFF, acc[j][v]);      \
     }
-SCORES_BF16_BLOCK(6, 4)
-SCORES_BF16_BLOCK(1, 4)
-SCORES_BF16_BLOCK(12, 2)
-SCORES_BF16_BLOCK(1, 2)
-SCORES_BF16_BLOCK(12, 1)
-SCORES_BF16_BLOCK(1, 1)
+SCORES_BF16_BLOCK(6, 4) SCORES_BF16_BLOCK(1, 4)   /* 64 columns: 6 keys at a time, then 1 */
+SCORES_BF16_BLOCK(12, 2) SCORES_BF16_BLOCK(1, 2)  /* 32 columns: 12 keys, then 1 */
+SCORES_BF16_BLOCK(12, 1) SCORES_BF16_BLOCK(1, 1)  /* 16 */
 
 AVX512BF16 static void scores_bf16_avx512(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k,
                                           int64_t ldk, int64_t nk, float *st, int64_t ldst) {
@@ -500,12 +497,9 @@ AVX512BF16 static void scores_bf16_avx512(const uint32_t *qp, int64_t ldq, int64
             for (int v = 0; v < NV; v++)                                                                             \
                 _mm512_mask_storeu_ps(o + r * ldo + 16 * v, v == NV - 1 ? m : (__mmask16)0xFFFF, acc[r][v]);         \
     }
-ACCUMULATE_BF16_BLOCK(6, 4)
-ACCUMULATE_BF16_BLOCK(1, 4)
-ACCUMULATE_BF16_BLOCK(12, 2)
-ACCUMULATE_BF16_BLOCK(1, 2)
-ACCUMULATE_BF16_BLOCK(12, 1)
-ACCUMULATE_BF16_BLOCK(1, 1)
+ACCUMULATE_BF16_BLOCK(6, 4) ACCUMULATE_BF16_BLOCK(1, 4)   /* 64 columns: 6 rows at a time, then 1 */
+ACCUMULATE_BF16_BLOCK(12, 2) ACCUMULATE_BF16_BLOCK(1, 2)  /* 32 columns: 12 rows, then 1 */
+ACCUMULATE_BF16_BLOCK(12, 1) ACCUMULATE_BF16_BLOCK(1, 1)  /* 16 */
 
 AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np,
                                               const uint32_t *vp, int64_t ldv, int64_t Dv, float *o) {
@@ -645,12 +639,12 @@ AVX512BF16 static int accumulate_pairs_avx512(const uint16_t *pb, int64_t ldp, i
 }
 #undef PAIRS_BLOCK
 
-/* The float32 kernels but scores, shared by the three AVX-512 tables. */
+/* The float32 kernels but scores, and the bfloat16 pairs, shared by the
+ * AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
-    .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows,                                          \
-    .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_avx512, .f16_to_f32 = vec_f16_to_f32, .transpose_f32 = npattn_transpose_f32_avx2,       \
-    .finish_rows = vec_finish_rows, .add_f32 = vec_add_f32, .fma_loop = vec_fma_loop,                      \
-    .gemm_f32 = vec_gemm_f32
+    VEC_TABLE_KERNELS, .accumulate_ahead = accumulate_ahead_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
+    .finish_rows = vec_finish_rows
+#define AVX512_BF16_PAIRS .pair_f32 = pair_f32_avx512, .bf16_f32 = bf16_f32_avx512, .pair_bf16 = pair_bf16_avx512
 
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",
@@ -658,9 +652,7 @@ const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .scores = scores_avx512bf16,
     .q_tiles = q_pairs_avx512,
     .bf16_d_step = 2,
-    .pair_f32 = pair_f32_avx512,
-    .bf16_f32 = bf16_f32_avx512,
-    .pair_bf16 = pair_bf16_avx512,
+    AVX512_BF16_PAIRS,
     .scores_bf16 = scores_bf16_avx512,
     .accumulate_bf16 = accumulate_bf16_avx512,
     .accumulate_pairs = accumulate_pairs_avx512,
@@ -675,15 +667,10 @@ const struct npattn_kernels npattn_kernels_amx = {
     .bf16_d_step = 32,
     .bf16_tile = 256,
     .bf16_tile_width = NPATTN_AMX_MAX_D,
-    .pair_f32 = pair_f32_avx512,
-    .bf16_f32 = bf16_f32_avx512,
-    .pair_bf16 = pair_bf16_avx512,
-    .scores_bf16 = npattn_amx_scores_bf16,
-    .accumulate_bf16 = npattn_amx_accumulate_bf16,
-    .softmax_tiles_f32 = softmax_tiles_avx512,
-    .accumulate_tiles_bf16 = npattn_amx_accumulate_tiles_bf16,
-    .split_tiles = npattn_amx_split_tiles,
-    .exact_tiles = npattn_amx_exact_tiles,
+    AVX512_BF16_PAIRS,
+    .scores_bf16 = npattn_amx_scores_bf16, .accumulate_bf16 = npattn_amx_accumulate_bf16, /* the tiles */
+    .softmax_tiles_f32 = softmax_tiles_avx512, .accumulate_tiles_bf16 = npattn_amx_accumulate_tiles_bf16,
+    .split_tiles = npattn_amx_split_tiles, .exact_tiles = npattn_amx_exact_tiles,
 };
 #endif
 

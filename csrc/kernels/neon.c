@@ -258,10 +258,8 @@ NEONBF16 INLINE bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
             for (int v = 0; v < NV && 4 * v < nr; v++) vstore_part(st + j * ldst + 4 * v, nr - 4 * v, acc[j][v]);           \
     }
 
-SCORES_BF16_NEON(4, 4)
-SCORES_BF16_NEON(1, 4)
-SCORES_BF16_NEON(4, 1)
-SCORES_BF16_NEON(1, 1)
+SCORES_BF16_NEON(4, 4) SCORES_BF16_NEON(1, 4) /* 16 columns: 4 keys at a time, then 1 */
+SCORES_BF16_NEON(4, 1) SCORES_BF16_NEON(1, 1) /* 4 */
 
 NEONBF16 static void scores_bf16_neon(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k,
                                       int64_t ldk, int64_t nk, float *st, int64_t ldst) {
@@ -314,11 +312,8 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
 
 /* The float32 kernels, shared by the two NEON tables. */
 #define NEON_F32_KERNELS                                                                                             \
-    .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows, .scores = vec_scores,                       \
-    .accumulate = vec_accumulate, .accumulate_ahead = accumulate_ahead_neon, .f16_to_f32 = vec_f16_to_f32,         \
-    .transpose_f32 = vec_transpose_f32, .finish_rows = npattn_finish_rows, .add_f32 = vec_add_f32,               \
-    .fma_loop = vec_fma_loop,                                                                                       \
-    .gemm_f32 = vec_gemm_f32
+    VEC_TABLE_KERNELS, .scores = vec_scores, .accumulate_ahead = accumulate_ahead_neon,                              \
+    .transpose_f32 = vec_transpose_f32, .finish_rows = npattn_finish_rows
 
 const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",
@@ -329,10 +324,7 @@ const struct npattn_kernels npattn_kernels_neonbf16 = {
     .name = "neonbf16",
     NEON_F32_KERNELS,
     .bf16_d_step = 2,
-    .pair_bf16 = pair_bf16_neon,
-    .pair_f32 = pair_f32_neon,
-    .bf16_f32 = bf16_f32_neon,
-    .scores_bf16 = scores_bf16_neon,
-    .accumulate_bf16 = accumulate_bf16_neon,
+    .pair_bf16 = pair_bf16_neon, .pair_f32 = pair_f32_neon, .bf16_f32 = bf16_f32_neon, /* BFDOT's operands */
+    .scores_bf16 = scores_bf16_neon, .accumulate_bf16 = accumulate_bf16_neon,
 };
 #endif

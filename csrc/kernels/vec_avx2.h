@@ -70,7 +70,9 @@ VEC_FN vf vldexp_keep(vf p, vf n, vm keep) {
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
-VEC_FN vi viset1(int32_t x) { return _mm256_set1_epi32(x); }
+VEC_INTEGER(_mm256_set1_epi32, _mm256_add_epi32, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32)
+VEC_FN vi vbits(vf x) { return _mm256_castps_si256(x); }
+VEC_FN vi viselect(vm m, vi a, vi b) { return _mm256_blendv_epi8(b, a, _mm256_castps_si256(m)); }
 VEC_FN vi viload_m(const int32_t *p, vm live) { return (void)live, _mm256_loadu_si256((const __m256i *)p); }
 VEC_FN vi viota_plus(int64_t j) { return _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), viset1((int32_t)j)); }
 /* The band mask: the lanes where lo <= j <= hi. */
@@ -119,27 +121,18 @@ VEC_FN vf vload_as(enum npattn_dtype t, const void *p) {
     return _mm256_loadu_ps((const float *)p);
 }
 
-/* y's lanes stored as type t at p, rounded to nearest even (subnormals
- * kept, overflow to infinity): float16 by vcvtps2ph, bfloat16 in integers
- * (+ 0x7fff + the kept bit's lowest, then the high half; a NaN kept quiet).
- * live: all lanes here. */
+/* Narrowing stores (vec_rows.h's vec_store_as rounds): y as float16 by
+ * vcvtps2ph (nearest even), and the high halves of r's lanes. live: all
+ * lanes here. */
 #define VEC_NARROW_STORES 1
-VEC_FN void vstore_as_m(enum npattn_dtype t, void *p, vm live, vf y) {
+VEC_FN void vstore_f16_m(void *p, vm live, vf y) {
     (void)live;
-    if (t == NPATTN_DTYPE_F32) {
-        _mm256_storeu_ps((float *)p, y);
-        return;
-    }
-    __m128i h;
-    if (t == NPATTN_DTYPE_F16) h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    else {
-        const __m256i u = _mm256_castps_si256(y), one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF);
-        __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
-        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
-        r = _mm256_srli_epi32(_mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan), 16);
-        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
-    }
-    _mm_storeu_si128((__m128i *)p, h);
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+VEC_FN void vstore_hi16_m(void *p, vm live, vi r) {
+    (void)live;
+    r = _mm256_srli_epi32(r, 16);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08)));
 }
 
 /* The transpose of 8 vectors of 8 lanes, in place: 24 shuffles. */

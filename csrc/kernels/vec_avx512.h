@@ -86,7 +86,9 @@ VEC_FN vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_IN
 /* p * 2^n where keep (n an integer, -126 <= n <= 0 there), else 0. */
 VEC_FN vf vldexp_keep(vf p, vf n, vm keep) { return _mm512_maskz_scalef_ps(keep, p, n); }
 
-VEC_FN vi viset1(int32_t x) { return _mm512_set1_epi32(x); }
+VEC_INTEGER(_mm512_set1_epi32, _mm512_add_epi32, _mm512_and_si512, _mm512_or_si512, _mm512_srli_epi32)
+VEC_FN vi vbits(vf x) { return _mm512_castps_si512(x); }
+VEC_FN vi viselect(vm m, vi a, vi b) { return _mm512_mask_blend_epi32(m, b, a); }
 VEC_FN vi viload_m(const int32_t *p, vm live) { return _mm512_maskz_loadu_epi32(live, p); }
 VEC_FN vi viota_plus(int64_t j) {
     return _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), viset1((int32_t)j));
@@ -147,27 +149,15 @@ VEC_FN vf vload_as_part(enum npattn_dtype t, const void *p, int64_t n) {
 }
 VEC_FN vf vload_as(enum npattn_dtype t, const void *p) { return vload_as_part(t, p, 16); }
 
-/* y's lanes of live stored as type t at p, rounded to nearest even
- * (subnormals kept, overflow to infinity): float16 by vcvtps2ph, bfloat16
- * in integers (vcvtneps2bf16 would flush subnormals; + 0x7fff + the kept
- * bit's lowest, then the high half; a NaN kept quiet). */
+/* Narrowing stores (vec_rows.h's vec_store_as rounds): the lanes of live,
+ * y as float16 by vcvtps2ph (nearest even), and the high halves of r's
+ * lanes. */
 #define VEC_NARROW_STORES 1
-VEC_FN void vstore_as_m(enum npattn_dtype t, void *p, vm live, vf y) {
-    if (t == NPATTN_DTYPE_F32) {
-        _mm512_mask_storeu_ps(p, live, y);
-        return;
-    }
-    __m256i h;
-    if (t == NPATTN_DTYPE_F16) h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    else {
-        const __m512i u = _mm512_castps_si512(y), one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
-        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-        const __mmask16 nan =
-            _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
-        r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
-        h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-    }
-    _mm256_mask_storeu_epi16(p, live, h);
+VEC_FN void vstore_f16_m(void *p, vm live, vf y) {
+    _mm256_mask_storeu_epi16(p, live, _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+VEC_FN void vstore_hi16_m(void *p, vm live, vi r) {
+    _mm256_mask_storeu_epi16(p, live, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
 }
 
 /* The transpose of 16 vectors of 16 lanes, in place (avx512.h's transpose16). */

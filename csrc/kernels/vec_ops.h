@@ -13,4 +13,14 @@
     VEC_FN vf vdiv(vf a, vf b) { return div(a, b); }                                                                   \
     VEC_FN vf vmax(vf a, vf b) { return max(a, b); }
 
+/* And the int32 lanes' operations of the layers that round in integers
+ * (VEC_NARROW_STORES): viset1, viadd, viand, vior and visrl16 (a logical
+ * shift right by 16). */
+#define VEC_INTEGER(set1, add, and, or, srli)                                                                          \
+    VEC_FN vi viset1(int32_t x) { return set1(x); }                                                                    \
+    VEC_FN vi viadd(vi a, vi b) { return add(a, b); }                                                                  \
+    VEC_FN vi viand(vi a, vi b) { return and(a, b); }                                                                  \
+    VEC_FN vi vior(vi a, vi b) { return or(a, b); }                                                                    \
+    VEC_FN vi visrl16(vi a) { return srli(a, 16); }
+
 #endif

@@ -8,6 +8,13 @@
 
 #define VEC_KERNEL static VEC_TARGET __attribute__((unused))
 
+/* The entries every SIMD table takes from the kernels written over the
+ * layer (vec_softmax.h, vec_stream.h, this, vec_gemm.h); a table adds its
+ * scores, accumulate_ahead, transpose_f32 and finish_rows. */
+#define VEC_TABLE_KERNELS                                                                                              \
+    .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows, .accumulate = vec_accumulate,            \
+    .f16_to_f32 = vec_f16_to_f32, .add_f32 = vec_add_f32, .fma_loop = vec_fma_loop, .gemm_f32 = vec_gemm_f32
+
 /* The n elements of type t at src as floats at dst: a vector at a time,
  * then one by one. */
 VEC_FN void vec_row_f32(enum npattn_dtype t, const void *src, int64_t n, float *dst) {
@@ -43,9 +50,26 @@ VEC_KERNEL void vec_transpose_f32(const float *rows, int64_t ldr, int64_t M, int
 }
 
 #if VEC_NARROW_STORES
+/* y's lanes of live stored as type t at p, rounded to nearest even
+ * (subnormals kept, overflow to infinity): float16 by the layer's
+ * conversion, bfloat16 in integers (+ 0x7fff + the kept bit's lowest, then
+ * the high half; a NaN kept quiet: vcvtneps2bf16 would flush subnormals). */
+VEC_FN void vec_store_as(enum npattn_dtype t, void *p, vm live, vf y) {
+    if (t == NPATTN_DTYPE_F32) {
+        vstore_m((float *)p, live, y);
+        return;
+    }
+    if (t == NPATTN_DTYPE_F16) {
+        vstore_f16_m(p, live, y);
+        return;
+    }
+    const vi u = vbits(y);
+    const vi r = viadd(u, viadd(viset1(0x7FFF), viand(visrl16(u), viset1(1))));
+    vstore_hi16_m(p, live, viselect(vne(y, y), vior(u, viset1(0x400000)), r));
+}
+
 /* finish_rows: a vector of columns at a time (the last masked, or by the
- * portable code in layers without masks), rounded by the layer's
- * vstore_as_m. */
+ * portable code in layers without masks), rounded by vec_store_as. */
 VEC_KERNEL int vec_finish_rows(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,
                                int64_t ld) {
     const int64_t es = npattn_stream_size(dt), whole = VEC_MASKED_TAILS ? w : w / VEC_LANES * VEC_LANES;
@@ -62,7 +86,7 @@ VEC_KERNEL int vec_finish_rows(const float *o, int64_t n, int64_t w, const float
             const vm live = VEC_MASKED_TAILS ? vlanes(w - e) : vall();
             const vf v = vload_m(x + e, live);
             bad = vadd(bad, vsub(v, v));
-            vstore_as_m(dt, row + e * es, live, vkeep(vmul(v, by), seen));
+            vec_store_as(dt, row + e * es, live, vkeep(vmul(v, by), seen));
         }
         if (!VEC_MASKED_TAILS) tail_bad |= npattn_finish_columns(x, e, w, inv, dt, row);
     }

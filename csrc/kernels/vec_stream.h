@@ -19,29 +19,17 @@ VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t 
                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o);
 
 /* The lanes of a row of q (floats) or of K or V (type t) from column d of
- * n: a masked vector where the layer has cheap masks, else a whole one (its
- * kernels leave the last columns to scalar code). */
-VEC_FN vf vec_q_at(const float *p, int64_t n) {
+ * n (or those of live): a masked vector where the layer has cheap masks,
+ * else a whole one (its kernels leave the last columns to scalar code). */
 #if VEC_MASKED_TAILS
-    return vload_part(p, n);
+VEC_FN vf vec_q_at(const float *p, int64_t n) { return vload_part(p, n); }
+VEC_FN vf vec_row_at(enum npattn_dtype t, const void *p, int64_t n) { return vload_as_part(t, p, n); }
+VEC_FN vf vec_row_m(enum npattn_dtype t, const void *p, vm live) { return vload_as_m(t, p, live); }
 #else
-    return (void)n, vload(p);
+VEC_FN vf vec_q_at(const float *p, int64_t n) { return (void)n, vload(p); }
+VEC_FN vf vec_row_at(enum npattn_dtype t, const void *p, int64_t n) { return (void)n, vload_as(t, p); }
+VEC_FN vf vec_row_m(enum npattn_dtype t, const void *p, vm live) { return (void)live, vload_as(t, p); }
 #endif
-}
-VEC_FN vf vec_row_at(enum npattn_dtype t, const void *p, int64_t n) {
-#if VEC_MASKED_TAILS
-    return vload_as_part(t, p, n);
-#else
-    return (void)n, vload_as(t, p);
-#endif
-}
-VEC_FN vf vec_row_m(enum npattn_dtype t, const void *p, vm live) {
-#if VEC_MASKED_TAILS
-    return vload_as_m(t, p, live);
-#else
-    return (void)live, vload_as(t, p);
-#endif
-}
 
 /* ---- scores: st (M, ldst) = the rows of q (M, D) against the spans' keys ---- */
 
