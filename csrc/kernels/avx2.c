@@ -1,5 +1,8 @@
-/* kernels/avx2.c: the kernels in AVX2 + FMA (+ F16C), 8 query rows per vector;
- * column tails go to the portable code. Twin of avx512.c and neon.c. */
+/* kernels/avx2.c: the avx2 table (AVX2 + FMA + F16C): the kernels written
+ * once over the vector layer (vec_*.h), built on vec_avx2.h's 8 lanes, and
+ * what is this ISA's own: the rows of q in the lanes (MQA and wide groups),
+ * accumulate's register blocks for 16 registers, and their prefetch
+ * distances. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <float.h>
 #include <immintrin.h>

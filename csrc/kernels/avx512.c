@@ -1,5 +1,9 @@
-/* kernels/avx512.c: the kernels in AVX-512 (F, BW, VL), 16 query rows per vector, masked
- * tails. Twin of avx2.c and neon.c: the same arithmetic in other widths. */
+/* kernels/avx512.c: the avx512 and avx512bf16 tables (and the amx table's
+ * float32 kernels, amx.c): the kernels written once over the vector layer
+ * (vec_*.h), built on vec_avx512.h's 16 masked lanes, and what is this
+ * ISA's own: a bfloat16 K's keys in the lanes, accumulate's register
+ * blocks, and AVX512-BF16's vdpbf16ps pairs (q's pairs, the products of
+ * gemm tiles, the streamed P @ V, the softmax whose weights go to tiles). */
 #if defined(__x86_64__) || defined(__i386__)
 #include <float.h>
 #include <immintrin.h>

@@ -1,6 +1,10 @@
 /* kernels/kernels.h: the hot inner pieces of the core, one dispatch table per
- * instruction set. portable.c, avx2.c, avx512.c (with amx.c) and neon.c
- * define complete tables; dispatch.c picks the best this CPU runs. Nothing
+ * instruction set: this header is the tables' contract. portable.c, avx2.c,
+ * avx512.c (with amx.c) and neon.c define complete tables; dispatch.c picks
+ * the best this CPU runs. The SIMD tables' kernels are written once over a
+ * vector layer (vec_avx2.h, vec_avx512.h, vec_neon.h; the list of its
+ * operations, and how to add an element format, in vec_avx512.h) and built
+ * per table; scalar.h holds the scalar helpers and conversions. Nothing
  * outside csrc/kernels/ contains SIMD code.
  *
  * Scores arrive transposed: st is (nk, ld) row-major, column r holding query

@@ -1,6 +1,8 @@
-/* kernels/neon.c: the kernels in NEON (aarch64, where it is baseline), 4
- * query rows per vector; column tails go to the portable code. Twin of
- * avx2.c and avx512.c. */
+/* kernels/neon.c: the neon and neonbf16 tables (aarch64, where NEON is
+ * baseline): the kernels written once over the vector layer (vec_*.h),
+ * built on vec_neon.h's 4 lanes, and what is this ISA's own: the rows of q
+ * in the lanes (by-lane FMAs), accumulate's register blocks, and BFDOT's
+ * bfloat16 pairs. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #include <float.h>

@@ -1,31 +1,39 @@
 /* kernels/vec_avx512.h: the vector layer in AVX-512 (F, BW, VL), 16 float
  * lanes, masks in k registers.
  *
- * The layer (vec_avx2.h and vec_neon.h define the same names for their
- * widths): vf holds VEC_LANES floats, vm a mask of lanes, vi int32 lanes.
+ * The layer. vec_avx2.h and vec_neon.h define the same names for their
+ * widths: vf holds VEC_LANES floats, vm a mask of lanes, vi int32 lanes.
  * Every function is VEC_FN (inline, compiled for the layer's target), so
  * that the kernels written once over it (vec_math.h, vec_softmax.h,
- * vec_stream.h) are built once per table by the ISA file that includes them
- * after its layer:
+ * vec_stream.h, vec_rows.h, vec_gemm.h) are built once per table by the
+ * ISA file that includes them after its layer:
  *   vzero vset1 vbroadcast vload vstore vload_part vstore_part vload_m
- *   vstore_m vall vlanes                         moving floats, masks
- *   vadd vsub vmul vdiv vfma vmax vabs vor_sign  arithmetic
- *   veq vne vge vlt vmand vany vselect vkeep     comparing, selecting
- *   vround vldexp_keep                           the exp2 polynomial's parts
- *   viset1 viload_m viota_plus vband             the band mask
- *   vfirst vreduce_max vreduce_add vsums         reductions
- *   vload_as vload_as_part vprefetch             stored rows, any format
- * VEC_MASKED_TAILS says whether the kernels run a tail of fewer than
- * VEC_LANES columns as a masked vector (here) or leave it to the portable
- * code (the other layers, whose masked loads are slow or missing).
+ *   vstore_m vload_mask vstore_mask vall vlanes      floats and masks
+ *   VEC_ELEMENTWISE (vadd vsub vmul vdiv vmax) vfma vabs vor_sign
+ *   veq vne vge vlt vmand vany vselect vkeep         comparing, selecting
+ *   vround vldexp_keep                               the exp2 polynomial's
+ *   viset1 viload_m viota_plus vband                 the band mask
+ *   VEC_INTEGER (viadd viand vior visrl16) vbits viselect   rounding bits
+ *   vfirst vreduce_max vreduce_add vsums vtranspose  across lanes
+ *   vload_as vstore_f16_m vstore_hi16_m vprefetch    stored rows
+ * and the shapes its kernels take: VEC_MASKED_TAILS (whether a tail of
+ * fewer than VEC_LANES columns runs as a masked vector, as here, or by the
+ * portable code, where masked loads are slow or missing), the register
+ * blocks of the streamed scores, accumulate and gemm, and fma_loop's chains.
  *
  * Element formats. A row stored as F32, F16 or BF16 is read by vload_as(t,
- * p): VEC_LANES elements as float lanes, exactly (vload_as_part for the
- * first n of them, the rest 0); npattn_stream_elem (scalar.h) is its scalar
- * twin for the tails and the portable table. A new format is one more case
- * in each: its load here, in vec_avx2.h, in vec_neon.h, and its element in
- * scalar.h, with npattn_stream_size's bytes. Every kernel that reads K or V
- * (the streamed scores, accumulate) then reads it in its own type. */
+ * p) (here vload_as_m, with vload_as and vload_as_part on top of it):
+ * VEC_LANES elements as float lanes, exactly. Adding a format is one case
+ * in that load in each layer (here, vec_avx2.h, vec_neon.h), its scalar
+ * element and size in scalar.h (npattn_stream_elem, npattn_stream_size:
+ * the tails and the portable table), and one case in the type switches of
+ * vec_scores and vec_accumulate (vec_stream.h), which then build their loops
+ * once more for it, the conversion inlined; tests in test_attention.c's
+ * streamed kernels. The 8-bit codes of SPEC 14 (int8, uint8, float8 e4m3fn
+ * and e5m2) fit so: each code is a float exactly, so the load converts
+ * codes to floats, and the scale and zero point (per row, or per group of G
+ * elements along D) are applied after it by the kernels, once, over the
+ * layer, not in each load. */
 #ifndef NPATTN_KERNELS_VEC_H
 #define NPATTN_KERNELS_VEC_H
 
@@ -127,27 +135,23 @@ VEC_FN void vsums(const vf v[VEC_SUMS], int n, float *out) {
 
 /* ---- stored rows: each element format as float lanes, exactly ---- */
 
-/* 16 float16 or bfloat16 values as floats: float16 through vcvtph2ps,
- * bfloat16 widened into a float's top half. */
-VEC_FN vf vwiden16(enum npattn_dtype t, __m256i x) {
-    if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
-}
-
-/* The 16 elements of a row of type t at p, those of `live` (the others 0).
- * No branch, so that loops keeping many accumulators in registers do not
- * spill them. */
+/* The lanes of live of a row stored as type t at p, as floats, exactly
+ * (the others 0): float16 through vcvtph2ps, bfloat16 widened into a
+ * float's top half. One case per element format; no branch besides, so
+ * that loops keeping many accumulators in registers do not spill them. */
 VEC_FN vf vload_as_m(enum npattn_dtype t, const void *p, vm live) {
-    if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(live, p);
-    return vwiden16(t, _mm256_maskz_loadu_epi16(live, p));
+    if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, p));
+    if (t == NPATTN_DTYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, p)), 16));
+    return _mm512_maskz_loadu_ps(live, p);
 }
-/* The first n (the rest 0); 16 halves by a plain load (masked, the scores'
- * loops over a D that is not a constant ran 5-10% slower). */
+/* The first n (the rest 0), and a whole vector; a whole vector's mask a
+ * constant (a mask made in the scores' loops over a D that is not a
+ * constant ran them 5-10% slower). */
 VEC_FN vf vload_as_part(enum npattn_dtype t, const void *p, int64_t n) {
-    if (t == NPATTN_DTYPE_F32 || n < 16) return vload_as_m(t, p, vlanes(n));
-    return vwiden16(t, _mm256_loadu_si256((const __m256i *)p));
+    return n >= 16 ? vload_as_m(t, p, vall()) : vload_as_m(t, p, vlanes(n));
 }
-VEC_FN vf vload_as(enum npattn_dtype t, const void *p) { return vload_as_part(t, p, 16); }
+VEC_FN vf vload_as(enum npattn_dtype t, const void *p) { return vload_as_m(t, p, vall()); }
 
 /* Narrowing stores (vec_rows.h's vec_store_as rounds): the lanes of live,
  * y as float16 by vcvtps2ph (nearest even), and the high halves of r's
