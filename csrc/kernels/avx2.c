@@ -16,9 +16,6 @@
 #include "vec_rows.h"
 #include "vec_gemm.h"
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define INLINE static inline __attribute__((always_inline))
-
 /* MQA and wide groups, 16 rows or more a kv head: the scores of 16 rows
  * with the rows in the lanes of two vectors (q transposed, qt: D x 16) and
  * each key element broadcast into the FMAs: no reduction tree, each score
@@ -27,7 +24,7 @@
 enum { LANES_ROWS = 16, LANES_KEYS = 6 };
 
 /* The scores of 4 keys (a[0..3], a row a lane) into the 8 rows of st (ldst apart): a 4 x 8 transpose. */
-AVX2 INLINE void store_keys4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *st, int64_t ldst) {
+VEC_FN void store_keys4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *st, int64_t ldst) {
     const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
     const __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
     const __m256 r[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
@@ -39,7 +36,7 @@ AVX2 INLINE void store_keys4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *
 }
 
 /* The same for 2 keys. */
-AVX2 INLINE void store_keys2(__m256 a0, __m256 a1, float *st, int64_t ldst) {
+VEC_FN void store_keys2(__m256 a0, __m256 a1, float *st, int64_t ldst) {
     const __m256 lo = _mm256_unpacklo_ps(a0, a1), hi = _mm256_unpackhi_ps(a0, a1);
     const __m128 r[4] = {_mm256_castps256_ps128(lo), _mm256_castps256_ps128(hi), _mm256_extractf128_ps(lo, 1),
                          _mm256_extractf128_ps(hi, 1)};
@@ -52,7 +49,7 @@ AVX2 INLINE void store_keys2(__m256 a0, __m256 a1, float *st, int64_t ldst) {
 /* 16 rows (qt) against nkb <= 6 keys, float32 rows at kr (ldk apart): 12
  * accumulators, two query vectors and a broadcast key element. pf: where
  * the rows to prefetch start (es bytes an element, ldp elements apart), or NULL. */
-AVX2 INLINE void scores_lanes_block(const float *qt, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
+VEC_FN void scores_lanes_block(const float *qt, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
                                     int64_t ldst, const void *pf, int64_t es, int64_t ldp) {
     __m256 acc[2 * LANES_KEYS];
     for (int i = 0; i < 2 * nkb; i++) acc[i] = _mm256_setzero_ps();
@@ -81,7 +78,7 @@ AVX2 INLINE void scores_lanes_block(const float *qt, int64_t D, const float *kr,
 }
 
 /* 16 rows of q against the spans' keys (of type kt), into st. */
-AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
+VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
                               int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
     float kb[LANES_KEYS * NPATTN_LANES_MAX_D] __attribute__((aligned(64))); /* half keys, converted */
@@ -113,7 +110,7 @@ AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, c
 
 /* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes; the
  * rows left take vec_stream.h's reduction trees. */
-AVX2 INLINE int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
                                    const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     const int64_t lanes = npattn_rows_in_lanes(M, D);
     for (int64_t r = 0; r < lanes; r += LANES_ROWS)
@@ -122,7 +119,7 @@ AVX2 INLINE int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t
 }
 
 /* accumulate_of's blocks: blocks of 6 rows, then what is left; 4 + 3 for the last 7 */
-INLINE int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 : (int)left; }
+static inline int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 : (int)left; }
 
 /* A block's column chunks: as many as fill 12 accumulators (at most 8, the
  * value vectors then FMA operands from memory); for half rows, whose
@@ -136,7 +133,7 @@ INLINE int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 : (int)l
  * so that the accumulators stay in registers (the cases of nc or more never
  * occur, and compile to nothing). Each block prefetches its own columns of
  * the rows ahead that vec_accumulate_block's pf_every and pf_first name. */
-AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
+VEC_FN void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
                                  int pf_every, int pf_first) {
 #define BLOCK(n) vec_accumulate_block(vt, st, ldst, nr, n, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first)
@@ -160,7 +157,7 @@ AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t 
  * the passes, not in a burst over the first block's (from memory, one Zen 4
  * thread, medians of alternated calls: MQA 16/1/128 at 65536 keys 6.68
  * against 6.98 ms, 12/1/128 5.06 against 5.71). */
-AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+VEC_FN void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
                                const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     const int f32 = vt == NPATTN_DTYPE_F32;
     int n_block = 0;
@@ -184,7 +181,7 @@ AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ld
 
 /* accumulate_of, Dv = 64 as a constant (as the scores: 1.03-1.08x); the
  * columns past the last 8 left to the portable code. */
-AVX2 INLINE int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
                                       const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     if (Dv == 64) accumulate_of(vt, st, ldst, M, spans, n_span, ldv, 64, o);
     else accumulate_of(vt, st, ldst, M, spans, n_span, ldv, Dv, o);
@@ -204,7 +201,7 @@ static int64_t accumulate_ahead_avx2(int64_t M, int64_t Dv, int64_t rows, int64_
 }
 
 /* transpose_f32 in 8 x 8 blocks: the AVX2 table's and the AVX-512 ones'. */
-AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT, int64_t ldt) {
+VEC_TARGET void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT, int64_t ldt) {
     vec_transpose_f32(rows, ldr, M, w, rowsT, ldt);
 }
 

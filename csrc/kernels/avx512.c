@@ -19,7 +19,6 @@
 #include "vec_rows.h"
 #include "vec_gemm.h"
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define INLINE static inline __attribute__((always_inline))
 
 /* kt (D, 16) = nkb <= 16 bfloat16 key rows (at rows[i]; D a multiple of
@@ -27,7 +26,7 @@
  * then each pair split into its two floats; or, `pairs`, kt (D / 2, 16)
  * the pairs themselves (as 32-bit lanes), and the return whether a value
  * is subnormal (else 0). The rows `ahead` are prefetched. */
-AVX512 INLINE int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const void *const *ahead, float *kt,
+VEC_FN int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const void *const *ahead, float *kt,
                                      const int pairs) {
     const __m512i top = _mm512_set1_epi32((int)0xFFFF0000);
     __m512i least = BF16_NONE_SEEN;
@@ -54,7 +53,7 @@ AVX512 INLINE int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D
 /* st's nr <= 8 rows (ldst apart) at 16 keys, or 32 (two): nr rows of q (D
  * apart) against the keys of kt0 (lanes live0) and kt1 (live1), (D, 16)
  * each: one FMA per row, element and half, in element order. */
-AVX512 INLINE void rows_against_keys(const float *kt0, const float *kt1, const float *q, int nr, int two, int64_t D,
+VEC_FN void rows_against_keys(const float *kt0, const float *kt1, const float *q, int nr, int two, int64_t D,
                                      float *st, int64_t ldst, __mmask16 live0, __mmask16 live1) {
     __m512 acc[8][2];
     for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -83,7 +82,7 @@ AVX512 INLINE void rows_against_keys(const float *kt0, const float *kt1, const f
 /* The scores of n <= 32 bfloat16 keys (rows, their rows ahead `ahead`)
  * against the M rows of q, into st's columns from 0, with the keys in
  * lanes, no reduction tree; the rows of q against them 8 at a time. */
-AVX512 static void bf16_block_in_lanes(const void *const *rows, const void *const *ahead, int64_t n, const float *q,
+static VEC_TARGET void bf16_block_in_lanes(const void *const *rows, const void *const *ahead, int64_t n, const float *q,
                                        int64_t M, int64_t D, float *st, int64_t ldst) {
     float kt[2 * NPATTN_LANES_MAX_D * 16] __attribute__((aligned(64)));
     float *const kt1 = kt + D * 16;
@@ -110,7 +109,7 @@ AVX512 static void bf16_block_in_lanes(const void *const *rows, const void *cons
 
 /* scores_of for a bfloat16 K against the rows npattn_bf16_keys_in_lanes
  * admits: 32 keys at a time (16 at the end), across the spans. */
-AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+VEC_FN void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
                                         int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     int64_t si = 0, i = 0; /* the next key: row i of span si */
     for (int64_t j = 0;; j += 32) {
@@ -124,7 +123,7 @@ AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, co
 /* A bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: all of
  * them with the keys in the lanes; else none (vec_stream.h's reduction
  * trees take them). */
-AVX512 INLINE int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
                                      const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
                                      int64_t ldst) {
     if (kt != NPATTN_DTYPE_BF16 || !npattn_bf16_keys_in_lanes(M, D)) return 0;
@@ -149,7 +148,7 @@ AVX512 INLINE int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64
  * blocks of 4 and 3 of 64 columns, one Xeon core), so that each value row
  * is loaded the fewest times. The first block of each pass over the
  * columns prefetches its columns of the rows ahead. */
-AVX512 INLINE int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
                                         const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv,
                                         float *o) {
     if (M <= 4) { /* one block (b, r: its number and first row, for the macro) */

@@ -17,8 +17,6 @@
 #include "vec_rows.h"
 #include "vec_gemm.h"
 
-#define INLINE static inline __attribute__((always_inline))
-
 /* MQA and wide groups (npattn_rows_in_lanes), as avx2.c's scores_lanes: 16
  * rows in the lanes of four vectors (q transposed, qt: D x 16) and each key
  * element taken by lane into the FMAs, half keys converted in registers: no
@@ -28,7 +26,7 @@ enum { LANES_ROWS = 16, LANES_KEYS = 4 };
 /* 16 rows (qt) against nkb <= 4 keys (rows of type kt at kr): 16
  * accumulators, a key vector of 4 elements each, four query vectors an
  * element. pf: where the rows to prefetch for these keys start, or NULL. */
-INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D, const void *kr, int64_t ldk, int nkb,
+VEC_FN void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D, const void *kr, int64_t ldk, int nkb,
                                float *st, int64_t ldst, const void *pf) {
     float32x4_t acc[4 * LANES_KEYS]; /* acc[4 * key + v]: rows 4v .. 4v+3 */
     for (int i = 0; i < 4 * nkb; i++) acc[i] = vdupq_n_f32(0.0f);
@@ -68,7 +66,7 @@ INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D,
 }
 
 /* 16 rows of q against the spans' keys (of type kt), into st. */
-INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
+VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
                          int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
     vec_transpose_rows(q, D, LANES_ROWS, D, qt, LANES_ROWS);
@@ -89,7 +87,7 @@ INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const 
 
 /* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes; the
  * rows left take vec_stream.h's reduction trees. */
-INLINE int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
                               int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     const int64_t lanes = npattn_rows_in_lanes(M, D);
     for (int64_t r = 0; r < lanes; r += LANES_ROWS)
@@ -100,7 +98,7 @@ INLINE int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, i
 /* Blocks of 4 rows by 16 columns; the first block of each pass over the
  * columns prefetches them (npattn_ahead_of_passes); the columns past the
  * last 16 left to the portable code. */
-INLINE int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
 #define BLOCK(nr, pf) vec_accumulate_block(vt, st + r * ldst, ldst, nr, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, pf, 0)
     int64_t e0 = 0;
@@ -141,14 +139,14 @@ static int64_t accumulate_ahead_neon(int64_t M, int64_t Dv, int64_t rows, int64_
 #define NEONBF16 __attribute__((target("arch=armv8.2-a+bf16")))
 
 /* Whether a lane of x (bfloat16 bits) is subnormal: all ones there. */
-INLINE uint16x8_t subnormal_bf16(uint16x8_t x) {
+VEC_FN uint16x8_t subnormal_bf16(uint16x8_t x) {
     const uint16x8_t expo = vandq_u16(x, vdupq_n_u16(0x7f80)), mag = vandq_u16(x, vdupq_n_u16(0x7fff));
     return vandq_u16(vceqzq_u16(expo), vtstq_u16(mag, mag));
 }
 
 /* x rounded to nearest even bfloat16, NaN kept (npattn_f32_to_bf16), in the
  * low halves of the lanes; *sub gains the lanes where x was subnormal. */
-INLINE uint32x4_t round_bf16(float32x4_t x, uint32x4_t *sub) {
+VEC_FN uint32x4_t round_bf16(float32x4_t x, uint32x4_t *sub) {
     const uint32x4_t bits = vreinterpretq_u32_f32(x), mag = vandq_u32(bits, vdupq_n_u32(0x7fffffff));
     *sub = vorrq_u32(*sub, vandq_u32(vceqzq_u32(vandq_u32(bits, vdupq_n_u32(0x7f800000))), vtstq_u32(mag, mag)));
     const uint32x4_t odd = vandq_u32(vshrq_n_u32(bits, 16), vdupq_n_u32(1));
@@ -207,7 +205,7 @@ static int bf16_f32_neon(const float *x, int64_t n, uint16_t *out) {
 }
 
 /* acc + the pairs of x against pair `lane` of y (a constant after inlining). */
-NEONBF16 INLINE float32x4_t bfdot_lane(float32x4_t acc, bfloat16x8_t x, bfloat16x8_t y, int lane) {
+NEONBF16 VEC_FN float32x4_t bfdot_lane(float32x4_t acc, bfloat16x8_t x, bfloat16x8_t y, int lane) {
     switch (lane) {
     case 0: return vbfdotq_laneq_f32(acc, x, y, 0);
     case 1: return vbfdotq_laneq_f32(acc, x, y, 1);
@@ -217,7 +215,7 @@ NEONBF16 INLINE float32x4_t bfdot_lane(float32x4_t acc, bfloat16x8_t x, bfloat16
 }
 
 /* The n < 4 pairs of a row from k, zeros after. */
-NEONBF16 INLINE bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
+NEONBF16 VEC_FN bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
     uint32_t w[4] = {0, 0, 0, 0};
     memcpy(w, k, (size_t)n * sizeof *w);
     return vreinterpretq_bf16_u32(vld1q_u32(w));
