@@ -14,7 +14,8 @@
  *   vround vldexp_keep                               the exp2 polynomial's
  *   viset1 viload_m viota_plus vband                 the band mask
  *   VEC_INTEGER (viadd viand vior visrl16) vbits viselect   rounding bits
- *   vfirst vreduce_max vreduce_add vsums vtranspose  across lanes
+ *   vfirst vreduce_max vreduce_add vsums vtranspose  across lanes (vsums:
+ *   here vstore_sums, into the scores)
  *   vload_as vstore_f16_m vstore_hi16_m vprefetch    stored rows
  * and the shapes its kernels take: VEC_MASKED_TAILS (whether a tail of
  * fewer than VEC_LANES columns runs as a masked vector, as here, or by the
@@ -110,12 +111,12 @@ VEC_FN float vfirst(vf x) { return _mm_cvtss_f32(_mm512_castps512_ps128(x)); }
 VEC_FN float vreduce_max(vf v) { return _mm512_reduce_max_ps(v); }
 VEC_FN float vreduce_add(vf v) { return _mm512_reduce_add_ps(v); }
 
-/* The lane sums of acc[0 .. 16) into out (n <= 16 of them used): a
- * transpose-and-add tree (15 adds, 30 shuffles) instead of 16 horizontal
- * reductions. */
+/* The lane sums of the streamed scores' accumulators, acc[4 * row + key],
+ * into st's nr rows (ldst apart) of nkb keys: a transpose-and-add tree (15
+ * adds, 30 shuffles) instead of 16 horizontal reductions, 4 keys a row
+ * stored as a 128-bit lane. */
 #define VEC_SUMS 16
-VEC_FN void vsums(const vf v[VEC_SUMS], int n, float *out) {
-    (void)n;
+VEC_FN void vstore_sums(const vf v[VEC_SUMS], int nr, int nkb, float *st, int64_t ldst) {
     __m512 b[4];
     for (int g = 0; g < 4; g++) {
         const __m512 *w = v + 4 * g;
@@ -130,7 +131,18 @@ VEC_FN void vsums(const vf v[VEC_SUMS], int n, float *out) {
     /* add the four 128-bit lanes, group g ending in lane g */
     __m512 d01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
     __m512 d23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
-    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD)));
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD));
+    if (nkb == 4) { /* lanes 4b .. 4b + 3: row b */
+        if (nr > 0) _mm_storeu_ps(st, _mm512_extractf32x4_ps(sums, 0));
+        if (nr > 1) _mm_storeu_ps(st + ldst, _mm512_extractf32x4_ps(sums, 1));
+        if (nr > 2) _mm_storeu_ps(st + 2 * ldst, _mm512_extractf32x4_ps(sums, 2));
+        if (nr > 3) _mm_storeu_ps(st + 3 * ldst, _mm512_extractf32x4_ps(sums, 3));
+        return;
+    }
+    float out[16];
+    _mm512_storeu_ps(out, sums);
+    for (int r = 0; r < nr; r++)
+        for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[4 * r + a];
 }
 
 /* ---- stored rows: each element format as float lanes, exactly ---- */

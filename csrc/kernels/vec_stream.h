@@ -36,8 +36,9 @@ VEC_FN vf vec_row_m(enum npattn_dtype t, const void *p, vm live) { return (void)
 /* Scores of nr <= VEC_SCORE_ROWS rows of q (at qr) against nkb <=
  * VEC_SCORE_KEYS keys (rows of type kt at kr, ldk apart), into st (nr,
  * ldst): a small GEMM's microkernel, each key vector converted once and
- * used nr times, then one reduction per score (the layer's vsums) and the
- * columns past the last whole vector one by one. pf: where the rows to
+ * used nr times, then one reduction per score (the layer's vsums, or
+ * vstore_sums where the last columns were a masked vector) and the columns
+ * past the last whole vector one by one. pf: where the rows to
  * prefetch for these keys start, or NULL. */
 VEC_FN void vec_scores_block(enum npattn_dtype kt, const float *qr, const int nr, int64_t D, const void *kr,
                              int64_t ldk, const int nkb, float *st, int64_t ldst, const void *pf) {
@@ -56,6 +57,9 @@ VEC_FN void vec_scores_block(enum npattn_dtype kt, const float *qr, const int nr
             for (int a = 0; a < nkb; a++) acc[K * b + a] = vfma(kv[a], qv, acc[K * b + a]);
         }
     }
+#if VEC_MASKED_TAILS
+    vstore_sums(acc, nr, nkb, st, ldst);
+#else
     float out[VEC_SUMS];
     vsums(acc, nr * K, out);
     if (d < D) /* the columns past the last whole vector */
@@ -64,6 +68,7 @@ VEC_FN void vec_scores_block(enum npattn_dtype kt, const float *qr, const int nr
                 for (int64_t e = d; e < D; e++) out[K * b + a] += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
     for (int b = 0; b < nr; b++)
         for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[K * b + a];
+#endif
 }
 
 /* nkb keys (at kr) against every row of q, VEC_SCORE_ROWS rows at a time,
