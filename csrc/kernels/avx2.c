@@ -50,7 +50,7 @@ VEC_FN void store_keys2(__m256 a0, __m256 a1, float *st, int64_t ldst) {
  * accumulators, two query vectors and a broadcast key element. pf: where
  * the rows to prefetch start (es bytes an element, ldp elements apart), or NULL. */
 VEC_FN void scores_lanes_block(const float *qt, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
-                                    int64_t ldst, const void *pf, int64_t es, int64_t ldp) {
+                               int64_t ldst, const void *pf, int64_t es, int64_t ldp) {
     __m256 acc[2 * LANES_KEYS];
     for (int i = 0; i < 2 * nkb; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d++) {
@@ -71,15 +71,12 @@ VEC_FN void scores_lanes_block(const float *qt, int64_t D, const float *kr, int6
         }
         return;
     }
-    float out[2 * LANES_KEYS * 8];
-    for (int i = 0; i < 2 * nkb; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
-    for (int r = 0; r < LANES_ROWS; r++)
-        for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[8 * (2 * a + r / 8) + r % 8];
+    vec_store_lanes_scores(acc, nkb, st, ldst);
 }
 
 /* 16 rows of q against the spans' keys (of type kt), into st. */
 VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
-                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+                         int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
     float kb[LANES_KEYS * NPATTN_LANES_MAX_D] __attribute__((aligned(64))); /* half keys, converted */
     vec_transpose_rows(q, D, LANES_ROWS, D, qt, LANES_ROWS);
@@ -111,7 +108,7 @@ VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const 
 /* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes; the
  * rows left take vec_stream.h's reduction trees. */
 VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
-                                   const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+                              const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     const int64_t lanes = npattn_rows_in_lanes(M, D);
     for (int64_t r = 0; r < lanes; r += LANES_ROWS)
         scores_lanes(kt, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
@@ -134,8 +131,8 @@ static inline int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 :
  * occur, and compile to nothing). Each block prefetches its own columns of
  * the rows ahead that vec_accumulate_block's pf_every and pf_first name. */
 VEC_FN void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
-                                 int pf_every, int pf_first) {
+                            const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
+                            int pf_every, int pf_first) {
 #define BLOCK(n) vec_accumulate_block(vt, st, ldst, nr, n, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first)
     int64_t e0 = 0;
     for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) BLOCK(nc);
@@ -158,7 +155,7 @@ VEC_FN void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst,
  * thread, medians of alternated calls: MQA 16/1/128 at 65536 keys 6.68
  * against 6.98 ms, 12/1/128 5.06 against 5.71). */
 VEC_FN void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                               const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+                          const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     const int f32 = vt == NPATTN_DTYPE_F32;
     int n_block = 0;
     for (int64_t r = 0; r < M; r += acc_rows(M - r)) n_block++;
@@ -182,7 +179,7 @@ VEC_FN void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, i
 /* accumulate_of, Dv = 64 as a constant (as the scores: 1.03-1.08x); the
  * columns past the last 8 left to the portable code. */
 VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                      const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     if (Dv == 64) accumulate_of(vt, st, ldst, M, spans, n_span, ldv, 64, o);
     else accumulate_of(vt, st, ldst, M, spans, n_span, ldv, Dv, o);
     return Dv / 8 * 8;

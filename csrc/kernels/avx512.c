@@ -27,7 +27,7 @@
  * the pairs themselves (as 32-bit lanes), and the return whether a value
  * is subnormal (else 0). The rows `ahead` are prefetched. */
 VEC_FN int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const void *const *ahead, float *kt,
-                                     const int pairs) {
+                              const int pairs) {
     const __m512i top = _mm512_set1_epi32((int)0xFFFF0000);
     __m512i least = BF16_NONE_SEEN;
     for (int64_t c = 0; c < D; c += 32) {
@@ -54,7 +54,7 @@ VEC_FN int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const
  * apart) against the keys of kt0 (lanes live0) and kt1 (live1), (D, 16)
  * each: one FMA per row, element and half, in element order. */
 VEC_FN void rows_against_keys(const float *kt0, const float *kt1, const float *q, int nr, int two, int64_t D,
-                                     float *st, int64_t ldst, __mmask16 live0, __mmask16 live1) {
+                              float *st, int64_t ldst, __mmask16 live0, __mmask16 live1) {
     __m512 acc[8][2];
     for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d++) {
@@ -83,7 +83,7 @@ VEC_FN void rows_against_keys(const float *kt0, const float *kt1, const float *q
  * against the M rows of q, into st's columns from 0, with the keys in
  * lanes, no reduction tree; the rows of q against them 8 at a time. */
 static VEC_TARGET void bf16_block_in_lanes(const void *const *rows, const void *const *ahead, int64_t n, const float *q,
-                                       int64_t M, int64_t D, float *st, int64_t ldst) {
+                                           int64_t M, int64_t D, float *st, int64_t ldst) {
     float kt[2 * NPATTN_LANES_MAX_D * 16] __attribute__((aligned(64)));
     float *const kt1 = kt + D * 16;
     const int n0 = (int)(n < 16 ? n : 16), n1 = (int)(n - n0);
@@ -110,7 +110,7 @@ static VEC_TARGET void bf16_block_in_lanes(const void *const *rows, const void *
 /* scores_of for a bfloat16 K against the rows npattn_bf16_keys_in_lanes
  * admits: 32 keys at a time (16 at the end), across the spans. */
 VEC_FN void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                                        int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+                                 int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     int64_t si = 0, i = 0; /* the next key: row i of span si */
     for (int64_t j = 0;; j += 32) {
         const void *rows[32], *ahead[32];
@@ -124,8 +124,8 @@ VEC_FN void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const str
  * them with the keys in the lanes; else none (vec_stream.h's reduction
  * trees take them). */
 VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
-                                     const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
-                                     int64_t ldst) {
+                              const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
+                              int64_t ldst) {
     if (kt != NPATTN_DTYPE_BF16 || !npattn_bf16_keys_in_lanes(M, D)) return 0;
     bf16_scores_in_lanes(q, M, D, spans, n_span, ldk, st, ldst);
     return M;
@@ -149,8 +149,8 @@ VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, i
  * is loaded the fewest times. The first block of each pass over the
  * columns prefetches its columns of the rows ahead. */
 VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                        const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv,
-                                        float *o) {
+                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv,
+                                 float *o) {
     if (M <= 4) { /* one block (b, r: its number and first row, for the macro) */
         for (int64_t e0 = 0, r = 0, b = 0; e0 < Dv; e0 += 64) {
             const float *s = st;

@@ -59,10 +59,7 @@ VEC_FN void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D,
         }
         return;
     }
-    float out[4 * LANES_KEYS * 4];
-    for (int i = 0; i < 4 * nkb; i++) vst1q_f32(out + 4 * i, acc[i]);
-    for (int r = 0; r < LANES_ROWS; r++)
-        for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[4 * (4 * a + r / 4) + r % 4];
+    vec_store_lanes_scores(acc, nkb, st, ldst);
 }
 
 /* 16 rows of q against the spans' keys (of type kt), into st. */

@@ -33,6 +33,18 @@ VEC_FN vf vec_row_m(enum npattn_dtype t, const void *p, vm live) { return (void)
 
 /* ---- scores: st (M, ldst) = the rows of q (M, D) against the spans' keys ---- */
 
+/* The scores of nkb keys against 16 rows of q held in the lanes (the ISA
+ * files' rows in lanes), acc[16 / VEC_LANES * key + g] holding rows
+ * VEC_LANES g onwards, into st's 16 rows (ldst apart), through a buffer:
+ * a block of fewer keys than the transposes' stores take. */
+VEC_FN void vec_store_lanes_scores(const vf *acc, int nkb, float *st, int64_t ldst) {
+    enum { G = 16 / VEC_LANES };
+    float out[16 * 8];
+    for (int i = 0; i < G * nkb; i++) vstore(out + VEC_LANES * i, acc[i]);
+    for (int r = 0; r < 16; r++)
+        for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[VEC_LANES * (G * a + r / VEC_LANES) + r % VEC_LANES];
+}
+
 /* Scores of nr <= VEC_SCORE_ROWS rows of q (at qr) against nkb <=
  * VEC_SCORE_KEYS keys (rows of type kt at kr, ldk apart), into st (nr,
  * ldst): a small GEMM's microkernel, each key vector converted once and
