@@ -1,336 +1,20 @@
-/* kernels/avx2.c: the kernels in AVX2 + FMA (+ F16C), 8 query rows per vector;
- * column tails go to the portable code. Twin of avx512.c and neon.c. */
+/* kernels/avx2.c: the avx2 table (AVX2 + FMA + F16C): the kernels written
+ * once over the vector layer (vec_*.h), built on vec_avx2.h's 8 lanes, and
+ * what is this ISA's own: the rows of q in the lanes (MQA and wide groups),
+ * accumulate's register blocks for 16 registers, and their prefetch
+ * distances. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
 
 #include "kernels.h"
-
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define INLINE static inline __attribute__((always_inline))
-
-/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
-AVX2 INLINE __m256 exp_nonpos(__m256 x) {
-    const __m256 vmin = _mm256_set1_ps(NPATTN_EXP2_MIN);
-    __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(NPATTN_LOG2E));
-    __m256 keep = _mm256_cmp_ps(y, vmin, _CMP_GE_OQ);
-    y = _mm256_max_ps(y, vmin);
-    __m256 n = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_sub_ps(y, n);
-    __m256 p = _mm256_set1_ps(NPATTN_EXP2_C6);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C5));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C4));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C3));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C2));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(NPATTN_EXP2_C1));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
-}
-
-/* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
-AVX2 INLINE __m256 tanh_approx(__m256 y) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-    __m256 a = _mm256_andnot_ps(sign, y);
-    __m256 u = _mm256_mul_ps(y, y);
-    __m256 p = _mm256_set1_ps(NPATTN_TANH_P4);
-    p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(NPATTN_TANH_P3));
-    p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(NPATTN_TANH_P2));
-    p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(NPATTN_TANH_P1));
-    p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(NPATTN_TANH_P0));
-    __m256 near = _mm256_fmadd_ps(_mm256_mul_ps(y, u), p, y);
-    __m256 e = exp_nonpos(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
-    __m256 far = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
-    far = _mm256_or_ps(far, _mm256_and_ps(y, sign));
-    return _mm256_blendv_ps(far, near, _mm256_cmp_ps(a, _mm256_set1_ps(NPATTN_TANH_SPLIT), _CMP_LT_OQ));
-}
-
-AVX2 static int softmax_avx2(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
-    const int64_t nk = t->nk, M = t->M, ld = t->ld;
-    const __m256 scale = _mm256_set1_ps(t->scale), ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
-    const int capped = t->softcap > 0;
-    const __m256 cap = _mm256_set1_ps(t->softcap), inv_cap = _mm256_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
-    const int plain = npattn_tile_plain(t);
-    int64_t r = 0;
-    for (; r + 8 <= M; r += 8) {
-        __m256 vm = _mm256_loadu_ps(m + r), mx = vm;
-        /* nf sums x - x over unhidden scores (plain: the scores): it stays finite unless one is NaN or infinite */
-        __m256 nf = _mm256_and_ps(_mm256_sub_ps(vm, vm), _mm256_cmp_ps(vm, ninf, _CMP_NEQ_UQ));
-        __m256i vlo = _mm256_setzero_si256(), vhi = vlo;
-        if (t->lo) {
-            vlo = _mm256_loadu_si256((const __m256i *)(t->lo + r));
-            vhi = _mm256_loadu_si256((const __m256i *)(t->hi + r));
-        }
-        if (plain) { /* pass 1: the column max of the raw scores, times scale; four chains of keys */
-            __m256 raw[4], sums[4];
-            for (int c = 0; c < 4; c++) raw[c] = _mm256_set1_ps(-FLT_MAX), sums[c] = zero;
-            int64_t j = 0;
-            for (; j + 4 <= nk; j += 4)
-                for (int c = 0; c < 4; c++) {
-                    const __m256 x = _mm256_loadu_ps(st + (j + c) * ld + r);
-                    sums[c] = _mm256_add_ps(sums[c], x);
-                    raw[c] = _mm256_max_ps(raw[c], x);
-                }
-            for (; j < nk; j++) {
-                const __m256 x = _mm256_loadu_ps(st + j * ld + r);
-                sums[0] = _mm256_add_ps(sums[0], x);
-                raw[0] = _mm256_max_ps(raw[0], x);
-            }
-            const __m256 most = _mm256_max_ps(_mm256_max_ps(raw[0], raw[1]), _mm256_max_ps(raw[2], raw[3]));
-            const __m256 top = _mm256_mul_ps(most, scale);
-            nf = _mm256_add_ps(nf, _mm256_add_ps(_mm256_add_ps(sums[0], sums[1]), _mm256_add_ps(sums[2], sums[3])));
-            nf = _mm256_add_ps(nf, top);
-            mx = _mm256_max_ps(mx, top);
-        }
-        /* pass 1: final scores written back, the column max */
-        for (int64_t j = 0; j < nk && !plain; j++) {
-            float *row = st + j * ld + r;
-            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(row), scale);
-            __m256 check = _mm256_sub_ps(x, x);
-            __m256 vis = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-            if (capped) x = _mm256_mul_ps(cap, tanh_approx(_mm256_mul_ps(x, inv_cap)));
-            if (t->lo) {
-                __m256i vj = _mm256_set1_epi32((int32_t)j);
-                __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(vlo, vj), _mm256_cmpgt_epi32(vj, vhi));
-                vis = _mm256_andnot_ps(_mm256_castsi256_ps(out), vis);
-            }
-            if (t->bias) {
-                __m256 b = _mm256_loadu_ps(t->bias + j * ld + r);
-                vis = _mm256_and_ps(vis, _mm256_cmp_ps(b, ninf, _CMP_NEQ_UQ));
-                x = _mm256_add_ps(x, b);
-                check = _mm256_add_ps(check, _mm256_sub_ps(x, x));
-            }
-            nf = _mm256_add_ps(nf, _mm256_and_ps(check, vis));
-            x = _mm256_blendv_ps(ninf, x, vis);
-            _mm256_storeu_ps(row, x);
-            mx = _mm256_max_ps(mx, x);
-        }
-        if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_sub_ps(nf, nf), zero, _CMP_NEQ_UQ))) return 1;
-        /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
-        __m256 shift = _mm256_blendv_ps(mx, zero, _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ));
-        __m256 a = exp_nonpos(_mm256_sub_ps(vm, shift)), sum = zero;
-        for (int64_t j = 0; j < nk; j++) {
-            float *row = st + j * ld + r;
-            __m256 x = _mm256_loadu_ps(row);
-            __m256 p = exp_nonpos(_mm256_sub_ps(plain ? _mm256_mul_ps(x, scale) : x, shift));
-            _mm256_storeu_ps(row, p);
-            sum = _mm256_add_ps(sum, p);
-        }
-        _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
-        _mm256_storeu_ps(m + r, mx);
-        _mm256_storeu_ps(alpha + r, a);
-    }
-    return r < M ? npattn_softmax_f32_columns(st, t, r, M, m, l, alpha) : 0;
-}
-
-/* Lanes j .. j+7 of a row of n: an integer mask for maskload / maskstore. */
-AVX2 INLINE __m256i lanes(int64_t n, int64_t j) {
-    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    int64_t left = n - j;
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(left > 8 ? 8 : left)), iota);
-}
-
-/* Lanes j .. j+7 of a row of n at p: a plain load or store where all 8 are
- * in the row, maskload / maskstore (slow on some CPUs) only for its tail. */
-AVX2 INLINE __m256 load_lanes(const float *p, int64_t n, int64_t j) {
-    return j + 8 <= n ? _mm256_loadu_ps(p + j) : _mm256_maskload_ps(p + j, lanes(n, j));
-}
-
-AVX2 INLINE void store_lanes(float *p, int64_t n, int64_t j, __m256 x) {
-    if (j + 8 <= n) _mm256_storeu_ps(p + j, x);
-    else _mm256_maskstore_ps(p + j, lanes(n, j), x);
-}
-
-AVX2 INLINE float hmax(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-AVX2 INLINE float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-AVX2 static int softmax_rows_avx2(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
-    const __m256 scale = _mm256_set1_ps(t->scale), ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
-    const int capped = t->softcap > 0;
-    const __m256 cap = _mm256_set1_ps(t->softcap), inv_cap = _mm256_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
-    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const int plain = npattn_tile_plain(t);
-    for (int64_t r = 0; r < t->M; r++) {
-        float *row = st + r * t->ld;
-        const float *brow = t->bias ? t->bias + r * t->ld : NULL;
-        if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
-        __m256i vlo = _mm256_set1_epi32(t->lo ? t->lo[r] : 0), vhi = _mm256_set1_epi32(t->lo ? t->hi[r] : 0);
-        __m256 vmx = ninf, nf = zero;
-        if (plain) { /* pass 1: the row's max of the raw scores, times scale; two chains */
-            __m256 raw[2] = {_mm256_set1_ps(-FLT_MAX), _mm256_set1_ps(-FLT_MAX)}, sums[2] = {zero, zero};
-            int64_t j = 0;
-            for (; j + 16 <= t->nk; j += 16)
-                for (int c = 0; c < 2; c++) {
-                    const __m256 x = _mm256_loadu_ps(row + j + 8 * c);
-                    sums[c] = _mm256_add_ps(sums[c], x);
-                    raw[c] = _mm256_max_ps(raw[c], x);
-                }
-            for (; j < t->nk; j += 8) {
-                const __m256 x = _mm256_blendv_ps(raw[0], load_lanes(row, t->nk, j), _mm256_castsi256_ps(lanes(t->nk, j)));
-                sums[0] = _mm256_add_ps(sums[0], x);
-                raw[0] = _mm256_max_ps(raw[0], x);
-            }
-            /* the lanes' max before scaling: a lane no score reached holds -FLT_MAX */
-            vmx = _mm256_set1_ps(hmax(_mm256_max_ps(raw[0], raw[1])) * t->scale);
-            /* finite unless a score is NaN or infinite, or scaling overflowed */
-            nf = _mm256_add_ps(_mm256_add_ps(sums[0], sums[1]), vmx);
-            nf = _mm256_sub_ps(nf, nf);
-        }
-        /* pass 1: final scores written back, the row's max */
-        for (int64_t j = 0; j < t->nk && !plain; j += 8) {
-            const __m256i live = lanes(t->nk, j);
-            __m256 x = _mm256_mul_ps(load_lanes(row, t->nk, j), scale);
-            __m256 check = _mm256_sub_ps(x, x);
-            __m256 vis = _mm256_castsi256_ps(live);
-            if (capped) x = _mm256_mul_ps(cap, tanh_approx(_mm256_mul_ps(x, inv_cap)));
-            if (t->lo) {
-                __m256i vj = _mm256_add_epi32(iota, _mm256_set1_epi32((int32_t)j));
-                __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(vlo, vj), _mm256_cmpgt_epi32(vj, vhi));
-                vis = _mm256_andnot_ps(_mm256_castsi256_ps(out), vis);
-            }
-            if (brow) {
-                __m256 b = load_lanes(brow, t->nk, j);
-                vis = _mm256_and_ps(vis, _mm256_cmp_ps(b, ninf, _CMP_NEQ_UQ));
-                x = _mm256_add_ps(x, b);
-                check = _mm256_add_ps(check, _mm256_sub_ps(x, x));
-            }
-            nf = _mm256_add_ps(nf, _mm256_and_ps(check, vis));
-            x = _mm256_blendv_ps(ninf, x, vis);
-            store_lanes(row, t->nk, j, x);
-            vmx = _mm256_max_ps(vmx, x);
-        }
-        if (_mm256_movemask_ps(_mm256_cmp_ps(nf, zero, _CMP_NEQ_UQ))) return 1;
-        float mx = hmax(vmx);
-        mx = m[r] > mx ? m[r] : mx;
-        /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
-        const __m256 shift = _mm256_set1_ps(mx == -INFINITY ? 0.0f : mx);
-        const __m256 by = plain ? scale : _mm256_set1_ps(1.0f);
-        __m256 sums[2] = {zero, zero};
-        int64_t j = 0;
-        for (; j + 16 <= t->nk; j += 16)
-            for (int c = 0; c < 2; c++) {
-                const __m256 p = exp_nonpos(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j + 8 * c), by), shift));
-                _mm256_storeu_ps(row + j + 8 * c, p);
-                sums[c] = _mm256_add_ps(sums[c], p);
-            }
-        for (; j < t->nk; j += 8) {
-            const __m256 x = _mm256_mul_ps(load_lanes(row, t->nk, j), by);
-            const __m256 p = _mm256_and_ps(exp_nonpos(_mm256_sub_ps(x, shift)), _mm256_castsi256_ps(lanes(t->nk, j)));
-            store_lanes(row, t->nk, j, p);
-            sums[0] = _mm256_add_ps(sums[0], p);
-        }
-        const __m256 sum = _mm256_add_ps(sums[0], sums[1]);
-        float a = _mm_cvtss_f32(_mm256_castps256_ps128(exp_nonpos(_mm256_sub_ps(_mm256_set1_ps(m[r]), shift))));
-        l[r] = l[r] * a + hsum(sum);
-        m[r] = mx;
-        alpha[r] = a;
-    }
-    return 0;
-}
-
-/* The 8 sums of v[0..7], lane i = sum of v[i]: a tree of horizontal adds. */
-AVX2 INLINE __m256 sum8(const __m256 v[8]) {
-    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
-    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    /* u0 holds the low-half sums of v0..v3 in lanes 0..3 and the high-half ones in 4..7 */
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-/* 8 elements of a row of type t at p, as floats: float16 through F16C,
- * bfloat16 widened into a float's top half; both exact. */
-AVX2 INLINE __m256 load8(enum npattn_dtype t, const void *p) {
-    if (t == NPATTN_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    if (t == NPATTN_DTYPE_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-    return _mm256_loadu_ps((const float *)p);
-}
-
-/* The n elements of type t at src as floats at dst: 8 at a time, then one by one. */
-AVX2 INLINE void row_f32(enum npattn_dtype t, const void *src, int64_t n, float *dst) {
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, load8(t, npattn_stream_at(t, src, j)));
-    for (; j < n; j++) dst[j] = npattn_stream_elem(t, src, j);
-}
-
-/* The n bytes from p, into L2. */
-AVX2 INLINE void prefetch_row(const void *p, int64_t n) {
-    for (int64_t b = 0; b < n; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
-}
-
-/* Scores of nr <= 4 query rows against nkb <= 3 keys (rows of type kt at
- * kr), into st (nr, ldst), a small GEMM's microkernel for 16 registers: 12
- * accumulators, 3 key vectors (converted once, used 4 times) and a query
- * vector; then one reduction tree per 8 scores. pf: where the rows to
- * prefetch for these keys start, or NULL. */
-AVX2 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
-                              int nkb, float *st, int64_t ldst, const void *pf) {
-    __m256 acc[16]; /* acc[3 * row + key]; 12 .. 15 stay zero, for the reduction */
-    for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();
-    int64_t d = 0;
-    const int64_t es = npattn_stream_size(kt);
-    for (; d < (D & ~(int64_t)7); d += 8) {
-        if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
-            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + d), 1);
-        __m256 kv[3];
-        for (int a = 0; a < nkb; a++) kv[a] = load8(kt, npattn_stream_at(kt, kr, a * ldk + d));
-        for (int b = 0; b < nr; b++) {
-            __m256 qv = _mm256_loadu_ps(qr + b * D + d);
-            for (int a = 0; a < nkb; a++) acc[3 * b + a] = _mm256_fmadd_ps(kv[a], qv, acc[3 * b + a]);
-        }
-    }
-    float out[16];
-    _mm256_storeu_ps(out, sum8(acc));
-    if (nr * 3 > 8) _mm256_storeu_ps(out + 8, sum8(acc + 8));
-    if (D % 8) /* the columns past the last 8 */
-        for (int b = 0; b < nr; b++)
-            for (int a = 0; a < nkb; a++)
-                for (int64_t e = d; e < D; e++) out[3 * b + a] += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
-    for (int b = 0; b < nr; b++)
-        for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[3 * b + a];
-}
-
-/* Keys j .. j+nkb-1 against every row, 4 rows at a time, the row count of
- * the last block specialised. */
-AVX2 INLINE void scores_keys(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *kr, int64_t ldk,
-                             int nkb, float *st, int64_t ldst, const void *pf) {
-    int64_t r = 0;
-    for (; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, nkb, st + r * ldst, ldst, r == 0 ? pf : NULL);
-    const void *pr = r == 0 ? pf : NULL;
-    switch (M - r) {
-    case 3: scores_block(kt, q + r * D, 3, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
-    case 2: scores_block(kt, q + r * D, 2, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
-    case 1: scores_block(kt, q + r * D, 1, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
-    default: break;
-    }
-}
-
-AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                           int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n) {
-        const void *k = spans[i].rows;
-        const int64_t nk = spans[i].n;
-        float *sj = st + j0;
-        int64_t j = 0;
-        for (; j + 3 <= nk; j += 3) /* the first row block prefetches */
-            scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 3, sj + j, ldst,
-                        npattn_stream_at(kt, spans[i].ahead, j * ldk));
-        if (nk - j == 2) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 2, sj + j, ldst, NULL);
-        if (nk - j == 1) scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, 1, sj + j, ldst, NULL);
-    }
-}
+#include "vec_avx2.h"
+#include "vec_math.h"
+#include "vec_softmax.h"
+#include "vec_stream.h"
+#include "vec_rows.h"
+#include "vec_gemm.h"
 
 /* MQA and wide groups, 16 rows or more a kv head: the scores of 16 rows
  * with the rows in the lanes of two vectors (q transposed, qt: D x 16) and
@@ -340,7 +24,7 @@ AVX2 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int6
 enum { LANES_ROWS = 16, LANES_KEYS = 6 };
 
 /* The scores of 4 keys (a[0..3], a row a lane) into the 8 rows of st (ldst apart): a 4 x 8 transpose. */
-AVX2 INLINE void store_keys4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *st, int64_t ldst) {
+VEC_FN void store_keys4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *st, int64_t ldst) {
     const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
     const __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
     const __m256 r[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
@@ -352,7 +36,7 @@ AVX2 INLINE void store_keys4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *
 }
 
 /* The same for 2 keys. */
-AVX2 INLINE void store_keys2(__m256 a0, __m256 a1, float *st, int64_t ldst) {
+VEC_FN void store_keys2(__m256 a0, __m256 a1, float *st, int64_t ldst) {
     const __m256 lo = _mm256_unpacklo_ps(a0, a1), hi = _mm256_unpackhi_ps(a0, a1);
     const __m128 r[4] = {_mm256_castps256_ps128(lo), _mm256_castps256_ps128(hi), _mm256_extractf128_ps(lo, 1),
                          _mm256_extractf128_ps(hi, 1)};
@@ -365,13 +49,13 @@ AVX2 INLINE void store_keys2(__m256 a0, __m256 a1, float *st, int64_t ldst) {
 /* 16 rows (qt) against nkb <= 6 keys, float32 rows at kr (ldk apart): 12
  * accumulators, two query vectors and a broadcast key element. pf: where
  * the rows to prefetch start (es bytes an element, ldp elements apart), or NULL. */
-AVX2 INLINE void scores_lanes_block(const float *qt, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
-                                    int64_t ldst, const void *pf, int64_t es, int64_t ldp) {
+VEC_FN void scores_lanes_block(const float *qt, int64_t D, const float *kr, int64_t ldk, int nkb, float *st,
+                               int64_t ldst, const void *pf, int64_t es, int64_t ldp) {
     __m256 acc[2 * LANES_KEYS];
     for (int i = 0; i < 2 * nkb; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d++) {
         if (pf && (d * es) % 64 == 0)
-            for (int a = 0; a < nkb; a++) prefetch_row((const char *)pf + (a * ldp + d) * es, 1);
+            for (int a = 0; a < nkb; a++) vprefetch((const char *)pf + (a * ldp + d) * es);
         const __m256 q0 = _mm256_loadu_ps(qt + LANES_ROWS * d), q1 = _mm256_loadu_ps(qt + LANES_ROWS * d + 8);
         for (int a = 0; a < nkb; a++) {
             const __m256 kb = _mm256_broadcast_ss(kr + a * ldk + d);
@@ -387,45 +71,15 @@ AVX2 INLINE void scores_lanes_block(const float *qt, int64_t D, const float *kr,
         }
         return;
     }
-    float out[2 * LANES_KEYS * 8];
-    for (int i = 0; i < 2 * nkb; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
-    for (int r = 0; r < LANES_ROWS; r++)
-        for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[8 * (2 * a + r / 8) + r % 8];
-}
-
-/* q's 16 rows of D as qt (D x 16): 8 x 8 blocks through the registers,
- * the columns past the last 8 one by one. */
-AVX2 INLINE void transpose_rows16(const float *q, int64_t D, float *qt) {
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-        for (int h = 0; h < 2; h++) {
-            __m256 r[8], t[8], u[8];
-            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(q + (8 * h + i) * D + d);
-            for (int i = 0; i < 4; i++) { /* rows 2i, 2i+1 interleaved: columns 0 1 4 5, then 2 3 6 7 */
-                t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-                t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-            }
-            for (int i = 0; i < 2; i++) { /* rows 4i .. 4i+3 of columns c and c + 4, c = 0 .. 3 */
-                u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-                u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-                u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-                u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-            }
-            for (int c = 0; c < 4; c++) {
-                _mm256_storeu_ps(qt + LANES_ROWS * (d + c) + 8 * h, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
-                _mm256_storeu_ps(qt + LANES_ROWS * (d + c + 4) + 8 * h, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
-            }
-        }
-    for (; d < D; d++)
-        for (int64_t r = 0; r < LANES_ROWS; r++) qt[LANES_ROWS * d + r] = q[r * D + d];
+    vec_store_lanes_scores(acc, nkb, st, ldst);
 }
 
 /* 16 rows of q against the spans' keys (of type kt), into st. */
-AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
-                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
+                         int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
     float kb[LANES_KEYS * NPATTN_LANES_MAX_D] __attribute__((aligned(64))); /* half keys, converted */
-    transpose_rows16(q, D, qt);
+    vec_transpose_rows(q, D, LANES_ROWS, D, qt, LANES_ROWS);
     const int64_t es = npattn_stream_size(kt);
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n) {
         for (int64_t j = 0, nkb; j < spans[i].n; j += nkb) {
@@ -434,7 +88,7 @@ AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, c
             int64_t ld = ldk;
             if (kt != NPATTN_DTYPE_F32) { /* the block's rows as floats, exactly */
                 for (int64_t a = 0; a < nkb; a++)
-                    row_f32(kt, npattn_stream_at(kt, spans[i].rows, (j + a) * ldk), D, kb + a * D);
+                    vec_row_f32(kt, npattn_stream_at(kt, spans[i].rows, (j + a) * ldk), D, kb + a * D);
                 kr = kb, ld = D;
             }
             const void *pf = nkb == LANES_KEYS ? npattn_stream_at(kt, spans[i].ahead, j * ldk) : NULL;
@@ -451,70 +105,18 @@ AVX2 INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, c
     }
 }
 
-/* D = 64 as a constant, so that the loops over it unroll: 1.08-1.27x in
- * cache. (D = 128 so unrolled ran faster alone but no faster in a decode.) */
-AVX2 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    if (D == 64) scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
-    else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes, then the
- * rows left by the reduction trees. */
-AVX2 INLINE void scores_typed(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                             int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes; the
+ * rows left take vec_stream.h's reduction trees. */
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
+                              const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     const int64_t lanes = npattn_rows_in_lanes(M, D);
     for (int64_t r = 0; r < lanes; r += LANES_ROWS)
         scores_lanes(kt, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
-    if (M > lanes) scores_sized(kt, q + lanes * D, M - lanes, D, spans, n_span, ldk, st + lanes * ldst, ldst);
-}
-
-/* One copy of the loops per key type, its conversion inlined. */
-AVX2 static void scores_avx2(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
-                             int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
-    (void)qb; /* no tiles */
-    if (kt == NPATTN_DTYPE_F16) scores_typed(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_typed(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
-    else scores_typed(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* o (nr rows, 8 * nc columns from e0; nr * nc <= 12) += P @ v, o in
- * registers while the value rows (type vt) of the spans stream past: nr * nc
- * accumulators, enough independent chains for two FMA units of 4-cycle
- * latency, nc value vectors (converted once, used nr times) and a broadcast
- * weight. It prefetches its columns of every pf_every-th row ahead, from
- * row pf_first on. */
-AVX2 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
-                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
-                                  float *o, int pf_every, int pf_first) {
-    const int64_t es = npattn_stream_size(vt);
-    __m256 acc[12]; /* acc[nc * row + chunk], from zero */
-    for (int i = 0; i < nr * nc; i++) acc[i] = _mm256_setzero_ps();
-    int to_pf = pf_first; /* rows until the next prefetch */
-    for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
-        const char *v = spans[ri].rows, *pf = spans[ri].ahead;
-        for (int64_t i = 0; i < spans[ri].n; i++, j++) {
-            if (to_pf-- == 0) { /* the block's columns, into L2 */
-                prefetch_row(pf + (i * ldv + e0) * es, 8 * nc * es);
-                to_pf = pf_every - 1;
-            }
-            __m256 vv[12];
-            for (int c = 0; c < nc; c++) vv[c] = load8(vt, npattn_stream_at(vt, v, i * ldv + e0 + 8 * c));
-            for (int a = 0; a < nr; a++) {
-                __m256 pa = _mm256_broadcast_ss(st + a * ldst + j);
-                for (int c = 0; c < nc; c++) acc[nc * a + c] = _mm256_fmadd_ps(pa, vv[c], acc[nc * a + c]);
-            }
-        }
-    }
-    for (int a = 0; a < nr; a++)
-        for (int c = 0; c < nc; c++) {
-            float *oc = o + a * Dv + e0 + 8 * c;
-            _mm256_storeu_ps(oc, _mm256_add_ps(_mm256_loadu_ps(oc), acc[nc * a + c]));
-        }
+    return lanes;
 }
 
 /* accumulate_of's blocks: blocks of 6 rows, then what is left; 4 + 3 for the last 7 */
-INLINE int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 : (int)left; }
+static inline int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 : (int)left; }
 
 /* A block's column chunks: as many as fill 12 accumulators (at most 8, the
  * value vectors then FMA operands from memory); for half rows, whose
@@ -527,11 +129,11 @@ INLINE int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 : (int)l
  * block of the chunks left, fewer than nc, each count a constant of its own
  * so that the accumulators stay in registers (the cases of nc or more never
  * occur, and compile to nothing). Each block prefetches its own columns of
- * the rows ahead that accumulate_block's pf_every and pf_first name. */
-AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
-                                 int pf_every, int pf_first) {
-#define BLOCK(n) accumulate_block(vt, st, ldst, nr, n, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first)
+ * the rows ahead that vec_accumulate_block's pf_every and pf_first name. */
+VEC_FN void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
+                            const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
+                            int pf_every, int pf_first) {
+#define BLOCK(n) vec_accumulate_block(vt, st, ldst, nr, n, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first)
     int64_t e0 = 0;
     for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) BLOCK(nc);
     switch ((Dv - e0) / 8) {
@@ -552,8 +154,8 @@ AVX2 INLINE void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t 
  * the passes, not in a burst over the first block's (from memory, one Zen 4
  * thread, medians of alternated calls: MQA 16/1/128 at 65536 keys 6.68
  * against 6.98 ms, 12/1/128 5.06 against 5.71). */
-AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                               const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+VEC_FN void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                          const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     const int f32 = vt == NPATTN_DTYPE_F32;
     int n_block = 0;
     for (int64_t r = 0; r < M; r += acc_rows(M - r)) n_block++;
@@ -572,16 +174,17 @@ AVX2 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ld
         default: break;
         }
     }
-    if (Dv % 8) /* columns left over, fewer than 8 */
-        npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, Dv / 8 * 8, o);
 }
 
-/* Dv = 64 as a constant, as scores_sized: 1.03-1.08x. */
-AVX2 INLINE void accumulate_sized(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+/* accumulate_of, Dv = 64 as a constant (as the scores: 1.03-1.08x); the
+ * columns past the last 8 left to the portable code. */
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     if (Dv == 64) accumulate_of(vt, st, ldst, M, spans, n_span, ldv, 64, o);
     else accumulate_of(vt, st, ldst, M, spans, n_span, ldv, Dv, o);
+    return Dv / 8 * 8;
 }
+
 
 /* accumulate_of's passes over each value row, counted with float32's
  * blocks (half values' blocks, no wider, take as many or more). */
@@ -594,204 +197,17 @@ static int64_t accumulate_ahead_avx2(int64_t M, int64_t Dv, int64_t rows, int64_
     return npattn_ahead_of_passes(passes, rows, tile);
 }
 
-/* One copy of the loops per value type, its conversion inlined. */
-AVX2 static void accumulate_avx2(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                                 int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_sized(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_sized(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else accumulate_sized(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
-}
-
-AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst) { row_f32(NPATTN_DTYPE_F16, src, n, dst); }
-
-/* rowsT (w, M) = the transpose of rows (M, w), ldt and ldr apart: 8 x 8 blocks in registers
- * (24 shuffles a block, against 64 stores one by one), then the columns and
- * rows left over one by one. */
-AVX2 void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT,
-                                    int64_t ldt) {
-    int64_t r0 = 0;
-    for (; r0 + 8 <= M; r0 += 8) {
-        int64_t d0 = 0;
-        for (; d0 + 8 <= w; d0 += 8) {
-            __m256 x[8], t[8], u[8];
-            for (int r = 0; r < 8; r++) x[r] = _mm256_loadu_ps(rows + (r0 + r) * ldr + d0);
-            for (int r = 0; r < 8; r += 2) {
-                t[r] = _mm256_unpacklo_ps(x[r], x[r + 1]);
-                t[r + 1] = _mm256_unpackhi_ps(x[r], x[r + 1]);
-            }
-            /* within each 128-bit half H: u[4g + c] = column 4H + c of rows 4g .. 4g + 3 */
-            for (int g = 0; g < 2; g++) {
-                u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-                u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
-                u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-                u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
-            }
-            for (int c = 0; c < 4; c++) {
-                _mm256_storeu_ps(rowsT + (d0 + c) * ldt + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
-                _mm256_storeu_ps(rowsT + (d0 + 4 + c) * ldt + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
-            }
-        }
-        for (int64_t d = d0; d < w; d++)
-            for (int r = 0; r < 8; r++) rowsT[d * ldt + r0 + r] = rows[(r0 + r) * ldr + d];
-    }
-    for (int64_t r = r0; r < M; r++)
-        for (int64_t d = 0; d < w; d++) rowsT[d * ldt + r] = rows[r * ldr + d];
-}
-
-/* finish_rows: 8 columns a vector, the rest one by one; bfloat16 rounded in
- * integers, float16 by vcvtps2ph. */
-AVX2 static int finish_rows_avx2(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt, void *dst,
-                                 int64_t ld) {
-    const __m256 zero = _mm256_setzero_ps();
-    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF), mag = _mm256_set1_epi32(0x7FFFFFFF);
-    const __m256i inf = _mm256_set1_epi32(0x7F800000), quiet = _mm256_set1_epi32(0x400000);
-    __m256 bad = zero;
-    int tail_bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const float inv = npattn_finish_factor(l, i);
-        const __m256 by = _mm256_set1_ps(inv), seen = _mm256_castsi256_ps(_mm256_set1_epi32(inv == 0.0f ? 0 : -1));
-        const float *x = o + i * w;
-        void *row = (char *)dst + i * ld * npattn_stream_size(dt);
-        int64_t e = 0;
-        for (; e + 8 <= w; e += 8) {
-            const __m256 v = _mm256_loadu_ps(x + e);
-            bad = _mm256_add_ps(bad, _mm256_sub_ps(v, v));
-            const __m256 y = _mm256_and_ps(_mm256_mul_ps(v, by), seen);
-            if (dt == NPATTN_DTYPE_F32) {
-                _mm256_storeu_ps((float *)row + e, y);
-                continue;
-            }
-            __m128i h;
-            if (dt == NPATTN_DTYPE_F16) h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            else { /* + 0x7fff + the kept bit's lowest, then the high half; a NaN kept quiet */
-                const __m256i u = _mm256_castps_si256(y);
-                __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
-                const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, mag), inf);
-                r = _mm256_srli_epi32(_mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan), 16);
-                h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
-            }
-            _mm_storeu_si128((__m128i *)((uint16_t *)row + e), h);
-        }
-        tail_bad |= npattn_finish_columns(x, e, w, inv, dt, row);
-    }
-    return tail_bad || _mm256_movemask_ps(_mm256_cmp_ps(bad, zero, _CMP_NEQ_UQ));
-}
-
-AVX2 static void add_f32_avx2(float *o, const float *x, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_loadu_ps(x + i)));
-    npattn_add_f32(o + i, x + i, n - i);
-}
-
-/* ---- the tiles' float products (gemm_f32) ---- */
-
-#define GEMM_ROWS 4     /* rows of c in a block */
-#define GEMM_VECS 3     /* its columns' vectors: 4 x 3 sums, 3 of b, 1 of a: all 16 registers (6 x 2 and
-                           * 3 x 4 ran 1-7% slower) */
-#define GEMM_PACK_K 128 /* rows of b packed at a time: 12 KiB */
-
-/* One block of c = alpha * a @ b + beta * c, R rows by V vectors of 8
- * columns, the last one's lanes `last` unless `full`: the R x V sums stay
- * in registers over the whole of k, each step a row of b's block loaded and
- * R of a's elements broadcast. */
-AVX2 INLINE void gemm_block(const int R, const int V, const int full, __m256i last, int64_t k, float alpha,
-                            const float *a, int64_t a_rs, int64_t a_ps, const float *b, int64_t ldb, float beta,
-                            float *c, int64_t ldc) {
-    __m256 s[GEMM_ROWS][GEMM_VECS];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) s[r][v] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < k; p++, a += a_ps, b += ldb) {
-        __m256 bv[GEMM_VECS];
-        for (int v = 0; v < V; v++)
-            bv[v] = full || v < V - 1 ? _mm256_loadu_ps(b + 8 * v) : _mm256_maskload_ps(b + 8 * v, last);
-        for (int r = 0; r < R; r++) {
-            const __m256 x = _mm256_broadcast_ss(a + r * a_rs);
-            for (int v = 0; v < V; v++) s[r][v] = _mm256_fmadd_ps(x, bv[v], s[r][v]);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) {
-            const int whole = full || v < V - 1;
-            float *to = c + r * ldc + 8 * v;
-            __m256 x = _mm256_mul_ps(s[r][v], _mm256_set1_ps(alpha));
-            if (beta != 0.0f)
-                x = _mm256_fmadd_ps(_mm256_set1_ps(beta), whole ? _mm256_loadu_ps(to) : _mm256_maskload_ps(to, last), x);
-            if (whole) _mm256_storeu_ps(to, x);
-            else _mm256_maskstore_ps(to, last, x);
-        }
-}
-
-/* For each GEMM_PACK_K rows of b and each block of its columns: the block
- * packed (its rows adjacent, so that it stays in L1 without the cache-set
- * conflicts of a power-of-two leading dimension; 7% of a Qwen3-4B prefill),
- * then every block of c's rows against it; the block shapes as literals,
- * each its own unrolled code. */
-AVX2 static void gemm_f32_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
-                               int64_t a_ps, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    float pack[GEMM_PACK_K * 8 * GEMM_VECS] __attribute__((aligned(32)));
-    for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += GEMM_PACK_K) { /* k = 0: c = beta * c */
-        const int64_t kb = k - k0 < GEMM_PACK_K ? k - k0 : GEMM_PACK_K;
-        const float beta_k = k0 == 0 ? beta : 1.0f;
-        for (int64_t c0 = 0, w; c0 < n; c0 += w) {
-            /* blocks of 24 columns, but the last 25-32 as two of 16, not 24 and a block of 8 (whose 4 sums, 4
-             * chains, keep one FMA unit busy): n = 128, 4.5% faster alone */
-            w = n - c0 > 32 || n - c0 == 24 ? 24 : n - c0 > 24 ? 16 : n - c0;
-            const int V = (int)((w + 7) / 8), full = w % 8 == 0;
-            const __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(w - 8 * (V - 1))),
-                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            const float *bp = b + k0 * ldb + c0;
-            int64_t ldp = ldb;
-            if (m > GEMM_ROWS && w == 8 * GEMM_VECS && ldb != w) { /* reused by blocks of rows: packed */
-                for (int64_t p = 0; p < kb; p++)
-                    for (int v = 0; v < GEMM_VECS; v++)
-                        _mm256_store_ps(pack + p * w + 8 * v, _mm256_loadu_ps(bp + p * ldb + 8 * v));
-                bp = pack, ldp = w;
-            }
-            for (int64_t r0 = 0; r0 < m; r0 += GEMM_ROWS) {
-                const int R = (int)(m - r0 >= GEMM_ROWS ? GEMM_ROWS : m - r0);
-                const float *ar = a + r0 * a_rs + k0 * a_ps;
-                float *cr = c + r0 * ldc + c0;
-#define BLOCK(R_, V_, F_)                                                                                              \
-    case ((R_) * 4 + (V_)) * 2 + (F_):                                                                                 \
-        gemm_block(R_, V_, F_, last, kb, alpha, ar, a_rs, a_ps, bp, ldp, beta_k, cr, ldc);                             \
-        break;
-#define BLOCKS(R_) BLOCK(R_, 1, 0) BLOCK(R_, 1, 1) BLOCK(R_, 2, 0) BLOCK(R_, 2, 1) BLOCK(R_, 3, 0) BLOCK(R_, 3, 1)
-                switch ((R * 4 + V) * 2 + full) {
-                    BLOCKS(1) BLOCKS(2) BLOCKS(3) BLOCKS(4)
-                }
-#undef BLOCKS
-#undef BLOCK
-            }
-        }
-    }
-}
-
-/* 12 chains of 8 lanes: two FMA units of 4-cycle latency want 8 or more. */
-AVX2 static double fma_loop_avx2(int64_t n, float *sink) {
-    __m256 acc[12], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_ps((float)i);
-    for (int64_t r = 0; r < n; r++)
-        for (int i = 0; i < 12; i++) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
-    __m256 s = acc[0];
-    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, acc[i]);
-    float out[8];
-    _mm256_storeu_ps(out, s);
-    *sink = out[0];
-    return 2.0 * 8 * 12 * (double)n;
+/* transpose_f32 in 8 x 8 blocks: the AVX2 table's and the AVX-512 ones'. */
+VEC_TARGET void npattn_transpose_f32_avx2(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT, int64_t ldt) {
+    vec_transpose_f32(rows, ldr, M, w, rowsT, ldt);
 }
 
 const struct npattn_kernels npattn_kernels_avx2 = {
     .name = "avx2",
-    .softmax_f32 = softmax_avx2,
-    .softmax_rows_f32 = softmax_rows_avx2,
-    .scores = scores_avx2,
-    .accumulate = accumulate_avx2,
+    VEC_TABLE_KERNELS,
+    .scores = vec_scores,
     .accumulate_ahead = accumulate_ahead_avx2,
-    .f16_to_f32 = f16_to_f32_avx2,
     .transpose_f32 = npattn_transpose_f32_avx2,
-    .finish_rows = finish_rows_avx2,
-    .add_f32 = add_f32_avx2,
-    .fma_loop = fma_loop_avx2,
-    .gemm_f32 = gemm_f32_avx2,
+    .finish_rows = vec_finish_rows,
 };
 #endif

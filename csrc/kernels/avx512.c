@@ -1,5 +1,9 @@
-/* kernels/avx512.c: the kernels in AVX-512 (F, BW, VL), 16 query rows per vector, masked
- * tails. Twin of avx2.c and neon.c: the same arithmetic in other widths. */
+/* kernels/avx512.c: the avx512 and avx512bf16 tables (and the amx table's
+ * float32 kernels, amx.c): the kernels written once over the vector layer
+ * (vec_*.h), built on vec_avx512.h's 16 masked lanes, and what is this
+ * ISA's own: a bfloat16 K's keys in the lanes, accumulate's register
+ * blocks, and AVX512-BF16's vdpbf16ps pairs (q's pairs, the products of
+ * gemm tiles, the streamed P @ V, the softmax whose weights go to tiles). */
 #if defined(__x86_64__) || defined(__i386__)
 #include <float.h>
 #include <immintrin.h>
@@ -8,341 +12,28 @@
 
 #include "avx512.h"
 #include "kernels.h"
+#include "vec_avx512.h"
+#include "vec_math.h"
+#include "vec_softmax.h"
+#include "vec_stream.h"
+#include "vec_rows.h"
+#include "vec_gemm.h"
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define INLINE static inline __attribute__((always_inline))
-
-/* 2^y for y <= 0 (or -inf), 0 below 2^-126: 2^n p(y - n), n the nearest
- * integer, p Cephes's polynomial (NPATTN_EXP2_C*) or, `fast`, the degree-4
- * one of the "fast" tiles' weights (NPATTN_EXP2_FAST_*). The lanes below
- * (-inf among them, whose polynomial is NaN) are zeroed by the scaling's
- * mask, so y needs no clamp. */
-AVX512 INLINE __m512 exp2_nonpos(__m512 y, const int fast) {
-    const __mmask16 keep = _mm512_cmp_ps_mask(y, _mm512_set1_ps(NPATTN_EXP2_MIN), _CMP_GE_OQ);
-    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(y, n);
-    __m512 p;
-    if (fast) {
-        p = _mm512_set1_ps(NPATTN_EXP2_FAST_C4);
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C3));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C2));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C1));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C0));
-    } else {
-        p = _mm512_set1_ps(NPATTN_EXP2_C6);
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C5));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C4));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C3));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C2));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_C1));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    }
-    return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n */
-}
-
-/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e). */
-AVX512 INLINE __m512 exp_nonpos(__m512 x) { return exp2_nonpos(_mm512_mul_ps(x, _mm512_set1_ps(NPATTN_LOG2E)), 0); }
-
-/* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
-AVX512 INLINE __m512 tanh_approx(__m512 y) {
-    const __m512 sign = _mm512_set1_ps(-0.0f), one = _mm512_set1_ps(1.0f);
-    __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_castps_si512(sign), _mm512_castps_si512(y)));
-    __m512 u = _mm512_mul_ps(y, y);
-    __m512 p = _mm512_set1_ps(NPATTN_TANH_P4);
-    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P3));
-    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P2));
-    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P1));
-    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(NPATTN_TANH_P0));
-    __m512 near = _mm512_fmadd_ps(_mm512_mul_ps(y, u), p, y);
-    __m512 e = exp_nonpos(_mm512_mul_ps(a, _mm512_set1_ps(-2.0f)));
-    __m512 far = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
-    far = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(far),
-                                              _mm512_and_si512(_mm512_castps_si512(y), _mm512_castps_si512(sign))));
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(NPATTN_TANH_SPLIT), _CMP_LT_OQ), far, near);
-}
-
-/* Pass 1 of a softmax step for the 16 columns from r (live lanes): the
- * columns' new max in *mx_out, pass 2's shift (the new max, or 0 for a
- * column that saw nothing) and the factor exp(old max - shift) in *a_out;
- * the scores (unless plain: only scaled) written back with scale, softcap,
- * bias and band applied. Returns 1 where a score or max is NaN or
- * infinite. */
-AVX512 INLINE int softmax_max(float *st, const struct npattn_score_tile *t, const float *m, int64_t r, __mmask16 live,
-                              int plain, __m512 *mx_out, __m512 *shift_out, __m512 *a_out) {
-    const int64_t nk = t->nk, ld = t->ld;
-    const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
-    const int capped = t->softcap > 0;
-    const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
-    __m512 vm = _mm512_maskz_loadu_ps(live, m + r), mx = vm;
-    /* nf sums x - x over unhidden scores (plain: the scores): it stays finite unless one is NaN or infinite */
-    __m512 nf = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(vm, ninf, _CMP_NEQ_UQ), vm, vm);
-    __m512i vlo = _mm512_setzero_si512(), vhi = vlo;
-    if (t->lo) {
-        vlo = _mm512_maskz_loadu_epi32(live, t->lo + r);
-        vhi = _mm512_maskz_loadu_epi32(live, t->hi + r);
-    }
-    if (plain) { /* the column max of the raw scores, times scale; four chains of keys */
-        __m512 raw[4], sums[4];
-        for (int c = 0; c < 4; c++) raw[c] = _mm512_set1_ps(-FLT_MAX), sums[c] = zero;
-        int64_t j = 0;
-        for (; j + 4 <= nk; j += 4)
-            for (int c = 0; c < 4; c++) {
-                const __m512 x = _mm512_maskz_loadu_ps(live, st + (j + c) * ld + r);
-                sums[c] = _mm512_add_ps(sums[c], x);
-                raw[c] = _mm512_max_ps(raw[c], x);
-            }
-        for (; j < nk; j++) {
-            const __m512 x = _mm512_maskz_loadu_ps(live, st + j * ld + r);
-            sums[0] = _mm512_add_ps(sums[0], x);
-            raw[0] = _mm512_max_ps(raw[0], x);
-        }
-        const __m512 most = _mm512_max_ps(_mm512_max_ps(raw[0], raw[1]), _mm512_max_ps(raw[2], raw[3]));
-        const __m512 top = _mm512_mul_ps(most, scale);
-        nf = _mm512_add_ps(nf, _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), _mm512_add_ps(sums[2], sums[3])));
-        nf = _mm512_add_ps(nf, top);
-        mx = _mm512_max_ps(mx, top);
-    }
-    /* else the final scores written back, the column max */
-    for (int64_t j = 0; j < nk && !plain; j++) {
-        float *row = st + j * ld + r;
-        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row), scale);
-        __m512 check = _mm512_sub_ps(x, x);
-        __mmask16 vis = live;
-        if (capped) x = _mm512_mul_ps(cap, tanh_approx(_mm512_mul_ps(x, inv_cap)));
-        if (t->lo) {
-            __m512i vj = _mm512_set1_epi32((int32_t)j);
-            vis &= _mm512_cmp_epi32_mask(vlo, vj, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(vj, vhi, _MM_CMPINT_LE);
-        }
-        if (t->bias) {
-            __m512 b = _mm512_maskz_loadu_ps(live, t->bias + j * ld + r);
-            vis &= _mm512_cmp_ps_mask(b, ninf, _CMP_NEQ_UQ);
-            x = _mm512_add_ps(x, b);
-            check = _mm512_add_ps(check, _mm512_sub_ps(x, x));
-        }
-        nf = _mm512_mask_add_ps(nf, vis, nf, check);
-        x = _mm512_mask_blend_ps(vis, ninf, x);
-        _mm512_mask_storeu_ps(row, live, x);
-        mx = _mm512_max_ps(mx, x);
-    }
-    if (_mm512_cmp_ps_mask(_mm512_sub_ps(nf, nf), zero, _CMP_NEQ_UQ)) return 1;
-    *mx_out = mx;
-    *shift_out = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), mx, zero);
-    *a_out = exp_nonpos(_mm512_sub_ps(vm, *shift_out));
-    return 0;
-}
-
-/* A probability of pass 2: exp of the score (plain: times scale) less the shift. */
-AVX512 INLINE __m512 softmax_p(__m512 x, int plain, __m512 scale, __m512 shift) {
-    return exp_nonpos(_mm512_sub_ps(plain ? _mm512_mul_ps(x, scale) : x, shift));
-}
-
-/* The columns' new sum, max and factor, after pass 2. */
-AVX512 INLINE void softmax_done(float *m, float *l, float *alpha, int64_t r, __mmask16 live, __m512 mx, __m512 a,
-                                __m512 sum) {
-    _mm512_mask_storeu_ps(l + r, live, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l + r), a, sum));
-    _mm512_mask_storeu_ps(m + r, live, mx);
-    _mm512_mask_storeu_ps(alpha + r, live, a);
-}
-
-AVX512 static int softmax_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
-    const int64_t nk = t->nk, M = t->M, ld = t->ld;
-    const __m512 scale = _mm512_set1_ps(t->scale), zero = _mm512_setzero_ps();
-    const int plain = npattn_tile_plain(t);
-    for (int64_t r = 0; r < M; r += 16) {
-        const __mmask16 live = lanes(M - r, 0);
-        __m512 mx, shift, a, sum = zero;
-        if (softmax_max(st, t, m, r, live, plain, &mx, &shift, &a)) return 1;
-        /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
-        for (int64_t j = 0; j < nk; j++) {
-            float *row = st + j * ld + r;
-            __m512 p = softmax_p(_mm512_maskz_loadu_ps(live, row), plain, scale, shift);
-            _mm512_mask_storeu_ps(row, live, p);
-            sum = _mm512_add_ps(sum, p);
-        }
-        softmax_done(m, l, alpha, r, live, mx, a, sum);
-    }
-    return 0;
-}
-
-AVX512 static int softmax_rows_avx512(float *st, const struct npattn_score_tile *t, float *m, float *l,
-                                      float *alpha) {
-    const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
-    const int capped = t->softcap > 0;
-    const __m512 cap = _mm512_set1_ps(t->softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / t->softcap : 0.0f);
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const int plain = npattn_tile_plain(t);
-    for (int64_t r = 0; r < t->M; r++) {
-        float *row = st + r * t->ld;
-        const float *brow = t->bias ? t->bias + r * t->ld : NULL;
-        if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
-        __m512i vlo = _mm512_set1_epi32(t->lo ? t->lo[r] : 0), vhi = _mm512_set1_epi32(t->lo ? t->hi[r] : 0);
-        __m512 vmx = ninf, nf = zero;
-        if (plain) { /* pass 1: the row's max of the raw scores, times scale; two chains */
-            __m512 raw[2] = {_mm512_set1_ps(-FLT_MAX), _mm512_set1_ps(-FLT_MAX)}, sums[2] = {zero, zero};
-            int64_t j = 0;
-            for (; j + 32 <= t->nk; j += 32)
-                for (int c = 0; c < 2; c++) {
-                    const __m512 x = _mm512_loadu_ps(row + j + 16 * c);
-                    sums[c] = _mm512_add_ps(sums[c], x);
-                    raw[c] = _mm512_max_ps(raw[c], x);
-                }
-            for (; j < t->nk; j += 16) {
-                const __mmask16 live = lanes(t->nk - j, 0);
-                const __m512 x = _mm512_maskz_loadu_ps(live, row + j);
-                sums[0] = _mm512_add_ps(sums[0], x);
-                raw[0] = _mm512_mask_max_ps(raw[0], live, raw[0], x);
-            }
-            /* the lanes' max before scaling: a lane no score reached holds -FLT_MAX */
-            vmx = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(raw[0], raw[1])) * t->scale);
-            /* finite unless a score is NaN or infinite, or scaling overflowed */
-            nf = _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), vmx);
-            nf = _mm512_sub_ps(nf, nf);
-        }
-        /* pass 1: final scores written back, the row's max */
-        for (int64_t j = 0; j < t->nk && !plain; j += 16) {
-            const __mmask16 live = lanes(t->nk - j, 0);
-            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + j), scale);
-            __m512 check = _mm512_sub_ps(x, x);
-            __mmask16 vis = live;
-            if (capped) x = _mm512_mul_ps(cap, tanh_approx(_mm512_mul_ps(x, inv_cap)));
-            if (t->lo) {
-                __m512i vj = _mm512_add_epi32(iota, _mm512_set1_epi32((int32_t)j));
-                vis &= _mm512_cmp_epi32_mask(vlo, vj, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(vj, vhi, _MM_CMPINT_LE);
-            }
-            if (brow) {
-                __m512 b = _mm512_maskz_loadu_ps(live, brow + j);
-                vis &= _mm512_cmp_ps_mask(b, ninf, _CMP_NEQ_UQ);
-                x = _mm512_add_ps(x, b);
-                check = _mm512_add_ps(check, _mm512_sub_ps(x, x));
-            }
-            nf = _mm512_mask_add_ps(nf, vis, nf, check);
-            x = _mm512_mask_blend_ps(vis, ninf, x);
-            _mm512_mask_storeu_ps(row + j, live, x);
-            vmx = _mm512_mask_max_ps(vmx, live, vmx, x);
-        }
-        if (_mm512_cmp_ps_mask(nf, zero, _CMP_NEQ_UQ)) return 1;
-        float mx = _mm512_reduce_max_ps(vmx);
-        mx = m[r] > mx ? m[r] : mx;
-        /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
-        const __m512 shift = _mm512_set1_ps(mx == -INFINITY ? 0.0f : mx);
-        const __m512 by = plain ? scale : _mm512_set1_ps(1.0f);
-        __m512 sums[2] = {zero, zero};
-        int64_t j = 0;
-        for (; j + 32 <= t->nk; j += 32)
-            for (int c = 0; c < 2; c++) {
-                const __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row + j + 16 * c), by), shift));
-                _mm512_storeu_ps(row + j + 16 * c, p);
-                sums[c] = _mm512_add_ps(sums[c], p);
-            }
-        for (; j < t->nk; j += 16) {
-            const __mmask16 live = lanes(t->nk - j, 0);
-            const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + j), by);
-            const __m512 p = _mm512_maskz_mov_ps(live, exp_nonpos(_mm512_sub_ps(x, shift)));
-            _mm512_mask_storeu_ps(row + j, live, p);
-            sums[0] = _mm512_add_ps(sums[0], p);
-        }
-        const __m512 sum = _mm512_add_ps(sums[0], sums[1]);
-        float a = _mm_cvtss_f32(_mm512_castps512_ps128(exp_nonpos(_mm512_sub_ps(_mm512_set1_ps(m[r]), shift))));
-        l[r] = l[r] * a + _mm512_reduce_add_ps(sum);
-        m[r] = mx;
-        alpha[r] = a;
-    }
-    return 0;
-}
-
-/* The 16 sums of v[0..15], lane i = sum of v[i]: a transpose-and-add tree
- * (15 adds, 30 shuffles) instead of 16 horizontal reductions. */
-AVX512 INLINE __m512 sum16(const __m512 v[16]) {
-    __m512 b[4];
-    for (int g = 0; g < 4; g++) {
-        const __m512 *w = v + 4 * g;
-        /* within each 128-bit lane: partial sums of w0, w1 (then w2, w3) interleaved */
-        __m512 a01 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
-        __m512 a23 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
-        /* each 128-bit lane now holds one partial sum of w0, w1, w2, w3 */
-        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
-        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23));
-        b[g] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-    }
-    /* add the four 128-bit lanes, group g ending in lane g */
-    __m512 d01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
-    __m512 d23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88), _mm512_shuffle_f32x4(d01, d23, 0xDD));
-}
-
-/* 16 float16 or bfloat16 values as floats, exactly: float16 through
- * vcvtph2ps, bfloat16 widened into a float's top half. */
-AVX512 INLINE __m512 widen16(enum npattn_dtype t, __m256i x) {
-    if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(x);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
-}
-
-/* Chunk c (16 elements) of a row of type t at p, as floats, the lanes not
- * live zero. No branch, so that loops keeping many accumulators in
- * registers do not spill them. */
-AVX512 INLINE __m512 load16_live(enum npattn_dtype t, const void *p, __mmask16 live, int64_t c) {
-    if (t == NPATTN_DTYPE_F32) return _mm512_maskz_loadu_ps(live, (const float *)p + 16 * c);
-    return widen16(t, _mm256_maskz_loadu_epi16(live, (const uint16_t *)p + 16 * c));
-}
-
-/* The same for a row of n elements, lanes beyond n zero; a whole chunk of
- * halves by a plain load (masked, the scores' loops over a D that is not
- * a constant ran 5-10% slower). */
-AVX512 INLINE __m512 load16(enum npattn_dtype t, const void *p, int64_t n, int64_t c) {
-    if (t == NPATTN_DTYPE_F32 || n - 16 * c < 16) return load16_live(t, p, lanes(n, c), c);
-    return widen16(t, _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + 16 * c)));
-}
-
-/* The n bytes from p, into L2. */
-AVX512 INLINE void prefetch_row(const void *p, int64_t n) {
-    for (int64_t b = 0; b < n; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
-}
-
-/* Scores of nr <= 4 query rows (at qr) against nkb <= 4 keys (rows of type
- * kt at kr), into st (nr, ldst): 16 products per pair of loaded vectors, one
- * reduction tree. pf: where the rows to prefetch for these keys start, or NULL. */
-AVX512 INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
-                                int nkb, float *st, int64_t ldst, const void *pf) {
-    __m512 acc[16]; /* acc[4 * row + key] */
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    const int64_t es = npattn_stream_size(kt);
-    for (int64_t c = 0; 16 * c < D; c++) {
-        __mmask16 m = lanes(D, c);
-        __m512 kv[4], qv[4];
-        if (pf && (16 * c * es) % 64 == 0) /* one prefetch per cache line */
-            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + 16 * c), 1);
-        for (int a = 0; a < nkb; a++) kv[a] = load16(kt, npattn_stream_at(kt, kr, a * ldk), D, c);
-        for (int b = 0; b < nr; b++) qv[b] = _mm512_maskz_loadu_ps(m, qr + b * D + 16 * c);
-        for (int b = 0; b < nr; b++)
-            for (int a = 0; a < nkb; a++) acc[4 * b + a] = _mm512_fmadd_ps(kv[a], qv[b], acc[4 * b + a]);
-    }
-    __m512 sums = sum16(acc); /* lanes 4b .. 4b+3: row b, keys 0..3 */
-    if (nkb == 4) {
-        if (nr > 0) _mm_storeu_ps(st, _mm512_extractf32x4_ps(sums, 0));
-        if (nr > 1) _mm_storeu_ps(st + ldst, _mm512_extractf32x4_ps(sums, 1));
-        if (nr > 2) _mm_storeu_ps(st + 2 * ldst, _mm512_extractf32x4_ps(sums, 2));
-        if (nr > 3) _mm_storeu_ps(st + 3 * ldst, _mm512_extractf32x4_ps(sums, 3));
-        return;
-    }
-    float out[16];
-    _mm512_storeu_ps(out, sums);
-    for (int b = 0; b < nr; b++)
-        for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[4 * b + a];
-}
 
 /* kt (D, 16) = nkb <= 16 bfloat16 key rows (at rows[i]; D a multiple of
  * 32) with the keys in lanes, zeros past nkb: each row's pairs transposed,
  * then each pair split into its two floats; or, `pairs`, kt (D / 2, 16)
  * the pairs themselves (as 32-bit lanes), and the return whether a value
  * is subnormal (else 0). The rows `ahead` are prefetched. */
-AVX512 INLINE int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const void *const *ahead, float *kt,
-                                     const int pairs) {
+VEC_FN int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D, const void *const *ahead, float *kt,
+                              const int pairs) {
     const __m512i top = _mm512_set1_epi32((int)0xFFFF0000);
     __m512i least = BF16_NONE_SEEN;
     for (int64_t c = 0; c < D; c += 32) {
         __m512i x[16];
         for (int i = 0; i < 16; i++) {
-            if (i < nkb) prefetch_row((const uint16_t *)ahead[i] + c, 1);
+            if (i < nkb) vprefetch((const uint16_t *)ahead[i] + c);
             x[i] = i < nkb ? _mm512_loadu_si512((const uint16_t *)rows[i] + c) : _mm512_setzero_si512();
             if (pairs) least = bf16_least(least, x[i]);
         }
@@ -362,8 +53,8 @@ AVX512 INLINE int bf16_keys_in_lanes(const void *const *rows, int nkb, int64_t D
 /* st's nr <= 8 rows (ldst apart) at 16 keys, or 32 (two): nr rows of q (D
  * apart) against the keys of kt0 (lanes live0) and kt1 (live1), (D, 16)
  * each: one FMA per row, element and half, in element order. */
-AVX512 INLINE void rows_against_keys(const float *kt0, const float *kt1, const float *q, int nr, int two, int64_t D,
-                                     float *st, int64_t ldst, __mmask16 live0, __mmask16 live1) {
+VEC_FN void rows_against_keys(const float *kt0, const float *kt1, const float *q, int nr, int two, int64_t D,
+                              float *st, int64_t ldst, __mmask16 live0, __mmask16 live1) {
     __m512 acc[8][2];
     for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d++) {
@@ -391,8 +82,8 @@ AVX512 INLINE void rows_against_keys(const float *kt0, const float *kt1, const f
 /* The scores of n <= 32 bfloat16 keys (rows, their rows ahead `ahead`)
  * against the M rows of q, into st's columns from 0, with the keys in
  * lanes, no reduction tree; the rows of q against them 8 at a time. */
-AVX512 static void bf16_block_in_lanes(const void *const *rows, const void *const *ahead, int64_t n, const float *q,
-                                       int64_t M, int64_t D, float *st, int64_t ldst) {
+static VEC_TARGET void bf16_block_in_lanes(const void *const *rows, const void *const *ahead, int64_t n, const float *q,
+                                           int64_t M, int64_t D, float *st, int64_t ldst) {
     float kt[2 * NPATTN_LANES_MAX_D * 16] __attribute__((aligned(64)));
     float *const kt1 = kt + D * 16;
     const int n0 = (int)(n < 16 ? n : 16), n1 = (int)(n - n0);
@@ -418,8 +109,8 @@ AVX512 static void bf16_block_in_lanes(const void *const *rows, const void *cons
 
 /* scores_of for a bfloat16 K against the rows npattn_bf16_keys_in_lanes
  * admits: 32 keys at a time (16 at the end), across the spans. */
-AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                                        int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+VEC_FN void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                                 int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     int64_t si = 0, i = 0; /* the next key: row i of span si */
     for (int64_t j = 0;; j += 32) {
         const void *rows[32], *ahead[32];
@@ -429,110 +120,27 @@ AVX512 INLINE void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, co
     }
 }
 
-/* The keys of one span (n rows at k, ldk apart; the rows ahead at ahead)
- * against every row of q, into st's columns from 0. */
-AVX512 INLINE void scores_span(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k,
-                              const void *ahead, int64_t ldk, int64_t nk, float *st, int64_t ldst) {
-    int64_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const void *pf = npattn_stream_at(kt, ahead, j * ldk); /* the first row block prefetches */
-        int64_t r = 0;
-        if (M >= 4) {
-            scores_block(kt, q, 4, D, kr, ldk, 4, st + j, ldst, pf);
-            for (r = 4; r + 4 <= M; r += 4) scores_block(kt, q + r * D, 4, D, kr, ldk, 4, st + r * ldst + j, ldst, NULL);
-        }
-        const void *pr = r == 0 ? pf : NULL;
-        switch (M - r) { /* the rows left, each count specialised */
-        case 3: scores_block(kt, q + r * D, 3, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
-        case 2: scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
-        case 1: scores_block(kt, q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, pr); break;
-        default: break;
-        }
-    }
-    if (j < nk)
-        for (int64_t r = 0; r < M; r += 4)
-            scores_block(kt, q + r * D, (int)(M - r < 4 ? M - r : 4), D, npattn_stream_at(kt, k, j * ldk), ldk,
-                         (int)(nk - j), st + r * ldst + j, ldst, NULL);
-}
-
-AVX512 INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                             int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
-        scores_span(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
-}
-
-/* D = 64 as a constant, so that the loops over it unroll: 0.98-1.28x in
- * cache. (D = 128 so unrolled ran faster alone but no faster in a decode;
- * accumulate_of so unrolled ran its float32 rows at 0.6x.) */
-AVX512 INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
-                                const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    if (D == 64) scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
-    else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* One copy of the loops per key type, its conversion inlined. */
-AVX512 static void scores_avx512(const float *q, int64_t M, int64_t D, enum npattn_dtype kt,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldk, const uint32_t *qb,
-                                 float *st, int64_t ldst) {
-    (void)qb; /* no tiles */
-    if (kt == NPATTN_DTYPE_F16) scores_sized(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16 && npattn_bf16_keys_in_lanes(M, D))
-        bf16_scores_in_lanes(q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_sized(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
-    else scores_sized(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
+/* A bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: all of
+ * them with the keys in the lanes; else none (vec_stream.h's reduction
+ * trees take them). */
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
+                              const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
+                              int64_t ldst) {
+    if (kt != NPATTN_DTYPE_BF16 || !npattn_bf16_keys_in_lanes(M, D)) return 0;
+    bf16_scores_in_lanes(q, M, D, spans, n_span, ldk, st, ldst);
+    return M;
 }
 
 /* The most rows of one block of accumulate_of, whose accumulators (rows x
  * chunks of 16 columns) are at most 16 registers. */
 #define ACC_ROWS 8
 
-/* Key j's terms of accumulate_block: value row vr's nc chunks (lanes m)
- * against column j of P's nr rows. */
-AVX512 INLINE void accumulate_key(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc, int64_t j,
-                                  const void *vr, const __mmask16 *m, __m512 *acc) {
-    __m512 vv[4];
-    for (int c = 0; c < nc; c++) vv[c] = load16_live(vt, vr, m[c], c);
-    for (int a = 0; a < nr; a++) {
-        const __m512 pa = _mm512_set1_ps(st[a * ldst + j]);
-        for (int c = 0; c < nc; c++) acc[nc * a + c] = _mm512_fmadd_ps(pa, vv[c], acc[nc * a + c]);
-    }
-}
-
-/* o (nr rows, 16 nc columns from e0) += P @ v: o in registers while the
- * value rows (type vt) of the spans stream past, each row's chunks loaded
- * and converted once for all nr. With `ahead` (a constant: the loop
- * specialised), the same columns of the spans' rows ahead are prefetched.
- * No branch within the loop over a span's rows, which would spill o. */
-AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
-                                    const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
-                                    float *o, int ahead) {
-    const int64_t es = npattn_stream_size(vt);
-    __mmask16 m[4];
-    for (int c = 0; c < nc; c++) m[c] = lanes(Dv - e0, c);
-    __m512 acc[16]; /* acc[nc * row + chunk], from zero */
-    for (int i = 0; i < nc * nr; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
-        const char *vr = (const char *)spans[ri].rows + e0 * es, *pf = (const char *)spans[ri].ahead + e0 * es;
-        for (int64_t i = 0; i < spans[ri].n; i++, j++) {
-            if (ahead)
-                for (int64_t b = 0; b < 16 * nc * es; b += 64) _mm_prefetch(pf + i * ldv * es + b, _MM_HINT_T1);
-            accumulate_key(vt, st, ldst, nr, nc, j, vr + i * ldv * es, m, acc);
-        }
-    }
-    for (int a = 0; a < nr; a++)
-        for (int c = 0; c < nc; c++) {
-            float *oc = o + a * Dv + e0 + 16 * c;
-            _mm512_mask_storeu_ps(oc, m[c], _mm512_add_ps(_mm512_maskz_loadu_ps(m[c], oc), acc[nc * a + c]));
-        }
-}
-
-/* accumulate_block for nr rows, specialised: the case nr of a switch; the
- * first block (b == 0) prefetches. */
+/* vec_accumulate_block for nr rows, specialised: the case nr of a switch;
+ * the first block (b == 0) prefetches every row ahead. */
 #define ACCUMULATE_BLOCK(nr, nc)                                                                                     \
     case nr:                                                                                                         \
-        if (b == 0) accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 1);                  \
-        else accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 0);                         \
+        if (b == 0) vec_accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 1, 0);           \
+        else vec_accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 0, 0);                  \
         break;
 
 /* Up to 4 rows in one block of 64 columns at a time; more in blocks of at
@@ -540,8 +148,9 @@ AVX512 INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64
  * blocks of 4 and 3 of 64 columns, one Xeon core), so that each value row
  * is loaded the fewest times. The first block of each pass over the
  * columns prefetches its columns of the rows ahead. */
-AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv,
+                                 float *o) {
     if (M <= 4) { /* one block (b, r: its number and first row, for the macro) */
         for (int64_t e0 = 0, r = 0, b = 0; e0 < Dv; e0 += 64) {
             const float *s = st;
@@ -552,7 +161,7 @@ AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t 
                 ACCUMULATE_BLOCK(1, 4)
             }
         }
-        return;
+        return Dv;
     }
     const int64_t n_block = (M + ACC_ROWS - 1) / ACC_ROWS;
     for (int64_t e0 = 0; e0 < Dv; e0 += 32)
@@ -569,84 +178,16 @@ AVX512 INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t 
             }
             r = r1;
         }
+    return Dv;
 }
 #undef ACCUMULATE_BLOCK
+
 
 /* accumulate_of passes over each value row once per block of rows and
  * columns (npattn_ahead_of_passes). */
 static int64_t accumulate_ahead_avx512(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
     const int64_t passes = M <= 4 ? (Dv + 63) / 64 : (M + ACC_ROWS - 1) / ACC_ROWS * ((Dv + 31) / 32);
     return npattn_ahead_of_passes(passes, rows, tile);
-}
-
-/* One copy of the loops per value type, its conversion inlined. */
-AVX512 static void accumulate_avx512(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                                     int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
-}
-
-AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst) {
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16)
-        _mm512_storeu_ps(dst + j, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + j))));
-    for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
-}
-
-/* finish_rows: 16 columns a vector, the last masked; bfloat16 rounded in
- * integers (vcvtneps2bf16 would flush subnormals), float16 by vcvtps2ph. */
-AVX512 static int finish_rows_avx512(const float *o, int64_t n, int64_t w, const float *l, enum npattn_dtype dt,
-                                     void *dst, int64_t ld) {
-    const __m512 zero = _mm512_setzero_ps();
-    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF), mag = _mm512_set1_epi32(0x7FFFFFFF);
-    const __m512i inf = _mm512_set1_epi32(0x7F800000), quiet = _mm512_set1_epi32(0x400000);
-    __m512 bad = zero;
-    for (int64_t i = 0; i < n; i++) {
-        const float inv = npattn_finish_factor(l, i);
-        const __m512 by = _mm512_set1_ps(inv);
-        const __mmask16 seen = inv == 0.0f ? 0 : 0xFFFF;
-        for (int64_t c = 0; 16 * c < w; c++) {
-            const __mmask16 k = lanes(w, c);
-            const __m512 x = _mm512_maskz_loadu_ps(k, o + i * w + 16 * c);
-            bad = _mm512_add_ps(bad, _mm512_sub_ps(x, x));
-            const __m512 y = _mm512_maskz_mul_ps(seen, x, by);
-            if (dt == NPATTN_DTYPE_F32) {
-                _mm512_mask_storeu_ps((float *)dst + i * ld + 16 * c, k, y);
-                continue;
-            }
-            __m256i h;
-            if (dt == NPATTN_DTYPE_F16) h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            else { /* + 0x7fff + the kept bit's lowest, then the high half; a NaN kept quiet */
-                const __m512i u = _mm512_castps_si512(y);
-                __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-                r = _mm512_mask_or_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, mag), inf), u, quiet);
-                h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-            }
-            _mm256_mask_storeu_epi16((uint16_t *)dst + i * ld + 16 * c, k, h);
-        }
-    }
-    return _mm512_cmp_ps_mask(bad, zero, _CMP_NEQ_UQ) != 0;
-}
-
-AVX512 static void add_f32_avx512(float *o, const float *x, int64_t n) {
-    for (int64_t c = 0; 16 * c < n; c++) {
-        const __mmask16 k = lanes(n, c);
-        _mm512_mask_storeu_ps(o + 16 * c, k,
-                              _mm512_add_ps(_mm512_maskz_loadu_ps(k, o + 16 * c), _mm512_maskz_loadu_ps(k, x + 16 * c)));
-    }
-}
-
-/* 16 chains of 16 lanes. */
-AVX512 static double fma_loop_avx512(int64_t n, float *sink) {
-    __m512 acc[16], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_ps((float)i);
-    for (int64_t r = 0; r < n; r++)
-        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
-    __m512 s = acc[0];
-    for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, acc[i]);
-    *sink = _mm512_reduce_add_ps(s);
-    return 2.0 * 16 * 16 * (double)n;
 }
 
 /* ---- bfloat16 dot products (AVX512-BF16: vdpbf16ps) ----
@@ -742,7 +283,7 @@ AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_
     for (int64_t r = 0; r < M; r += 16) {
         const __mmask16 live = lanes(M - r, 0);
         __m512 mx, shift, a, sum = zero;
-        if (softmax_max(st, t, m, r, live, plain, &mx, &shift, &a)) return 1;
+        if (vec_columns_max(st, t, m, r, live, &mx, &shift, &a)) return 1;
         const __m512 from = _mm512_mul_ps(shift, _mm512_set1_ps(-NPATTN_LOG2E));
         for (int64_t p0 = 0; p0 < n16; p0 += 16) {
             __m512i x[16];
@@ -752,7 +293,7 @@ AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_
                 for (int h = 0; h < 2; h++) { /* keys j and j + 1; zeros past nk, and in the lanes past M */
                     const int64_t j = 2 * (p0 + i) + h;
                     p[h] = whole || j < nk
-                               ? _mm512_maskz_mov_ps(live, exp2_nonpos(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, st + j * ld + r),
+                               ? _mm512_maskz_mov_ps(live, vexp2_nonpos(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, st + j * ld + r),
                                                                                        to2, from), 1))
                                : zero;
                     sum = _mm512_add_ps(sum, p[h]);
@@ -762,7 +303,7 @@ AVX512BF16 static int softmax_tiles_avx512(float *st, const struct npattn_score_
             transpose16(x);
             for (int i = 0; i < 16; i++) _mm512_storeu_si512(pa + (r + i) * ldpa + p0, x[i]);
         }
-        softmax_done(m, l, alpha, r, live, mx, a, sum);
+        vec_columns_done(m, l, alpha, r, live, mx, a, sum);
     }
     return 0;
 }
@@ -874,7 +415,7 @@ AVX512BF16 static void scores_avx512bf16(const float *q, int64_t M, int64_t D, e
                                          const struct npattn_span *spans, int64_t n_span, int64_t ldk,
                                          const uint32_t *qb, float *st, int64_t ldst) {
     if (kt == NPATTN_DTYPE_BF16 && qb) pairs_scores(q, qb, M, D, spans, n_span, ldk, st, ldst);
-    else scores_avx512(q, M, D, kt, spans, n_span, ldk, NULL, st, ldst);
+    else vec_scores(q, M, D, kt, spans, n_span, ldk, NULL, st, ldst);
 }
 
 /* The pair (k[2p], k[2p + 1]) in every lane. */
@@ -905,12 +446,9 @@ AVX512BF16 INLINE __m512bh pair_at(const uint16_t *k, int64_t p) {
             for (int v = 0; v < NV; v++)                                                                            \
                 _mm512_mask_storeu_ps(st + j * ldst + 16 * v, v == NV - 1 ? m : (__mmask16)0xFFFF, acc[j][v]);      \
     }
-SCORES_BF16_BLOCK(6, 4)
-SCORES_BF16_BLOCK(1, 4)
-SCORES_BF16_BLOCK(12, 2)
-SCORES_BF16_BLOCK(1, 2)
-SCORES_BF16_BLOCK(12, 1)
-SCORES_BF16_BLOCK(1, 1)
+SCORES_BF16_BLOCK(6, 4) SCORES_BF16_BLOCK(1, 4)   /* 64 columns: 6 keys at a time, then 1 */
+SCORES_BF16_BLOCK(12, 2) SCORES_BF16_BLOCK(1, 2)  /* 32 columns: 12 keys, then 1 */
+SCORES_BF16_BLOCK(12, 1) SCORES_BF16_BLOCK(1, 1)  /* 16 */
 
 AVX512BF16 static void scores_bf16_avx512(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k,
                                           int64_t ldk, int64_t nk, float *st, int64_t ldst) {
@@ -962,12 +500,9 @@ AVX512BF16 static void scores_bf16_avx512(const uint32_t *qp, int64_t ldq, int64
             for (int v = 0; v < NV; v++)                                                                             \
                 _mm512_mask_storeu_ps(o + r * ldo + 16 * v, v == NV - 1 ? m : (__mmask16)0xFFFF, acc[r][v]);         \
     }
-ACCUMULATE_BF16_BLOCK(6, 4)
-ACCUMULATE_BF16_BLOCK(1, 4)
-ACCUMULATE_BF16_BLOCK(12, 2)
-ACCUMULATE_BF16_BLOCK(1, 2)
-ACCUMULATE_BF16_BLOCK(12, 1)
-ACCUMULATE_BF16_BLOCK(1, 1)
+ACCUMULATE_BF16_BLOCK(6, 4) ACCUMULATE_BF16_BLOCK(1, 4)   /* 64 columns: 6 rows at a time, then 1 */
+ACCUMULATE_BF16_BLOCK(12, 2) ACCUMULATE_BF16_BLOCK(1, 2)  /* 32 columns: 12 rows, then 1 */
+ACCUMULATE_BF16_BLOCK(12, 1) ACCUMULATE_BF16_BLOCK(1, 1)  /* 16 */
 
 AVX512BF16 static void accumulate_bf16_avx512(const uint32_t *pp, int64_t ldp, int64_t M, int64_t np,
                                               const uint32_t *vp, int64_t ldv, int64_t Dv, float *o) {
@@ -1107,87 +642,12 @@ AVX512BF16 static int accumulate_pairs_avx512(const uint16_t *pb, int64_t ldp, i
 }
 #undef PAIRS_BLOCK
 
-/* ---- the tiles' float products (gemm_f32) ---- */
-
-#define GEMM_ROWS 6     /* rows of c in a block */
-#define GEMM_VECS 4     /* its columns' vectors: 6 x 4 sums in 24 of the 32 registers */
-#define GEMM_PACK_K 128 /* rows of b packed at a time: 32 KiB */
-
-/* One block of c = alpha * a @ b + beta * c, R rows by V vectors of 16
- * columns (the last one's lanes `last`): the R x V sums stay in registers
- * over the whole of k, each step a row of b's block loaded and R of a's
- * elements broadcast. */
-AVX512 INLINE void gemm_block(const int R, const int V, __mmask16 last, int64_t k, float alpha, const float *a,
-                              int64_t a_rs, int64_t a_ps, const float *b, int64_t ldb, float beta, float *c,
-                              int64_t ldc) {
-    __m512 s[GEMM_ROWS][GEMM_VECS];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) s[r][v] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < k; p++, a += a_ps, b += ldb) {
-        __m512 bv[GEMM_VECS];
-        for (int v = 0; v < V; v++) bv[v] = _mm512_maskz_loadu_ps(v == V - 1 ? last : 0xFFFF, b + 16 * v);
-        for (int r = 0; r < R; r++) {
-            const __m512 x = _mm512_set1_ps(a[r * a_rs]);
-            for (int v = 0; v < V; v++) s[r][v] = _mm512_fmadd_ps(x, bv[v], s[r][v]);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) {
-            const __mmask16 lane = v == V - 1 ? last : 0xFFFF;
-            float *to = c + r * ldc + 16 * v;
-            __m512 x = _mm512_mul_ps(s[r][v], _mm512_set1_ps(alpha));
-            if (beta != 0.0f) x = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(lane, to), x);
-            _mm512_mask_storeu_ps(to, lane, x);
-        }
-}
-
-/* For each GEMM_PACK_K rows of b and each block of its columns: the block
- * packed (its rows adjacent, so that it stays in L1 without the cache-set
- * conflicts of a power-of-two leading dimension; 4-10% of a Qwen3-4B
- * prefill), then every block of c's rows against it; the block shapes as
- * literals, each its own unrolled code. */
-AVX512 static void gemm_f32_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
-                                   int64_t a_ps, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    float pack[GEMM_PACK_K * 16 * GEMM_VECS] __attribute__((aligned(64)));
-    for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += GEMM_PACK_K) { /* k = 0: c = beta * c */
-        const int64_t kb = k - k0 < GEMM_PACK_K ? k - k0 : GEMM_PACK_K;
-        const float beta_k = k0 == 0 ? beta : 1.0f;
-        for (int64_t c0 = 0; c0 < n; c0 += 16 * GEMM_VECS) {
-            const int V = (int)(n - c0 >= 16 * GEMM_VECS ? GEMM_VECS : (n - c0 + 15) / 16);
-            const __mmask16 last = lanes(n - c0, V - 1);
-            const float *bp = b + k0 * ldb + c0;
-            int64_t ldp = ldb;
-            if (m > GEMM_ROWS && ldb != 16 * V) { /* reused by blocks of rows: packed */
-                for (int64_t p = 0; p < kb; p++)
-                    for (int v = 0; v < V; v++) {
-                        const __m512 x = _mm512_maskz_loadu_ps(v == V - 1 ? last : 0xFFFF, bp + p * ldb + 16 * v);
-                        _mm512_store_ps(pack + (p * V + v) * 16, x);
-                    }
-                bp = pack, ldp = 16 * V;
-            }
-            for (int64_t r0 = 0; r0 < m; r0 += GEMM_ROWS) {
-                const int R = (int)(m - r0 >= GEMM_ROWS ? GEMM_ROWS : m - r0);
-                const float *ar = a + r0 * a_rs + k0 * a_ps;
-                float *cr = c + r0 * ldc + c0;
-#define BLOCK(R_, V_)                                                                                                  \
-    case (R_) * 8 + (V_): gemm_block(R_, V_, last, kb, alpha, ar, a_rs, a_ps, bp, ldp, beta_k, cr, ldc); break;
-#define BLOCKS(R_) BLOCK(R_, 1) BLOCK(R_, 2) BLOCK(R_, 3) BLOCK(R_, 4)
-                switch (R * 8 + V) {
-                    BLOCKS(1) BLOCKS(2) BLOCKS(3) BLOCKS(4) BLOCKS(5) BLOCKS(6)
-                }
-#undef BLOCKS
-#undef BLOCK
-            }
-        }
-    }
-}
-
-/* The float32 kernels but scores, shared by the three AVX-512 tables. */
+/* The float32 kernels but scores, and the bfloat16 pairs, shared by the
+ * AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
-    .softmax_f32 = softmax_avx512, .softmax_rows_f32 = softmax_rows_avx512,                                          \
-    .accumulate = accumulate_avx512, .accumulate_ahead = accumulate_ahead_avx512, .f16_to_f32 = f16_to_f32_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
-    .finish_rows = finish_rows_avx512, .add_f32 = add_f32_avx512, .fma_loop = fma_loop_avx512,                      \
-    .gemm_f32 = gemm_f32_avx512
+    VEC_TABLE_KERNELS, .accumulate_ahead = accumulate_ahead_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
+    .finish_rows = vec_finish_rows
+#define AVX512_BF16_PAIRS .pair_f32 = pair_f32_avx512, .bf16_f32 = bf16_f32_avx512, .pair_bf16 = pair_bf16_avx512
 
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",
@@ -1195,9 +655,7 @@ const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .scores = scores_avx512bf16,
     .q_tiles = q_pairs_avx512,
     .bf16_d_step = 2,
-    .pair_f32 = pair_f32_avx512,
-    .bf16_f32 = bf16_f32_avx512,
-    .pair_bf16 = pair_bf16_avx512,
+    AVX512_BF16_PAIRS,
     .scores_bf16 = scores_bf16_avx512,
     .accumulate_bf16 = accumulate_bf16_avx512,
     .accumulate_pairs = accumulate_pairs_avx512,
@@ -1212,21 +670,16 @@ const struct npattn_kernels npattn_kernels_amx = {
     .bf16_d_step = 32,
     .bf16_tile = 256,
     .bf16_tile_width = NPATTN_AMX_MAX_D,
-    .pair_f32 = pair_f32_avx512,
-    .bf16_f32 = bf16_f32_avx512,
-    .pair_bf16 = pair_bf16_avx512,
-    .scores_bf16 = npattn_amx_scores_bf16,
-    .accumulate_bf16 = npattn_amx_accumulate_bf16,
-    .softmax_tiles_f32 = softmax_tiles_avx512,
-    .accumulate_tiles_bf16 = npattn_amx_accumulate_tiles_bf16,
-    .split_tiles = npattn_amx_split_tiles,
-    .exact_tiles = npattn_amx_exact_tiles,
+    AVX512_BF16_PAIRS,
+    .scores_bf16 = npattn_amx_scores_bf16, .accumulate_bf16 = npattn_amx_accumulate_bf16, /* the tiles */
+    .softmax_tiles_f32 = softmax_tiles_avx512, .accumulate_tiles_bf16 = npattn_amx_accumulate_tiles_bf16,
+    .split_tiles = npattn_amx_split_tiles, .exact_tiles = npattn_amx_exact_tiles,
 };
 #endif
 
 const struct npattn_kernels npattn_kernels_avx512 = {
     .name = "avx512",
     AVX512_F32_KERNELS,
-    .scores = scores_avx512,
+    .scores = vec_scores,
 };
 #endif

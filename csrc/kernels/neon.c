@@ -1,6 +1,8 @@
-/* kernels/neon.c: the kernels in NEON (aarch64, where it is baseline), 4
- * query rows per vector; column tails go to the portable code. Twin of
- * avx2.c and avx512.c. */
+/* kernels/neon.c: the neon and neonbf16 tables (aarch64, where NEON is
+ * baseline): the kernels written once over the vector layer (vec_*.h),
+ * built on vec_neon.h's 4 lanes, and what is this ISA's own: the rows of q
+ * in the lanes (by-lane FMAs), accumulate's register blocks, and BFDOT's
+ * bfloat16 pairs. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #include <float.h>
@@ -8,303 +10,12 @@
 #include <string.h>
 
 #include "kernels.h"
-
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE float32x4_t select(uint32x4_t mask, float32x4_t a, float32x4_t b) { return vbslq_f32(mask, a, b); }
-
-INLINE float32x4_t keep(float32x4_t x, uint32x4_t mask) {
-    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x), mask));
-}
-
-/* Whether a lane of x is not 0 (NaN included). */
-INLINE int any_nonzero(float32x4_t x) { return vminvq_u32(vceqq_f32(x, vdupq_n_f32(0.0f))) == 0; }
-
-/* exp(x) for x <= 0 (or -inf): exp2 of x * log2(e), 0 below 2^-126. */
-INLINE float32x4_t exp_nonpos(float32x4_t x) {
-    const float32x4_t vmin = vdupq_n_f32(NPATTN_EXP2_MIN);
-    float32x4_t y = vmulq_f32(x, vdupq_n_f32(NPATTN_LOG2E));
-    uint32x4_t live = vcgeq_f32(y, vmin);
-    y = vmaxq_f32(y, vmin);
-    float32x4_t n = vrndnq_f32(y);
-    float32x4_t f = vsubq_f32(y, n);
-    float32x4_t p = vdupq_n_f32(NPATTN_EXP2_C6);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C5), p, f);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C4), p, f);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C3), p, f);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C2), p, f);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_EXP2_C1), p, f);
-    p = vfmaq_f32(vdupq_n_f32(1.0f), p, f);
-    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-    return keep(vmulq_f32(p, vreinterpretq_f32_s32(e)), live);
-}
-
-/* tanh(y): the odd polynomial near 0, (1 - e) / (1 + e) beyond (kernels.h). */
-INLINE float32x4_t tanh_approx(float32x4_t y) {
-    const float32x4_t one = vdupq_n_f32(1.0f);
-    float32x4_t a = vabsq_f32(y);
-    float32x4_t u = vmulq_f32(y, y);
-    float32x4_t p = vdupq_n_f32(NPATTN_TANH_P4);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P3), p, u);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P2), p, u);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P1), p, u);
-    p = vfmaq_f32(vdupq_n_f32(NPATTN_TANH_P0), p, u);
-    float32x4_t near = vfmaq_f32(y, vmulq_f32(y, u), p);
-    float32x4_t e = exp_nonpos(vmulq_f32(a, vdupq_n_f32(-2.0f)));
-    float32x4_t far = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
-    far = vbslq_f32(vdupq_n_u32(0x80000000u), y, far); /* y's sign */
-    return select(vcltq_f32(a, vdupq_n_f32(NPATTN_TANH_SPLIT)), near, far);
-}
-
-static int softmax_neon(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
-    const int64_t nk = t->nk, M = t->M, ld = t->ld;
-    const float32x4_t scale = vdupq_n_f32(t->scale), ninf = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
-    const int capped = t->softcap > 0;
-    const float32x4_t cap = vdupq_n_f32(t->softcap), inv_cap = vdupq_n_f32(capped ? 1.0f / t->softcap : 0.0f);
-    const int plain = npattn_tile_plain(t);
-    int64_t r = 0;
-    for (; r + 4 <= M; r += 4) {
-        float32x4_t vm = vld1q_f32(m + r), mx = vm;
-        /* nf sums x - x over unhidden scores (plain: the scores): it stays finite unless one is NaN or infinite */
-        float32x4_t nf = keep(vsubq_f32(vm, vm), vmvnq_u32(vceqq_f32(vm, ninf)));
-        int32x4_t vlo = vdupq_n_s32(0), vhi = vlo;
-        if (t->lo) {
-            vlo = vld1q_s32(t->lo + r);
-            vhi = vld1q_s32(t->hi + r);
-        }
-        if (plain) { /* pass 1: the column max of the raw scores, times scale; four chains of keys */
-            float32x4_t raw[4], sums[4];
-            for (int c = 0; c < 4; c++) raw[c] = vdupq_n_f32(-FLT_MAX), sums[c] = zero;
-            int64_t j = 0;
-            for (; j + 4 <= nk; j += 4)
-                for (int c = 0; c < 4; c++) {
-                    const float32x4_t x = vld1q_f32(st + (j + c) * ld + r);
-                    sums[c] = vaddq_f32(sums[c], x);
-                    raw[c] = vmaxq_f32(raw[c], x);
-                }
-            for (; j < nk; j++) {
-                const float32x4_t x = vld1q_f32(st + j * ld + r);
-                sums[0] = vaddq_f32(sums[0], x);
-                raw[0] = vmaxq_f32(raw[0], x);
-            }
-            const float32x4_t most = vmaxq_f32(vmaxq_f32(raw[0], raw[1]), vmaxq_f32(raw[2], raw[3]));
-            const float32x4_t top = vmulq_f32(most, scale);
-            nf = vaddq_f32(nf, vaddq_f32(vaddq_f32(sums[0], sums[1]), vaddq_f32(sums[2], sums[3])));
-            nf = vaddq_f32(nf, top);
-            mx = vmaxq_f32(mx, top);
-        }
-        /* pass 1: final scores written back, the column max */
-        for (int64_t j = 0; j < nk && !plain; j++) {
-            float *row = st + j * ld + r;
-            float32x4_t x = vmulq_f32(vld1q_f32(row), scale);
-            float32x4_t check = vsubq_f32(x, x);
-            uint32x4_t vis = vdupq_n_u32(~0u);
-            if (capped) x = vmulq_f32(cap, tanh_approx(vmulq_f32(x, inv_cap)));
-            if (t->lo) {
-                int32x4_t vj = vdupq_n_s32((int32_t)j);
-                vis = vbicq_u32(vis, vorrq_u32(vcgtq_s32(vlo, vj), vcgtq_s32(vj, vhi)));
-            }
-            if (t->bias) {
-                float32x4_t b = vld1q_f32(t->bias + j * ld + r);
-                vis = vandq_u32(vis, vmvnq_u32(vceqq_f32(b, ninf)));
-                x = vaddq_f32(x, b);
-                check = vaddq_f32(check, vsubq_f32(x, x));
-            }
-            nf = vaddq_f32(nf, keep(check, vis));
-            x = select(vis, x, ninf);
-            vst1q_f32(row, x);
-            mx = vmaxq_f32(mx, x);
-        }
-        if (any_nonzero(vsubq_f32(nf, nf))) return 1;
-        /* pass 2: probabilities against the new max (0 for a column that saw nothing) */
-        float32x4_t shift = select(vceqq_f32(mx, ninf), zero, mx);
-        float32x4_t a = exp_nonpos(vsubq_f32(vm, shift)), sum = zero;
-        for (int64_t j = 0; j < nk; j++) {
-            float *row = st + j * ld + r;
-            float32x4_t x = vld1q_f32(row);
-            float32x4_t p = exp_nonpos(vsubq_f32(plain ? vmulq_f32(x, scale) : x, shift));
-            vst1q_f32(row, p);
-            sum = vaddq_f32(sum, p);
-        }
-        vst1q_f32(l + r, vfmaq_f32(sum, vld1q_f32(l + r), a));
-        vst1q_f32(m + r, mx);
-        vst1q_f32(alpha + r, a);
-    }
-    return r < M ? npattn_softmax_f32_columns(st, t, r, M, m, l, alpha) : 0;
-}
-
-/* Lanes j .. j+3 of a row of n: all ones where j + lane < n. */
-INLINE uint32x4_t lanes(int64_t n, int64_t j) {
-    static const int32_t iota[4] = {0, 1, 2, 3};
-    int64_t left = n - j;
-    return vcgtq_s32(vdupq_n_s32((int32_t)(left > 4 ? 4 : left)), vld1q_s32(iota));
-}
-
-/* NEON has no masked load or store: the lanes past n go through a buffer. */
-INLINE float32x4_t load_part(const float *src, int64_t n, int64_t j) {
-    if (n - j >= 4) return vld1q_f32(src + j);
-    float buf[4] = {0, 0, 0, 0};
-    memcpy(buf, src + j, (size_t)(n - j) * sizeof *buf);
-    return vld1q_f32(buf);
-}
-
-INLINE void store_part(float *dst, int64_t n, int64_t j, float32x4_t x) {
-    if (n - j >= 4) {
-        vst1q_f32(dst + j, x);
-        return;
-    }
-    float buf[4];
-    vst1q_f32(buf, x);
-    memcpy(dst + j, buf, (size_t)(n - j) * sizeof *buf);
-}
-
-static int softmax_rows_neon(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
-    const float32x4_t scale = vdupq_n_f32(t->scale), ninf = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
-    const int capped = t->softcap > 0;
-    const float32x4_t cap = vdupq_n_f32(t->softcap), inv_cap = vdupq_n_f32(capped ? 1.0f / t->softcap : 0.0f);
-    static const int32_t iota_s[4] = {0, 1, 2, 3};
-    const int32x4_t iota = vld1q_s32(iota_s);
-    const int plain = npattn_tile_plain(t);
-    for (int64_t r = 0; r < t->M; r++) {
-        float *row = st + r * t->ld;
-        const float *brow = t->bias ? t->bias + r * t->ld : NULL;
-        if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
-        int32x4_t vlo = vdupq_n_s32(t->lo ? t->lo[r] : 0), vhi = vdupq_n_s32(t->lo ? t->hi[r] : 0);
-        float32x4_t vmx = ninf, nf = zero;
-        if (plain) { /* pass 1: the row's max of the raw scores, times scale; two chains */
-            float32x4_t raw[2] = {vdupq_n_f32(-FLT_MAX), vdupq_n_f32(-FLT_MAX)}, sums[2] = {zero, zero};
-            int64_t j = 0;
-            for (; j + 8 <= t->nk; j += 8)
-                for (int c = 0; c < 2; c++) {
-                    const float32x4_t x = vld1q_f32(row + j + 4 * c);
-                    sums[c] = vaddq_f32(sums[c], x);
-                    raw[c] = vmaxq_f32(raw[c], x);
-                }
-            for (; j < t->nk; j += 4) {
-                const float32x4_t x = select(lanes(t->nk, j), load_part(row, t->nk, j), raw[0]);
-                sums[0] = vaddq_f32(sums[0], x);
-                raw[0] = vmaxq_f32(raw[0], x);
-            }
-            /* the lanes' max before scaling: a lane no score reached holds -FLT_MAX */
-            vmx = vdupq_n_f32(vmaxvq_f32(vmaxq_f32(raw[0], raw[1])) * t->scale);
-            /* finite unless a score is NaN or infinite, or scaling overflowed */
-            nf = vaddq_f32(vaddq_f32(sums[0], sums[1]), vmx);
-            nf = vsubq_f32(nf, nf);
-        }
-        /* pass 1: final scores written back, the row's max */
-        for (int64_t j = 0; j < t->nk && !plain; j += 4) {
-            const uint32x4_t live = lanes(t->nk, j);
-            float32x4_t x = vmulq_f32(load_part(row, t->nk, j), scale);
-            float32x4_t check = vsubq_f32(x, x);
-            uint32x4_t vis = live;
-            if (capped) x = vmulq_f32(cap, tanh_approx(vmulq_f32(x, inv_cap)));
-            if (t->lo) {
-                int32x4_t vj = vaddq_s32(iota, vdupq_n_s32((int32_t)j));
-                vis = vbicq_u32(vis, vorrq_u32(vcgtq_s32(vlo, vj), vcgtq_s32(vj, vhi)));
-            }
-            if (brow) {
-                float32x4_t b = load_part(brow, t->nk, j);
-                vis = vandq_u32(vis, vmvnq_u32(vceqq_f32(b, ninf)));
-                x = vaddq_f32(x, b);
-                check = vaddq_f32(check, vsubq_f32(x, x));
-            }
-            nf = vaddq_f32(nf, keep(check, vis));
-            x = select(vis, x, ninf);
-            store_part(row, t->nk, j, x);
-            vmx = vmaxq_f32(vmx, x);
-        }
-        if (any_nonzero(nf)) return 1;
-        float mx = vmaxvq_f32(vmx);
-        mx = m[r] > mx ? m[r] : mx;
-        /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
-        const float32x4_t shift = vdupq_n_f32(mx == -INFINITY ? 0.0f : mx);
-        const float32x4_t by = plain ? scale : vdupq_n_f32(1.0f);
-        float32x4_t sums[2] = {zero, zero};
-        int64_t j = 0;
-        for (; j + 8 <= t->nk; j += 8)
-            for (int c = 0; c < 2; c++) {
-                const float32x4_t p = exp_nonpos(vsubq_f32(vmulq_f32(vld1q_f32(row + j + 4 * c), by), shift));
-                vst1q_f32(row + j + 4 * c, p);
-                sums[c] = vaddq_f32(sums[c], p);
-            }
-        for (; j < t->nk; j += 4) {
-            const float32x4_t x = vmulq_f32(load_part(row, t->nk, j), by);
-            const float32x4_t p = keep(exp_nonpos(vsubq_f32(x, shift)), lanes(t->nk, j));
-            store_part(row, t->nk, j, p);
-            sums[0] = vaddq_f32(sums[0], p);
-        }
-        const float32x4_t sum = vaddq_f32(sums[0], sums[1]);
-        float a = vgetq_lane_f32(exp_nonpos(vsubq_f32(vdupq_n_f32(m[r]), shift)), 0);
-        l[r] = l[r] * a + vaddvq_f32(sum);
-        m[r] = mx;
-        alpha[r] = a;
-    }
-    return 0;
-}
-
-/* 4 elements of a row of type t at p, as floats: float16 through fcvtl,
- * bfloat16 widened into a float's top half (shll); both exact. */
-INLINE float32x4_t load4(enum npattn_dtype t, const void *p) {
-    if (t == NPATTN_DTYPE_F16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p)));
-    if (t == NPATTN_DTYPE_BF16) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)p), 16));
-    return vld1q_f32((const float *)p);
-}
-
-/* The n bytes from p, into L2. */
-INLINE void prefetch_row(const void *p, int64_t n) {
-    for (int64_t b = 0; b < n; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
-}
-
-/* Scores of nr <= 2 query rows against nkb <= 4 keys (rows of type kt at
- * kr), into st (nr, ldst): 8 products per loaded pair of vectors, then one
- * reduction per score. pf: where the rows to prefetch for these keys start, or NULL. */
-INLINE void scores_block(enum npattn_dtype kt, const float *qr, int nr, int64_t D, const void *kr, int64_t ldk,
-                         int nkb, float *st, int64_t ldst, const void *pf) {
-    float32x4_t acc[8]; /* acc[4 * row + key] */
-    for (int i = 0; i < 8; i++) acc[i] = vdupq_n_f32(0.0f);
-    int64_t d = 0;
-    const int64_t es = npattn_stream_size(kt);
-    for (; d + 4 <= D; d += 4) {
-        if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
-            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + d), 1);
-        float32x4_t kv[4], qv[2];
-        for (int a = 0; a < nkb; a++) kv[a] = load4(kt, npattn_stream_at(kt, kr, a * ldk + d));
-        for (int b = 0; b < nr; b++) qv[b] = vld1q_f32(qr + b * D + d);
-        for (int b = 0; b < nr; b++)
-            for (int a = 0; a < nkb; a++) acc[4 * b + a] = vfmaq_f32(acc[4 * b + a], kv[a], qv[b]);
-    }
-    for (int b = 0; b < nr; b++)
-        for (int a = 0; a < nkb; a++) {
-            float s = vaddvq_f32(acc[4 * b + a]);
-            for (int64_t e = d; e < D; e++) s += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
-            st[b * ldst + a] = s;
-        }
-}
-
-/* The keys of one span (n rows at k, ldk apart; the rows ahead at ahead)
- * against every row of q, into st's columns from 0. */
-INLINE void scores_span(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *k, const void *ahead,
-                       int64_t ldk, int64_t nk, float *st, int64_t ldst) {
-    int64_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        const void *kr = npattn_stream_at(kt, k, j * ldk);
-        const void *pf = npattn_stream_at(kt, ahead, j * ldk); /* the first row block prefetches */
-        int64_t r = 0;
-        for (; r + 2 <= M; r += 2)
-            scores_block(kt, q + r * D, 2, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : NULL);
-        if (r < M) scores_block(kt, q + r * D, 1, D, kr, ldk, 4, st + r * ldst + j, ldst, r == 0 ? pf : NULL);
-    }
-    if (j < nk)
-        for (int64_t r = 0; r < M; r += 2)
-            scores_block(kt, q + r * D, (int)(M - r < 2 ? M - r : 2), D, npattn_stream_at(kt, k, j * ldk), ldk,
-                         (int)(nk - j), st + r * ldst + j, ldst, NULL);
-}
-
-INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                      int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
-        scores_span(kt, q, M, D, spans[i].rows, spans[i].ahead, ldk, spans[i].n, st + j0, ldst);
-}
+#include "vec_neon.h"
+#include "vec_math.h"
+#include "vec_softmax.h"
+#include "vec_stream.h"
+#include "vec_rows.h"
+#include "vec_gemm.h"
 
 /* MQA and wide groups (npattn_rows_in_lanes), as avx2.c's scores_lanes: 16
  * rows in the lanes of four vectors (q transposed, qt: D x 16) and each key
@@ -312,37 +23,10 @@ INLINE void scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D
  * reduction tree, each score one FMA per element in order. */
 enum { LANES_ROWS = 16, LANES_KEYS = 4 };
 
-/* r[i] = lane i of a[0 .. 3]: a 4 x 4 transpose. */
-INLINE void transpose4(const float32x4_t a[4], float32x4_t r[4]) {
-    const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(a[0], a[1]));
-    const float64x2_t t1 = vreinterpretq_f64_f32(vtrn2q_f32(a[0], a[1]));
-    const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(a[2], a[3]));
-    const float64x2_t t3 = vreinterpretq_f64_f32(vtrn2q_f32(a[2], a[3]));
-    r[0] = vreinterpretq_f32_f64(vtrn1q_f64(t0, t2));
-    r[1] = vreinterpretq_f32_f64(vtrn1q_f64(t1, t3));
-    r[2] = vreinterpretq_f32_f64(vtrn2q_f64(t0, t2));
-    r[3] = vreinterpretq_f32_f64(vtrn2q_f64(t1, t3));
-}
-
-/* q's 16 rows of D as qt (D x 16): 4 x 4 blocks through the registers, the
- * columns past the last 4 one by one. */
-INLINE void transpose_rows16(const float *q, int64_t D, float *qt) {
-    int64_t d = 0;
-    for (; d + 4 <= D; d += 4)
-        for (int h = 0; h < 4; h++) {
-            float32x4_t a[4], r[4];
-            for (int i = 0; i < 4; i++) a[i] = vld1q_f32(q + (4 * h + i) * D + d);
-            transpose4(a, r);
-            for (int c = 0; c < 4; c++) vst1q_f32(qt + LANES_ROWS * (d + c) + 4 * h, r[c]);
-        }
-    for (; d < D; d++)
-        for (int64_t r = 0; r < LANES_ROWS; r++) qt[LANES_ROWS * d + r] = q[r * D + d];
-}
-
 /* 16 rows (qt) against nkb <= 4 keys (rows of type kt at kr): 16
  * accumulators, a key vector of 4 elements each, four query vectors an
  * element. pf: where the rows to prefetch for these keys start, or NULL. */
-INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D, const void *kr, int64_t ldk, int nkb,
+VEC_FN void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D, const void *kr, int64_t ldk, int nkb,
                                float *st, int64_t ldst, const void *pf) {
     float32x4_t acc[4 * LANES_KEYS]; /* acc[4 * key + v]: rows 4v .. 4v+3 */
     for (int i = 0; i < 4 * nkb; i++) acc[i] = vdupq_n_f32(0.0f);
@@ -350,9 +34,9 @@ INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D,
     int64_t d = 0;
     for (; d + 4 <= D; d += 4) {
         if (pf && (d * es) % 64 == 0)
-            for (int a = 0; a < nkb; a++) prefetch_row(npattn_stream_at(kt, pf, a * ldk + d), 1);
+            for (int a = 0; a < nkb; a++) vprefetch(npattn_stream_at(kt, pf, a * ldk + d));
         float32x4_t kv[LANES_KEYS];
-        for (int a = 0; a < nkb; a++) kv[a] = load4(kt, npattn_stream_at(kt, kr, a * ldk + d));
+        for (int a = 0; a < nkb; a++) kv[a] = vload_as(kt, npattn_stream_at(kt, kr, a * ldk + d));
 #define LANE(e)                                                                                                        \
     for (int v = 0; v < 4; v++) {                                                                                      \
         const float32x4_t qv = vld1q_f32(qt + LANES_ROWS * (d + e) + 4 * v);                                           \
@@ -369,24 +53,20 @@ INLINE void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D,
         }
     if (nkb == LANES_KEYS) {
         for (int v = 0; v < 4; v++) {
-            const float32x4_t a[4] = {acc[v], acc[4 + v], acc[8 + v], acc[12 + v]};
-            float32x4_t r[4];
-            transpose4(a, r);
+            float32x4_t r[4] = {acc[v], acc[4 + v], acc[8 + v], acc[12 + v]};
+            vtranspose(r);
             for (int i = 0; i < 4; i++) vst1q_f32(st + (4 * v + i) * ldst, r[i]);
         }
         return;
     }
-    float out[4 * LANES_KEYS * 4];
-    for (int i = 0; i < 4 * nkb; i++) vst1q_f32(out + 4 * i, acc[i]);
-    for (int r = 0; r < LANES_ROWS; r++)
-        for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[4 * (4 * a + r / 4) + r % 4];
+    vec_store_lanes_scores(acc, nkb, st, ldst);
 }
 
 /* 16 rows of q against the spans' keys (of type kt), into st. */
-INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
+VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
                          int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
-    transpose_rows16(q, D, qt);
+    vec_transpose_rows(q, D, LANES_ROWS, D, qt, LANES_ROWS);
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
         for (int64_t j = 0, nkb; j < spans[i].n; j += nkb) {
             nkb = spans[i].n - j < LANES_KEYS ? spans[i].n - j : LANES_KEYS;
@@ -402,206 +82,46 @@ INLINE void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const 
         }
 }
 
-/* D = 64 as a constant, so that the loops over it unroll, as in the x86
- * kernels. */
-INLINE void scores_sized(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                         int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    if (D == 64) scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
-    else scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes, then the
- * rows left by the reduction trees. */
-INLINE void scores_typed(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                        int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+/* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes; the
+ * rows left take vec_stream.h's reduction trees. */
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
+                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     const int64_t lanes = npattn_rows_in_lanes(M, D);
     for (int64_t r = 0; r < lanes; r += LANES_ROWS)
         scores_lanes(kt, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
-    if (M > lanes) scores_sized(kt, q + lanes * D, M - lanes, D, spans, n_span, ldk, st + lanes * ldst, ldst);
+    return lanes;
 }
 
-/* One copy of the loops per key type, its conversion inlined. */
-static void scores_neon(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
-                        int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
-    (void)qb; /* no tiles */
-    if (kt == NPATTN_DTYPE_F16) scores_typed(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst);
-    else if (kt == NPATTN_DTYPE_BF16) scores_typed(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst);
-    else scores_typed(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst);
-}
-
-/* o (nr <= 4 rows, 16 columns from e0) += P @ v, o in registers while the
- * value rows (type vt) of the spans stream past. With ahead, its columns of
- * each row ahead are prefetched. */
-INLINE void accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, const struct npattn_span *spans,
-                             int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0, float *o, int ahead) {
-    const int64_t es = npattn_stream_size(vt);
-    float32x4_t acc[16]; /* acc[4 * row + chunk], from zero */
-    for (int i = 0; i < 4 * nr; i++) acc[i] = vdupq_n_f32(0.0f);
-    for (int64_t ri = 0, j = 0; ri < n_span; ri++) {
-        const char *v = spans[ri].rows, *pf = spans[ri].ahead;
-        for (int64_t i = 0; i < spans[ri].n; i++, j++) {
-            if (ahead) prefetch_row(pf + (i * ldv + e0) * es, 16 * es); /* the block's columns, into L2 */
-            float32x4_t vv[4];
-            for (int c = 0; c < 4; c++) vv[c] = load4(vt, npattn_stream_at(vt, v, i * ldv + e0 + 4 * c));
-            for (int a = 0; a < nr; a++) {
-                float32x4_t pa = vdupq_n_f32(st[a * ldst + j]);
-                for (int c = 0; c < 4; c++) acc[4 * a + c] = vfmaq_f32(acc[4 * a + c], pa, vv[c]);
-            }
-        }
-    }
-    for (int a = 0; a < nr; a++)
-        for (int c = 0; c < 4; c++) {
-            float *oc = o + a * Dv + e0 + 4 * c;
-            vst1q_f32(oc, vaddq_f32(vld1q_f32(oc), acc[4 * a + c]));
-        }
-}
-
-INLINE void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                          int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
-    /* the first block of each pass over the columns prefetches them (npattn_ahead_of_passes) */
+/* Blocks of 4 rows by 16 columns; the first block of each pass over the
+ * columns prefetches them (npattn_ahead_of_passes); the columns past the
+ * last 16 left to the portable code. */
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
+                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+#define BLOCK(nr, pf) vec_accumulate_block(vt, st + r * ldst, ldst, nr, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, pf, 0)
     int64_t e0 = 0;
     for (; e0 + 16 <= Dv; e0 += 16) {
         int64_t r = 0;
         for (; r + 4 <= M; r += 4)
-            accumulate_block(vt, st + r * ldst, ldst, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, r == 0);
-        const int pr = r == 0;
-        switch (M - r) {
-        case 3: accumulate_block(vt, st + r * ldst, ldst, 3, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 2: accumulate_block(vt, st + r * ldst, ldst, 2, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
-        case 1: accumulate_block(vt, st + r * ldst, ldst, 1, spans, n_span, ldv, Dv, e0, o + r * Dv, pr); break;
+            if (r == 0) BLOCK(4, 1);
+            else BLOCK(4, 0);
+        switch ((M - r) * 2 + (r == 0)) {
+        case 7: BLOCK(3, 1); break;
+        case 6: BLOCK(3, 0); break;
+        case 5: BLOCK(2, 1); break;
+        case 4: BLOCK(2, 0); break;
+        case 3: BLOCK(1, 1); break;
+        case 2: BLOCK(1, 0); break;
         default: break;
         }
     }
-    if (e0 < Dv) /* columns left over, fewer than 16 */
-        npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, e0, o);
+#undef BLOCK
+    return e0;
 }
 
-/* accumulate_of's passes over each value row: a block of 4 rows by 16 columns each. */
+
+/* isa_accumulate_of's passes over each value row: a block of 4 rows by 16 columns each. */
 static int64_t accumulate_ahead_neon(int64_t M, int64_t Dv, int64_t rows, int64_t tile) {
     return npattn_ahead_of_passes((M + 3) / 4 * (Dv / 16), rows, tile);
-}
-
-/* One copy of the loops per value type, its conversion inlined. */
-static void accumulate_neon(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans, int64_t n_span,
-                            enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
-    if (vt == NPATTN_DTYPE_F16) accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else if (vt == NPATTN_DTYPE_BF16) accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o);
-    else accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o);
-}
-
-static void f16_to_f32_neon(const uint16_t *src, int64_t n, float *dst) {
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) vst1q_f32(dst + j, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + j))));
-    for (; j < n; j++) dst[j] = npattn_f16_to_f32(src[j]);
-}
-
-/* rowsT (w, M) = the transpose of rows (M, w), ldt and ldr apart: 4 x 4 blocks in registers
- * (as the x86 kernels' 8 x 8), then the columns and rows left over one by
- * one. */
-static void transpose_f32_neon(const float *rows, int64_t ldr, int64_t M, int64_t w, float *rowsT,
-                               int64_t ldt) {
-    int64_t r0 = 0;
-    for (; r0 + 4 <= M; r0 += 4) {
-        int64_t d0 = 0;
-        for (; d0 + 4 <= w; d0 += 4) {
-            const float32x4x2_t a = vtrnq_f32(vld1q_f32(rows + r0 * ldr + d0), vld1q_f32(rows + (r0 + 1) * ldr + d0));
-            const float32x4x2_t b = vtrnq_f32(vld1q_f32(rows + (r0 + 2) * ldr + d0), vld1q_f32(rows + (r0 + 3) * ldr + d0));
-            vst1q_f32(rowsT + d0 * ldt + r0, vcombine_f32(vget_low_f32(a.val[0]), vget_low_f32(b.val[0])));
-            vst1q_f32(rowsT + (d0 + 1) * ldt + r0, vcombine_f32(vget_low_f32(a.val[1]), vget_low_f32(b.val[1])));
-            vst1q_f32(rowsT + (d0 + 2) * ldt + r0, vcombine_f32(vget_high_f32(a.val[0]), vget_high_f32(b.val[0])));
-            vst1q_f32(rowsT + (d0 + 3) * ldt + r0, vcombine_f32(vget_high_f32(a.val[1]), vget_high_f32(b.val[1])));
-        }
-        for (int64_t d = d0; d < w; d++)
-            for (int r = 0; r < 4; r++) rowsT[d * ldt + r0 + r] = rows[(r0 + r) * ldr + d];
-    }
-    for (int64_t r = r0; r < M; r++)
-        for (int64_t d = 0; d < w; d++) rowsT[d * ldt + r] = rows[r * ldr + d];
-}
-
-/* ---- the tiles' float products (gemm_f32), in avx2.c's and avx512.c's shape ---- */
-
-#define GEMM_ROWS 6     /* rows of c in a block */
-#define GEMM_VECS 4     /* its columns' vectors: 6 x 4 sums, 4 of b: 28 of the 32 registers */
-#define GEMM_PACK_K 256 /* rows of b packed at a time: 16 KiB */
-
-/* One block of c = alpha * a @ b + beta * c, R rows by V vectors of 4
- * columns, w of them c's (the last vector's lanes past w are b's padding):
- * the R x V sums stay in registers over the whole of k, each step a row of
- * b's block loaded and R of a's elements multiplied in by lane. */
-INLINE void gemm_block(const int R, const int V, int64_t w, int64_t k, float alpha, const float *a, int64_t a_rs,
-                       int64_t a_ps, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    float32x4_t s[GEMM_ROWS][GEMM_VECS];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) s[r][v] = vdupq_n_f32(0.0f);
-    for (int64_t p = 0; p < k; p++, a += a_ps, b += ldb) {
-        float32x4_t bv[GEMM_VECS];
-        for (int v = 0; v < V; v++) bv[v] = vld1q_f32(b + 4 * v);
-        for (int r = 0; r < R; r++) {
-            const float x = a[r * a_rs];
-            for (int v = 0; v < V; v++) s[r][v] = vfmaq_n_f32(s[r][v], bv[v], x);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++) {
-            float *to = c + r * ldc + 4 * v;
-            const float32x4_t x = vmulq_n_f32(s[r][v], alpha);
-            if (w - 4 * v >= 4) {
-                vst1q_f32(to, beta != 0.0f ? vfmaq_n_f32(x, vld1q_f32(to), beta) : x);
-                continue;
-            }
-            float t[4];
-            vst1q_f32(t, x);
-            for (int64_t l = 0; l < w - 4 * v; l++) to[l] = beta != 0.0f ? fmaf(beta, to[l], t[l]) : t[l];
-        }
-}
-
-/* For each GEMM_PACK_K rows of b and each block of its columns: the block
- * packed where blocks of rows reuse it, or where it ends inside a vector
- * (zeros past n: NEON has no masked loads), then every block of c's rows
- * against it; the block shapes as literals, each its own unrolled code. */
-static void gemm_f32_neon(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs, int64_t a_ps,
-                          const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    float pack[GEMM_PACK_K * 4 * GEMM_VECS] __attribute__((aligned(16)));
-    for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += GEMM_PACK_K) { /* k = 0: c = beta * c */
-        const int64_t kb = k - k0 < GEMM_PACK_K ? k - k0 : GEMM_PACK_K;
-        const float beta_k = k0 == 0 ? beta : 1.0f;
-        for (int64_t c0 = 0; c0 < n; c0 += 4 * GEMM_VECS) {
-            const int64_t w = n - c0 < 4 * GEMM_VECS ? n - c0 : 4 * GEMM_VECS;
-            const int V = (int)((w + 3) / 4);
-            const float *bp = b + k0 * ldb + c0;
-            int64_t ldp = ldb;
-            if ((m > GEMM_ROWS && ldb != 4 * V) || w % 4 != 0) {
-                for (int64_t p = 0; p < kb; p++)
-                    for (int64_t e = 0; e < 4 * V; e++) pack[p * 4 * V + e] = e < w ? bp[p * ldb + e] : 0.0f;
-                bp = pack, ldp = 4 * V;
-            }
-            for (int64_t r0 = 0; r0 < m; r0 += GEMM_ROWS) {
-                const int R = (int)(m - r0 >= GEMM_ROWS ? GEMM_ROWS : m - r0);
-                const float *ar = a + r0 * a_rs + k0 * a_ps;
-                float *cr = c + r0 * ldc + c0;
-#define BLOCK(R_, V_)                                                                                                  \
-    case (R_) * 8 + (V_): gemm_block(R_, V_, w, kb, alpha, ar, a_rs, a_ps, bp, ldp, beta_k, cr, ldc); break;
-#define BLOCKS(R_) BLOCK(R_, 1) BLOCK(R_, 2) BLOCK(R_, 3) BLOCK(R_, 4)
-                switch (R * 8 + V) {
-                    BLOCKS(1) BLOCKS(2) BLOCKS(3) BLOCKS(4) BLOCKS(5) BLOCKS(6)
-                }
-#undef BLOCKS
-#undef BLOCK
-            }
-        }
-    }
-}
-
-/* 16 chains of 4 lanes. */
-static double fma_loop_neon(int64_t n, float *sink) {
-    float32x4_t acc[16], x = vdupq_n_f32(0.999999f), y = vdupq_n_f32(1e-7f);
-    for (int i = 0; i < 16; i++) acc[i] = vdupq_n_f32((float)i);
-    for (int64_t r = 0; r < n; r++)
-        for (int i = 0; i < 16; i++) acc[i] = vfmaq_f32(y, acc[i], x);
-    float32x4_t s = acc[0];
-    for (int i = 1; i < 16; i++) s = vaddq_f32(s, acc[i]);
-    *sink = vaddvq_f32(s);
-    return 2.0 * 4 * 16 * (double)n;
 }
 
 /* ---- neonbf16: the neon table with BFDOT (FEAT_BF16: Apple M2 and later,
@@ -616,14 +136,14 @@ static double fma_loop_neon(int64_t n, float *sink) {
 #define NEONBF16 __attribute__((target("arch=armv8.2-a+bf16")))
 
 /* Whether a lane of x (bfloat16 bits) is subnormal: all ones there. */
-INLINE uint16x8_t subnormal_bf16(uint16x8_t x) {
+VEC_FN uint16x8_t subnormal_bf16(uint16x8_t x) {
     const uint16x8_t expo = vandq_u16(x, vdupq_n_u16(0x7f80)), mag = vandq_u16(x, vdupq_n_u16(0x7fff));
     return vandq_u16(vceqzq_u16(expo), vtstq_u16(mag, mag));
 }
 
 /* x rounded to nearest even bfloat16, NaN kept (npattn_f32_to_bf16), in the
  * low halves of the lanes; *sub gains the lanes where x was subnormal. */
-INLINE uint32x4_t round_bf16(float32x4_t x, uint32x4_t *sub) {
+VEC_FN uint32x4_t round_bf16(float32x4_t x, uint32x4_t *sub) {
     const uint32x4_t bits = vreinterpretq_u32_f32(x), mag = vandq_u32(bits, vdupq_n_u32(0x7fffffff));
     *sub = vorrq_u32(*sub, vandq_u32(vceqzq_u32(vandq_u32(bits, vdupq_n_u32(0x7f800000))), vtstq_u32(mag, mag)));
     const uint32x4_t odd = vandq_u32(vshrq_n_u32(bits, 16), vdupq_n_u32(1));
@@ -682,7 +202,7 @@ static int bf16_f32_neon(const float *x, int64_t n, uint16_t *out) {
 }
 
 /* acc + the pairs of x against pair `lane` of y (a constant after inlining). */
-NEONBF16 INLINE float32x4_t bfdot_lane(float32x4_t acc, bfloat16x8_t x, bfloat16x8_t y, int lane) {
+NEONBF16 VEC_FN float32x4_t bfdot_lane(float32x4_t acc, bfloat16x8_t x, bfloat16x8_t y, int lane) {
     switch (lane) {
     case 0: return vbfdotq_laneq_f32(acc, x, y, 0);
     case 1: return vbfdotq_laneq_f32(acc, x, y, 1);
@@ -692,7 +212,7 @@ NEONBF16 INLINE float32x4_t bfdot_lane(float32x4_t acc, bfloat16x8_t x, bfloat16
 }
 
 /* The n < 4 pairs of a row from k, zeros after. */
-NEONBF16 INLINE bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
+NEONBF16 VEC_FN bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
     uint32_t w[4] = {0, 0, 0, 0};
     memcpy(w, k, (size_t)n * sizeof *w);
     return vreinterpretq_bf16_u32(vld1q_u32(w));
@@ -732,13 +252,11 @@ NEONBF16 INLINE bfloat16x8_t last_pairs(const uint16_t *k, int64_t n) {
             if (np - p > 2) SCORES_STEP(2, NJ, NV);                                                                     \
         }                                                                                                               \
         for (int j = 0; j < NJ; j++)                                                                                    \
-            for (int v = 0; v < NV && 4 * v < nr; v++) store_part(st + j * ldst, nr, 4 * v, acc[j][v]);                   \
+            for (int v = 0; v < NV && 4 * v < nr; v++) vstore_part(st + j * ldst + 4 * v, nr - 4 * v, acc[j][v]);           \
     }
 
-SCORES_BF16_NEON(4, 4)
-SCORES_BF16_NEON(1, 4)
-SCORES_BF16_NEON(4, 1)
-SCORES_BF16_NEON(1, 1)
+SCORES_BF16_NEON(4, 4) SCORES_BF16_NEON(1, 4) /* 16 columns: 4 keys at a time, then 1 */
+SCORES_BF16_NEON(4, 1) SCORES_BF16_NEON(1, 1) /* 4 */
 
 NEONBF16 static void scores_bf16_neon(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k,
                                       int64_t ldk, int64_t nk, float *st, int64_t ldst) {
@@ -764,7 +282,7 @@ NEONBF16 static void scores_bf16_neon(const uint32_t *qp, int64_t ldq, int64_t M
         float32x4_t acc[4][NV];                                                                                         \
         for (int r = 0; r < 4; r++)                                                                                     \
             for (int v = 0; v < NV; v++)                                                                                \
-                acc[r][v] = r < nr && 4 * v < nc ? load_part(o + r * ldo, nc, 4 * v) : vdupq_n_f32(0.0f);                 \
+                acc[r][v] = r < nr && 4 * v < nc ? vload_part(o + r * ldo + 4 * v, nc - 4 * v) : vdupq_n_f32(0.0f);         \
         for (int64_t p = 0; p < np; p++) {                                                                              \
             bfloat16x8_t x[NV];                                                                                         \
             for (int v = 0; v < NV; v++) x[v] = vreinterpretq_bf16_u32(vld1q_u32(vp + p * ldv + 4 * v));                \
@@ -777,7 +295,7 @@ NEONBF16 static void scores_bf16_neon(const uint32_t *qp, int64_t ldq, int64_t M
             }                                                                                                           \
         }                                                                                                               \
         for (int r = 0; r < 4 && r < nr; r++)                                                                           \
-            for (int v = 0; v < NV && 4 * v < nc; v++) store_part(o + r * ldo, nc, 4 * v, acc[r][v]);                     \
+            for (int v = 0; v < NV && 4 * v < nc; v++) vstore_part(o + r * ldo + 4 * v, nc - 4 * v, acc[r][v]);             \
     }
 
 ACCUMULATE_BF16_NEON(4)
@@ -791,11 +309,8 @@ NEONBF16 static void accumulate_bf16_neon(const uint32_t *pp, int64_t ldp, int64
 
 /* The float32 kernels, shared by the two NEON tables. */
 #define NEON_F32_KERNELS                                                                                             \
-    .softmax_f32 = softmax_neon, .softmax_rows_f32 = softmax_rows_neon, .scores = scores_neon,                       \
-    .accumulate = accumulate_neon, .accumulate_ahead = accumulate_ahead_neon, .f16_to_f32 = f16_to_f32_neon,         \
-    .transpose_f32 = transpose_f32_neon, .finish_rows = npattn_finish_rows, .add_f32 = npattn_add_f32,               \
-    .fma_loop = fma_loop_neon,                                                                                       \
-    .gemm_f32 = gemm_f32_neon
+    VEC_TABLE_KERNELS, .scores = vec_scores, .accumulate_ahead = accumulate_ahead_neon,                              \
+    .transpose_f32 = vec_transpose_f32, .finish_rows = npattn_finish_rows
 
 const struct npattn_kernels npattn_kernels_neon = {
     .name = "neon",
@@ -806,10 +321,7 @@ const struct npattn_kernels npattn_kernels_neonbf16 = {
     .name = "neonbf16",
     NEON_F32_KERNELS,
     .bf16_d_step = 2,
-    .pair_bf16 = pair_bf16_neon,
-    .pair_f32 = pair_f32_neon,
-    .bf16_f32 = bf16_f32_neon,
-    .scores_bf16 = scores_bf16_neon,
-    .accumulate_bf16 = accumulate_bf16_neon,
+    .pair_bf16 = pair_bf16_neon, .pair_f32 = pair_f32_neon, .bf16_f32 = bf16_f32_neon, /* BFDOT's operands */
+    .scores_bf16 = scores_bf16_neon, .accumulate_bf16 = accumulate_bf16_neon,
 };
 #endif
