@@ -65,13 +65,23 @@ extern "C" {
 #endif
 
 /* Element types. Float16 and bfloat16 are computed in float; the result is
- * computed in double iff out is F64. */
+ * computed in double iff out is F64. The 8-bit codes (SPEC section 14) are
+ * for k and v alone, each with its scales (struct npattn_codes): a code
+ * stands for the float scale * (code - zero); the fp8 formats' NaN and
+ * infinite codes stand for NaN and infinity. */
 enum npattn_dtype {
-    NPATTN_DTYPE_F32,  /* float */
-    NPATTN_DTYPE_F64,  /* double */
-    NPATTN_DTYPE_F16,  /* IEEE half */
-    NPATTN_DTYPE_BF16, /* bfloat16, the top half of a float */
+    NPATTN_DTYPE_F32,    /* float */
+    NPATTN_DTYPE_F64,    /* double */
+    NPATTN_DTYPE_F16,    /* IEEE half */
+    NPATTN_DTYPE_BF16,   /* bfloat16, the top half of a float */
+    NPATTN_DTYPE_I8,     /* int8 codes, -128 .. 127 */
+    NPATTN_DTYPE_U8,     /* uint8 codes, 0 .. 255 */
+    NPATTN_DTYPE_F8E4M3, /* fp8 e4m3fn codes (bias 7, no infinities, NaN 0x7f and 0xff), up to 448 */
+    NPATTN_DTYPE_F8E5M2, /* fp8 e5m2 codes (bias 15: the top byte of a float16), up to 57344 */
 };
+
+/* Whether t is one of the codes (I8, U8, F8E4M3, F8E5M2). */
+static inline int npattn_is_code(enum npattn_dtype t) { return t >= NPATTN_DTYPE_I8 && t <= NPATTN_DTYPE_F8E5M2; }
 
 /* How half-precision inputs may be computed (SPEC section 11). */
 enum npattn_precision {
@@ -130,6 +140,11 @@ enum npattn_status {
     NPATTN_STATUS_BAD_PRECISION,      /* precision not one of enum npattn_precision */
     NPATTN_STATUS_BAD_Q_OFFSET,       /* q_bottom_right with key ranges: a request's default
                                          position, k_offset + k_length[b] - L, beyond int64 */
+    NPATTN_STATUS_NO_CODE_SCALE,      /* k or v of codes without its scale */
+    NPATTN_STATUS_NOT_CODES,          /* a scale or zero point for k or v of floats */
+    NPATTN_STATUS_BAD_GROUPS,         /* codes' n_group < 1, or not dividing D (D_v for v) */
+    NPATTN_STATUS_SYMMETRIC_CODES,    /* a zero point for fp8 codes, which are symmetric */
+    NPATTN_STATUS_CODES_NO_GRADIENT,  /* a backward problem of codes: there is no gradient through them */
     NPATTN_STATUS_COUNT
 };
 
@@ -149,6 +164,10 @@ enum npattn_operand {
     NPATTN_OPERAND_DK,
     NPATTN_OPERAND_DV,
     NPATTN_OPERAND_DSINKS,
+    NPATTN_OPERAND_K_SCALE, /* the scales and zero points of codes */
+    NPATTN_OPERAND_K_ZERO,
+    NPATTN_OPERAND_V_SCALE,
+    NPATTN_OPERAND_V_ZERO,
     NPATTN_OPERAND_COUNT
 };
 
@@ -176,6 +195,28 @@ struct npattn_tensor {
     enum npattn_dtype dtype;
     const int64_t *batch_stride;  /* [n_batch_dim] */
     int64_t head_stride, row_stride, col_stride;
+};
+
+/* How k's (or v's) codes stand for values (SPEC section 14). A row of D
+ * elements comes in n_group groups of D / n_group: element e of row i of
+ * head h stands for
+ *     scale[b..., h, i, e / (D / n_group)] * (code - zero[b..., h, i, e / (D / n_group)])
+ * computed in float (code - zero rounded, then times the scale rounded; zero
+ * 0 where zero.data is NULL). scale and zero are (*B, H_kv, S, n_group)
+ * tensors read through their strides, a zero stride broadcasting: so one
+ * scale per tensor has every stride 0, per head a head stride, per token a
+ * row stride, per channel n_group = D, and llama.cpp's q8_0 n_group = D /
+ * 32 with F16 scales. Their dtypes are F32, F16 or BF16; a zero point is
+ * for I8 and U8 codes only. With pages, they are paged as k and v are:
+ * row r of page P of head h at P * page_stride + h * head_stride + r *
+ * row_stride (their batch strides unused). Scales are finite: the core
+ * reads them as they are, and a NaN or infinite one makes the rows that
+ * read it NaN or infinite. */
+struct npattn_codes {
+    struct npattn_tensor scale;   /* data NULL: k (v) holds floats */
+    struct npattn_tensor zero;    /* data NULL: zero points 0 */
+    int64_t n_group;              /* groups a row, >= 1, dividing D (D_v) */
+    int64_t scale_page_stride, zero_page_stride; /* paged: elements from one page to the next */
 };
 
 /* A paged K/V cache (vLLM's block tables; tiny-llm's paged attention). k
@@ -210,7 +251,8 @@ struct npattn_problem {
     int64_t n_embd_k;                 /* D >= 1, row width of q and k */
     int64_t n_embd_v;                 /* D_v >= 0, row width of v and out */
 
-    struct npattn_tensor q, k, v;     /* read only */
+    struct npattn_tensor q, k, v;     /* read only; k and v may hold codes (I8, U8, F8E4M3, F8E5M2) */
+    struct npattn_codes k_codes, v_codes; /* their scales where they hold codes; all zeros for floats */
     struct npattn_tensor out;         /* written; its dtype is the result's. It must share no
                                          byte range with an input, nor overlap itself */
     struct npattn_tensor lse;         /* written if data != NULL: F32, or F64 for an F64 out;

@@ -125,7 +125,7 @@ int npattn_blas_ok(void) {
 const char *npattn_blas_core(void) { return npattn_blas_get_corename(); }
 
 size_t npattn_dtype_size(enum npattn_dtype dtype) {
-    return dtype == NPATTN_DTYPE_F64 ? 8 : dtype == NPATTN_DTYPE_F32 ? 4 : 2;
+    return dtype == NPATTN_DTYPE_F64 ? 8 : dtype == NPATTN_DTYPE_F32 ? 4 : npattn_is_code(dtype) ? 1 : 2;
 }
 
 int64_t npattn_n_batch(const struct npattn_problem *p) {

@@ -114,6 +114,7 @@ struct fwd_plan {
     int64_t n_ktile;              /* then: key tiles per request and kv head */
     int64_t ldk, ldv;             /* K's and V's leading dimensions where read in place */
     int64_t k_page_bytes, v_page_bytes; /* paged: bytes from one page to the next */
+    struct npattn_dequant k_dq, v_dq; /* codes: how K's and V's stand for values (dequant_of) */
     int64_t out_size;             /* bytes per element of out */
     struct layout lay, lay64;     /* a slot's scratch in the computed type, and in double */
     struct npattn_slots slots;    /* lay.size bytes each; lay64.size in double when a float task needs it */
@@ -143,6 +144,7 @@ struct unit {
     int64_t j0, j1;               /* keys the band and the request's range let some row see */
     const int64_t *table;         /* paged: the request's row of the block table; else NULL */
     int64_t off_q, off_k, off_v, off_out, off_mask, off_lse, off_weights; /* batch offsets, in elements */
+    int64_t off_ks, off_kz, off_vs, off_vz; /* and of codes' scales and zero points */
 };
 
 
@@ -211,6 +213,15 @@ static void locate(const struct fwd_plan *pl, int64_t unit, struct unit *u) {
     u->table = p->pages ? npattn_table_row(p->pages, b) : NULL;
     u->off_k = p->pages ? 0 : npattn_batch_offset(p, &p->k, b);
     u->off_v = p->n_embd_v > 0 && !p->pages ? npattn_batch_offset(p, &p->v, b) : 0;
+    u->off_ks = u->off_kz = u->off_vs = u->off_vz = 0;
+    if (!p->pages && npattn_is_code(p->k.dtype)) {
+        u->off_ks = npattn_batch_offset(p, &p->k_codes.scale, b);
+        if (p->k_codes.zero.data) u->off_kz = npattn_batch_offset(p, &p->k_codes.zero, b);
+    }
+    if (!p->pages && p->n_embd_v > 0 && npattn_is_code(p->v.dtype)) {
+        u->off_vs = npattn_batch_offset(p, &p->v_codes.scale, b);
+        if (p->v_codes.zero.data) u->off_vz = npattn_batch_offset(p, &p->v_codes.zero, b);
+    }
     u->off_out = p->n_embd_v > 0 ? npattn_batch_offset(p, &p->out, b) : 0;
     u->off_mask = p->mask_kind != NPATTN_MASK_NONE ? npattn_batch_offset(p, &p->mask, b) : 0;
     u->off_lse = p->lse.data ? npattn_batch_offset(p, &p->lse, b) : 0;
@@ -230,19 +241,47 @@ static inline void store_lse(const struct npattn_problem *p, int64_t off, int64_
     else *(float *)at = (float)lse;
 }
 
-/* The rows of k or v (t) that unit u reads, of its first kv head (none unless `reads`). */
+/* Where the scales (or zero points, t) of kv head g's rows are, batch
+ * offset off; paged, page_stride elements from one page to the next. */
+static struct npattn_kv_groups kv_groups(const struct npattn_tensor *t, int64_t off, int64_t g, int64_t page_stride) {
+    const int64_t es = (int64_t)npattn_dtype_size(t->dtype);
+    struct npattn_kv_groups kg = {npattn_elem(t, es, off, g, 0), t->row_stride * es, page_stride * es,
+                                  t->head_stride * es};
+    return kg;
+}
+
+/* The rows of k or v (t) that unit u reads, of its first kv head (none
+ * unless `reads`), with their scales and zero points where they are codes. */
 static struct npattn_kv kv_of(const struct fwd_plan *pl, const struct unit *u, const struct npattn_tensor *t, int reads,
                               int64_t page_bytes) {
-    const int64_t es = (int64_t)npattn_dtype_size(t->dtype), off = t == &pl->p->k ? u->off_k : u->off_v;
-    struct npattn_kv kv = {reads ? npattn_elem(t, es, off, u->g, 0) : NULL, t->row_stride * es, NULL, 1, 0};
-    if (reads && u->table) kv.table = u->table, kv.page_size = pl->p->pages->page_size, kv.page_bytes = page_bytes;
+    const struct npattn_problem *p = pl->p;
+    const int is_k = t == &p->k;
+    const int64_t es = (int64_t)npattn_dtype_size(t->dtype), off = is_k ? u->off_k : u->off_v;
+    struct npattn_kv kv = {.base = reads ? npattn_elem(t, es, off, u->g, 0) : NULL, .row_bytes = t->row_stride * es,
+                           .page_size = 1};
+    if (reads && u->table) kv.table = u->table, kv.page_size = p->pages->page_size, kv.page_bytes = page_bytes;
+    if (reads && npattn_is_code(t->dtype)) {
+        const struct npattn_codes *c = is_k ? &p->k_codes : &p->v_codes;
+        kv.dq = is_k ? &pl->k_dq : &pl->v_dq;
+        kv.scale = kv_groups(&c->scale, is_k ? u->off_ks : u->off_vs, u->g, c->scale_page_stride);
+        if (c->zero.data) kv.zero = kv_groups(&c->zero, is_k ? u->off_kz : u->off_vz, u->g, c->zero_page_stride);
+    }
     return kv;
 }
 
-/* kv's rows of the kv head gi after its own, head_bytes from one to the next. */
+/* kv's rows of the kv head gi after its own, head_bytes from one to the
+ * next (and their scales and zero points, theirs). */
 static inline struct npattn_kv kv_head(struct npattn_kv kv, int64_t gi, int64_t head_bytes) {
     kv.base += gi * head_bytes;
+    if (kv.scale.base) kv.scale.base += gi * kv.scale.head_bytes;
+    if (kv.zero.base) kv.zero.base += gi * kv.zero.head_bytes;
     return kv;
+}
+
+/* Row r of page `page` of kv head gi's scales (or zero points) g, NULL
+ * where there are none (dense: page 0, r the row). */
+static inline const void *groups_at(const struct npattn_kv_groups *g, int64_t page, int64_t r, int64_t gi) {
+    return g->base ? g->base + page * g->page_bytes + r * g->row_bytes + gi * g->head_bytes : NULL;
 }
 
 /* The spans of kv head gi's rows for keys j0 .. j0 + nk - 1 (of a unit's ng
@@ -258,7 +297,8 @@ static int64_t kv_spans(const struct npattn_kv *kv, int64_t head_bytes, int64_t 
     const int last = gi + 1 == ng;
     if (!kv->table) {
         const char *rows = kv->base + j0 * kv->row_bytes + gi * head_bytes;
-        spans[0] = (struct npattn_span){rows, last ? kv->base + (j0 + dist) * kv->row_bytes : rows + head_bytes, nk};
+        spans[0] = (struct npattn_span){rows, last ? kv->base + (j0 + dist) * kv->row_bytes : rows + head_bytes, nk,
+                                        groups_at(&kv->scale, 0, j0, gi), groups_at(&kv->zero, 0, j0, gi)};
         return 1;
     }
     const int64_t ps = kv->page_size, on = (dist + ps - 1) / ps; /* pages on */
@@ -268,7 +308,8 @@ static int64_t kv_spans(const struct npattn_kv *kv, int64_t head_bytes, int64_t 
         const char *ahead = !last                ? rows + head_bytes
                             : j + on * ps < j1 ? kv->base + kv->table[page + on] * kv->page_bytes + r * kv->row_bytes
                                                  : rows;
-        spans[n] = (struct npattn_span){rows, ahead, min64(ps - r, j0 + nk - j)};
+        spans[n] = (struct npattn_span){rows, ahead, min64(ps - r, j0 + nk - j), groups_at(&kv->scale, kv->table[page], r, gi),
+                                        groups_at(&kv->zero, kv->table[page], r, gi)};
     }
     return n;
 }
@@ -363,6 +404,10 @@ static void tile_made(const struct shared_tiles *t, const char *copy) {
  * (npattn_pairs_of_kv, ldv2 apart). */
 enum tile_form { FLOAT_ROWS, SPLIT_K, SPLIT_V, V_PAIRS };
 
+/* tile.h's, for float (kv's rows as float, codes as their values). */
+static const void *kv_rows_f32(const struct npattn_tensor *t, const struct npattn_kv *kv, int64_t j0, int64_t nk,
+                               int64_t width, int direct, int64_t ld_direct, float *buf, int64_t *ld, int *in_place);
+
 /* out = rows j0 .. j0 + n - 1 of kv (tensor t, w wide) in `form`. */
 static void make_tile(const struct fwd_plan *pl, enum tile_form form, const struct npattn_tensor *t,
                       const struct npattn_kv *kv, int64_t w, int64_t j0, int64_t n, void *out) {
@@ -370,13 +415,18 @@ static void make_tile(const struct fwd_plan *pl, enum tile_form form, const stru
         npattn_pairs_of_kv(kv, j0, n, w, out, pl->ldv2);
         return;
     }
+    if (form == FLOAT_ROWS) {
+        int64_t ld;
+        int in_place;
+        kv_rows_f32(t, kv, j0, n, w, 0, 0, out, &ld, &in_place);
+        return;
+    }
     for (int64_t j = 0, run; j < n; j += run) {
         const char *at = npattn_kv_row(kv, j0 + j, &run);
         run = min64(run, n - j);
         for (int64_t i = 0, r = j; i < run; i++, r++) {
             const void *row = at + i * kv->row_bytes;
-            if (form == FLOAT_ROWS) npattn_load_f32(t->dtype, row, t->col_stride, w, (float *)out + r * w);
-            else if (form == SPLIT_K) npattn_split_f16_row(row, w, (uint32_t *)out + r * 2 * w);
+            if (form == SPLIT_K) npattn_split_f16_row(row, w, (uint32_t *)out + r * 2 * w);
             else npattn_split_f16_twice(row, w, (uint32_t *)out + 2 * r * pl->ldv2,
                                         (uint32_t *)out + (2 * r + 1) * pl->ldv2, pl->ldv2);
         }
@@ -504,6 +554,26 @@ static void run_task(void *arg, int64_t task, int32_t slot) {
 
 /* ---- the planner: tiles, products, split, shared tiles, allocation ---- */
 
+/* How t's codes (c, rows `width` wide) stand for values, as the kernels
+ * read them (struct npattn_dequant); nothing for floats. */
+static void dequant_of(const struct npattn_tensor *t, const struct npattn_codes *c, int64_t width,
+                       struct npattn_dequant *dq) {
+    if (!npattn_is_code(t->dtype)) return;
+    dq->scale_type = c->scale.dtype;
+    dq->zero_type = c->zero.data ? c->zero.dtype : c->scale.dtype;
+    dq->group = width > 0 ? width / c->n_group : 1;
+    dq->scale_row = c->scale.row_stride, dq->scale_col = c->scale.col_stride;
+    dq->zero_row = c->zero.row_stride, dq->zero_col = c->zero.col_stride;
+    dq->zero = c->zero.data != NULL;
+}
+
+/* Whether the streaming kernels take t's rows (`width` wide) as stored:
+ * floats; codes whose groups are a row or a multiple of the table's
+ * code_step (others are converted a tile at a time). */
+static int streams_as_stored(const struct npattn_tensor *t, const struct npattn_codes *c, int64_t width) {
+    return !npattn_is_code(t->dtype) || c->n_group == 1 || width / c->n_group % npattn_kernels()->code_step == 0;
+}
+
 /* Tiles: stack a whole group's heads when it fits, query rows to fill the
  * rest; keys to fill the small-gemm budget; smaller for very wide rows so
  * that scratch stays bounded. A few stacked rows (decode) make gemms that
@@ -538,13 +608,16 @@ static void plan_tiles(struct fwd_plan *pl, const struct npattn_problem *p) {
     pl->pv = stream ? PV_PATH_STREAM : PV_PATH_GEMM;
     if (stream) pl->bk = max64(32, min64(STREAM_KEYS, STREAM_SCORES / pl->max_m / 16 * 16));
     /* gemms read K and V in place in the computed type; the streaming
-     * kernels read float, float16 and bfloat16 rows in place as stored */
+     * kernels read float, float16, bfloat16 rows and codes in place as stored */
     enum npattn_dtype computed = pl->f64 ? NPATTN_DTYPE_F64 : NPATTN_DTYPE_F32;
     enum npattn_dtype k_in = stream && p->k.dtype != NPATTN_DTYPE_F64 ? p->k.dtype : computed;
     enum npattn_dtype v_in = stream && p->v.dtype != NPATTN_DTYPE_F64 ? p->v.dtype : computed;
     const int64_t run_rows = p->pages ? p->pages->page_size : p->n_key; /* rows that lie row_stride apart */
-    pl->k_direct = npattn_blas_direct(&p->k, k_in, run_rows, D, &pl->ldk);
-    pl->v_direct = Dv > 0 && npattn_blas_direct(&p->v, v_in, run_rows, Dv, &pl->ldv);
+    pl->k_direct = npattn_blas_direct(&p->k, k_in, run_rows, D, &pl->ldk) && streams_as_stored(&p->k, &p->k_codes, D);
+    pl->v_direct = Dv > 0 && npattn_blas_direct(&p->v, v_in, run_rows, Dv, &pl->ldv) &&
+                   streams_as_stored(&p->v, &p->v_codes, Dv);
+    dequant_of(&p->k, &p->k_codes, D, &pl->k_dq);
+    if (Dv > 0) dequant_of(&p->v, &p->v_codes, Dv, &pl->v_dq);
     if (p->pages) {
         pl->k_page_bytes = p->pages->k_page_stride * (int64_t)npattn_dtype_size(p->k.dtype);
         pl->v_page_bytes = p->pages->v_page_stride * (int64_t)npattn_dtype_size(p->v.dtype);

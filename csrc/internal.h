@@ -9,6 +9,8 @@
 #include "attention.h"
 #include "hooks.h"
 
+struct npattn_dequant; /* kernels/kernels.h */
+
 /* ---- core.c: checked allocation (with the test hook), batch offsets, the BLAS ---- */
 /* (rules.c checks the rules of attention.h: npattn_check, npattn_check_backward) */
 
@@ -111,14 +113,25 @@ static inline char *npattn_elem(const struct npattn_tensor *t, int64_t size, int
     return (char *)t->data + (off + h * t->head_stride + i * t->row_stride) * size;
 }
 
+/* Where the scales (or zero points) of codes lie, row by row as their
+ * rows do (struct npattn_kv): row j's at base + j * row_bytes, or through
+ * the pages, page_bytes apart; head_bytes from one kv head's to the next's. */
+struct npattn_kv_groups {
+    const char *base;      /* dense: row 0's; paged: the head's row 0 in page 0; NULL: none */
+    int64_t row_bytes, page_bytes, head_bytes;
+};
+
 /* The key (or value) rows of one kv head of one request: dense, row j at
  * base + j * row_bytes; paged, through the request's row of the block table
- * (table NULL when dense). */
+ * (table NULL when dense). Codes: dq says how they stand for values, and
+ * scale and zero where each row's groups are. */
 struct npattn_kv {
     const char *base;      /* dense: row 0; paged: row 0 of the head in page 0 */
     int64_t row_bytes;
     const int64_t *table;  /* the request's max_pages entries, or NULL */
     int64_t page_size, page_bytes;
+    const struct npattn_dequant *dq;     /* NULL: float rows */
+    struct npattn_kv_groups scale, zero;
 };
 
 /* Request b's row of a paged problem's block table. */
@@ -136,6 +149,14 @@ static inline const char *npattn_kv_row(const struct npattn_kv *kv, int64_t j, i
     const int64_t page = j / kv->page_size, r = j % kv->page_size;
     *run = kv->page_size - r;
     return kv->base + kv->table[page] * kv->page_bytes + r * kv->row_bytes;
+}
+
+/* Row j's scales (or zero points, g) of kv's codes, as npattn_kv_row
+ * walks row j; NULL where g has none. */
+static inline const char *npattn_kv_groups_row(const struct npattn_kv *kv, const struct npattn_kv_groups *g, int64_t j) {
+    if (!g->base) return NULL;
+    if (!kv->table) return g->base + j * g->row_bytes;
+    return g->base + kv->table[j / kv->page_size] * g->page_bytes + j % kv->page_size * g->row_bytes;
 }
 
 /* bfloat16 rows j0 + 2p and j0 + 2p + 1 of kv (w wide; the second zeros

@@ -154,7 +154,8 @@ static PyObject *core_sdpa(PyObject *self, PyObject *const *args, Py_ssize_t nar
     (void)self;
     struct call c;
     call_init(&c, "sdpa");
-    if (!read_keywords(&c, args, nargs, kwnames, SDPA_OPTIONS) || !read_qkv(&c, 1) || !read_options(&c)) {
+    if (!read_keywords(&c, args, nargs, kwnames, SDPA_OPTIONS) || !read_qkv(&c, 1) || !read_codes(&c, 1) ||
+        !read_options(&c)) {
         call_release(&c);
         return NULL;
     }
@@ -166,7 +167,8 @@ static PyObject *core_paged_attention(PyObject *self, PyObject *const *args, Py_
     struct call c;
     call_init(&c, "paged_attention");
     c.paged = 1;
-    if (!read_keywords(&c, args, nargs, kwnames, PAGED_OPTIONS) || !read_paged(&c) || !read_options(&c)) {
+    if (!read_keywords(&c, args, nargs, kwnames, PAGED_OPTIONS) || !read_paged(&c) || !read_codes(&c, 1) ||
+        !read_options(&c)) {
         call_release(&c);
         return NULL;
     }
@@ -178,7 +180,9 @@ static PyObject *core_attention_weights(PyObject *self, PyObject *const *args, P
     struct call c;
     PyObject *result = NULL;
     call_init(&c, "attention_weights");
-    if (!read_keywords(&c, args, nargs, kwnames, WEIGHTS_OPTIONS) || !read_qkv(&c, 0) || !read_options(&c)) goto done;
+    if (!read_keywords(&c, args, nargs, kwnames, WEIGHTS_OPTIONS) || !read_qkv(&c, 0) || !read_codes(&c, 0) ||
+        !read_options(&c))
+        goto done;
     npy_intp shape[NPY_MAXDIMS + 2];
     int nd = result_shape(&c, (npy_intp)c.p.n_head_q, (npy_intp)c.p.n_query, (npy_intp)c.p.n_key, 1, shape);
     if (!(c.weights.a = new_array(&c, shape, nd, npy_type_of(c.result), "the weights"))) goto done;
@@ -387,6 +391,28 @@ static PyObject *core_set_bfloat16(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *core_set_float8(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyArray_Descr *d = NULL;
+    if (!PyArray_DescrConverter(arg, &d)) return NULL;
+    PyObject *name = PyDataType_ELSIZE(d) == 1 && d->type_num >= NPY_USERDEF ? PyObject_GetAttrString((PyObject *)d, "name") : NULL;
+    int which = -1;
+    if (name && PyUnicode_Check(name)) {
+        if (PyUnicode_CompareWithASCIIString(name, "float8_e4m3fn") == 0) which = 0;
+        else if (PyUnicode_CompareWithASCIIString(name, "float8_e5m2") == 0) which = 1;
+    }
+    PyErr_Clear();
+    Py_XDECREF(name);
+    if (which < 0) {
+        PyErr_Format(PyExc_ValueError, "not ml_dtypes' float8_e4m3fn or float8_e5m2: %R", arg);
+        Py_DECREF(d);
+        return NULL;
+    }
+    float8_types[which] = d->type_num;
+    Py_DECREF(d);
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_shutdown(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     atomic_store(&shutting_down, 1);
@@ -479,15 +505,15 @@ static PyObject *core_openmp_here(PyObject *self, PyObject *on) {
 static PyMethodDef core_methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))core_sdpa, METH_FASTCALL | METH_KEYWORDS,
      "sdpa(*, q, k, v, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, return_lse, precision, out, "
-     "threads)\n--\n\n"
+     "threads, k_scale, k_zero, v_scale, v_zero)\n--\n\n"
      "Private: npattn.sdpa's arguments, by name, as given; with return_lse, (out, lse, the options used)."},
     {"attention_weights", (PyCFunction)(void (*)(void))core_attention_weights, METH_FASTCALL | METH_KEYWORDS,
      "attention_weights(*, q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, precision, "
-     "threads)\n--\n\n"
+     "threads, k_scale, k_zero)\n--\n\n"
      "Private: npattn.attention_weights's arguments, by name, as given."},
     {"paged_attention", (PyCFunction)(void (*)(void))core_paged_attention, METH_FASTCALL | METH_KEYWORDS,
      "paged_attention(*, q, k, v, block_table, context_lens, page_size, scale, mask, sinks, window, softcap, q_offset, "
-     "return_lse, precision, out, threads)\n--\n\n"
+     "return_lse, precision, out, threads, k_scale, k_zero, v_scale, v_zero)\n--\n\n"
      "Private: npattn.paged_attention's arguments, by name, as given (k, v: the key and value pages)."},
     {"sdpa_backward", (PyCFunction)(void (*)(void))core_sdpa_backward, METH_FASTCALL | METH_KEYWORDS,
      "sdpa_backward(*, dout, q, k, v, out, lse, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, "
@@ -502,6 +528,8 @@ static PyMethodDef core_methods[] = {
     {"set_converter", core_set_converter, METH_O,
      "set_converter(fn)\n--\n\nfn(fn_name, name, x): x as an array the core reads in place."},
     {"set_bfloat16", core_set_bfloat16, METH_O, "set_bfloat16(dtype)\n--\n\nTell the core ml_dtypes.bfloat16's dtype."},
+    {"set_float8", core_set_float8, METH_O,
+     "set_float8(dtype)\n--\n\nTell the core ml_dtypes.float8_e4m3fn's or float8_e5m2's dtype."},
     {"blas_info", core_blas_info, METH_NOARGS, "blas_info()\n--\n\nWhich OpenBLAS npattn runs on."},
     {"shutdown", core_shutdown, METH_NOARGS,
      "shutdown()\n--\n\nAt exit (atexit): stop every call in flight; later calls raise SystemExit."},

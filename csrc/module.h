@@ -34,7 +34,7 @@
 #define OPTIONS(X)                                                                                                     \
     X(q) X(k) X(v) X(dout) X(out) X(lse) X(scale) X(mask) X(sinks) X(window) X(softcap) X(q_offset) X(k_offset)        \
         X(k_start) X(k_lengths) X(return_lse) X(precision) X(threads) X(block_table) X(context_lens) X(page_size)        \
-            X(agree)
+            X(agree) X(k_scale) X(k_zero) X(v_scale) X(v_zero)
 #define AS_ENUM(name) OPT_##name,
 enum option { OPTIONS(AS_ENUM) N_OPTION };
 #undef AS_ENUM
@@ -44,13 +44,15 @@ enum option { OPTIONS(AS_ENUM) N_OPTION };
 #define COMMON                                                                                                         \
     (BIT(q) | BIT(k) | BIT(scale) | BIT(mask) | BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) |              \
      BIT(k_offset) | BIT(k_start) | BIT(k_lengths) | BIT(precision) | BIT(threads))
-#define SDPA_OPTIONS (COMMON | BIT(v) | BIT(return_lse) | BIT(out))
-#define WEIGHTS_OPTIONS COMMON
+#define K_CODES (BIT(k_scale) | BIT(k_zero))
+#define V_CODES (BIT(v_scale) | BIT(v_zero))
+#define SDPA_OPTIONS (COMMON | BIT(v) | BIT(return_lse) | BIT(out) | K_CODES | V_CODES)
+#define WEIGHTS_OPTIONS (COMMON | K_CODES)
 #define BACKWARD_OPTIONS (COMMON | BIT(v) | BIT(dout) | BIT(out) | BIT(lse) | BIT(agree))
 #define PAGED_OPTIONS                                                                                                  \
     (BIT(q) | BIT(k) | BIT(v) | BIT(block_table) | BIT(context_lens) | BIT(page_size) | BIT(scale) | BIT(mask) |       \
      BIT(sinks) | BIT(window) | BIT(softcap) | BIT(q_offset) | BIT(return_lse) | BIT(precision) | BIT(out) |         \
-     BIT(threads))
+     BIT(threads) | K_CODES | V_CODES)
 
 /* ---- one call: what it read, what it owns ---- */
 
@@ -84,7 +86,7 @@ struct call {
     struct npattn_pages pages;
     struct npattn_problem p;
     /* last: their strides are written as each is described, never read before */
-    struct operand q, k, v, mask, out, lse, weights, dout, dq, dk, dv;
+    struct operand q, k, v, mask, out, lse, weights, dout, dq, dk, dv, k_scale, k_zero, v_scale, v_zero;
 };
 
 /* ---- module.c: the entry points ---- */
@@ -98,6 +100,7 @@ PyArrayObject *new_array(struct call *c, const npy_intp *shape, int nd, int npy_
 /* ---- module_args.c: the arguments ---- */
 
 extern int bfloat16_type;   /* ml_dtypes.bfloat16's type number, once Python has seen it (-1) */
+extern int float8_types[2]; /* ml_dtypes.float8_e4m3fn's and float8_e5m2's, likewise */
 extern PyObject *converter; /* npattn._args.convert(fn, name, x), registered by set_converter */
 
 int args_init(void); /* at import: the keywords' names interned; 0 with the error */
@@ -113,9 +116,11 @@ int read_keywords(struct call *c, PyObject *const *args, Py_ssize_t nargs, PyObj
 /* An option's name as the entry point spells it (key_pages for k when paged). */
 const char *name_of(const struct call *c, enum option o);
 
-/* Dtypes: the core's of a NumPy type number or array (-1: none), promotion, and back. */
+/* Dtypes: the core's of a NumPy type number or array (-1: none), promotion, and back.
+ * core_dtype_of and core_dtype know the floats alone; code_dtype the codes. */
 int core_dtype_of(int t);
 int core_dtype(PyArrayObject *a);
+int code_dtype(PyArrayObject *a);
 int promote(int a, int b);
 int npy_type_of(int dtype);
 
@@ -131,6 +136,7 @@ void describe(struct call *c, struct operand *o, struct npattn_tensor *t, int dt
 PyArrayObject *float_array(struct call *c, enum option o);
 int read_qkv(struct call *c, int has_v);
 int read_paged(struct call *c);
+int read_codes(struct call *c, int has_v); /* k_scale, k_zero (and v_scale, v_zero) */
 int read_scale(struct call *c);
 int read_mask(struct call *c);
 int read_options(struct call *c); /* every option but the arrays of results */

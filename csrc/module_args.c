@@ -21,11 +21,13 @@ static const char *const option_names[N_OPTION] = {OPTIONS(AS_NAME)};
 static PyObject *option_strings[N_OPTION]; /* interned at import (args_init) */
 
 int bfloat16_type = -1; /* ml_dtypes.bfloat16's type number, once Python has seen it */
+int float8_types[2] = {-1, -1}; /* ml_dtypes.float8_e4m3fn's and float8_e5m2's, likewise */
 PyObject *converter;    /* npattn._args.convert(fn, name, x): an array the core reads */
 
 void call_init(struct call *c, const char *fn) {
     memset(c, 0, offsetof(struct call, q));
-    struct operand *ops[] = {&c->q, &c->k, &c->v, &c->mask, &c->out, &c->lse, &c->weights, &c->dout, &c->dq, &c->dk, &c->dv};
+    struct operand *ops[] = {&c->q,  &c->k,  &c->v,  &c->mask,    &c->out,    &c->lse,     &c->weights, &c->dout,
+                             &c->dq, &c->dk, &c->dv, &c->k_scale, &c->k_zero, &c->v_scale, &c->v_zero};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) ops[i]->a = NULL;
     c->fn = fn;
 }
@@ -99,6 +101,19 @@ int core_dtype_of(int t) {
 /* The core's dtype of a NumPy array, or -1. */
 int core_dtype(PyArrayObject *a) { return core_dtype_of(PyArray_TYPE(a)); }
 
+/* The core's code dtype of a NumPy array (int8, uint8, ml_dtypes' fp8), or -1. */
+int code_dtype(PyArrayObject *a) {
+    const int t = PyArray_TYPE(a);
+    if (t == NPY_INT8) return NPATTN_DTYPE_I8;
+    if (t == NPY_UINT8) return NPATTN_DTYPE_U8;
+    if (t == float8_types[0] && t >= 0) return NPATTN_DTYPE_F8E4M3;
+    if (t == float8_types[1] && t >= 0) return NPATTN_DTYPE_F8E5M2;
+    return -1;
+}
+
+/* k's or v's dtype for the core: its float dtype, or its codes'. */
+static int kv_dtype(PyArrayObject *a) { return code_dtype(a) >= 0 ? code_dtype(a) : core_dtype(a); }
+
 /* The dtype of the result of two dtypes, as np.result_type (float16 with
  * bfloat16, which NumPy cannot promote, gives float32). The one rule of
  * promotion: Python reads it through result_dtype() below. */
@@ -117,11 +132,16 @@ int npy_type_of(int dtype) {
     }
 }
 
-/* An array the core can read in place: aligned, native, whole-element strides. */
-static int readable(PyObject *o, int bool_ok) {
+/* What an array read in place may hold besides floats. */
+enum { READ_BOOL = 1, READ_CODES = 2 };
+
+/* An array the core can read in place: aligned, native, whole-element strides,
+ * of floats or the `kinds` of READ_BOOL and READ_CODES. */
+static int readable(PyObject *o, int kinds) {
     if (!PyArray_Check(o)) return 0;
     PyArrayObject *a = (PyArrayObject *)o;
-    if (!(bool_ok && PyArray_TYPE(a) == NPY_BOOL) && core_dtype(a) < 0) return 0;
+    const int other = ((kinds & READ_BOOL) && PyArray_TYPE(a) == NPY_BOOL) || ((kinds & READ_CODES) && code_dtype(a) >= 0);
+    if (!other && core_dtype(a) < 0) return 0;
     if (!PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a)) return 0;
     for (int d = 0; d < PyArray_NDIM(a); d++)
         if (PyArray_STRIDE(a, d) % PyArray_ITEMSIZE(a) != 0) return 0;
@@ -147,9 +167,9 @@ static int reads(struct call *c, PyObject *x, const char *name) {
 /* x as an array: itself where the core reads it in place, else what the
  * registered conversion function makes of it (a borrowed reference either
  * way; NULL with the conversion's error). */
-static PyArrayObject *array_of(struct call *c, PyObject *x, const char *name, int bool_ok) {
+static PyArrayObject *array_of(struct call *c, PyObject *x, const char *name, int kinds) {
     if (!reads(c, x, name)) return NULL;
-    if (readable(x, bool_ok)) return (PyArrayObject *)x;
+    if (readable(x, kinds)) return (PyArrayObject *)x;
     if (!converter) {
         PyErr_Format(PyExc_RuntimeError, "%s: internal error: no conversion function registered", c->fn);
         return NULL;
@@ -184,14 +204,16 @@ PyObject *tuple_of(const npy_intp *dims, int nd) {
 
 PyObject *shape_of(PyArrayObject *a) { return tuple_of(PyArray_DIMS(a), PyArray_NDIM(a)); }
 
-/* An array operand: a TypeError naming it unless its dtype is one the core computes. */
-static int float_dtype(struct call *c, PyArrayObject *a, const char *name) {
-    if (core_dtype(a) >= 0) return 1;
+/* An array operand: a TypeError naming it unless its dtype is one the core
+ * computes (`codes`: or codes). */
+static int float_dtype(struct call *c, PyArrayObject *a, const char *name, int codes) {
+    if (core_dtype(a) >= 0 || (codes && code_dtype(a) >= 0)) return 1;
     PyArray_Descr *d = PyArray_DESCR(a);
     if (d->kind == 'f' && PyDataType_ELSIZE(d) > 8)
         PyErr_Format(PyExc_TypeError, "%s: %s has dtype %S; the widest dtype computed is float64", c->fn, name, d);
     else
-        PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats, got dtype %S", c->fn, name, d);
+        PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats%s, got dtype %S", c->fn, name,
+                     codes ? " (or of int8, uint8, float8_e4m3fn or float8_e5m2 codes, with their scale)" : "", d);
     return 0;
 }
 
@@ -245,13 +267,22 @@ PyArrayObject *float_array(struct call *c, enum option o) {
         return NULL;
     }
     PyArrayObject *a = array_of(c, x, name, 0);
-    return a && float_dtype(c, a, name) ? a : NULL;
+    return a && float_dtype(c, a, name, 0) ? a : NULL;
 }
 
-/* q, k or v: an array of floats of rank >= 2. */
+/* q, k or v: an array of floats of rank >= 2 (k and v: or of codes). */
 static int read_operand(struct call *c, enum option o, struct operand *op) {
     const char *name = name_of(c, o);
-    PyArrayObject *a = float_array(c, o);
+    PyArrayObject *a;
+    if (o == OPT_q) {
+        a = float_array(c, o);
+    } else if (c->opt[o] == Py_None) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be an array of floats or codes, got None", c->fn, name);
+        return 0;
+    } else {
+        a = array_of(c, c->opt[o], name, READ_CODES);
+        if (a && !float_dtype(c, a, name, 1)) a = NULL;
+    }
     if (!a) return 0;
     if (PyArray_NDIM(a) < 2) {
         PyObject *got = shape_of(a);
@@ -263,6 +294,16 @@ static int read_operand(struct call *c, enum option o, struct operand *op) {
     return 1;
 }
 
+/* The result's dtype of q, k and v (NULL: none): promoted from the float
+ * operands' (codes take no part: they stand for floats of their scale's
+ * precision, and the result is q's where both k and v hold codes). */
+static int result_of(PyArrayObject *q, PyArrayObject *k, PyArrayObject *v) {
+    int result = core_dtype(q);
+    if (code_dtype(k) < 0) result = promote(result, core_dtype(k));
+    if (v && code_dtype(v) < 0) result = promote(result, core_dtype(v));
+    return result;
+}
+
 /* q, k and (if has_v) v, whose shared sizes agree. */
 int read_qkv(struct call *c, int has_v) {
     if (!read_operand(c, OPT_q, &c->q) || !read_operand(c, OPT_k, &c->k) || (has_v && !read_operand(c, OPT_v, &c->v)))
@@ -272,12 +313,11 @@ int read_qkv(struct call *c, int has_v) {
     npy_intp *qs = PyArray_DIMS(c->q.a), *ks = PyArray_DIMS(c->k.a);
     npy_intp H_q = nq > 2 ? qs[nq - 3] : 1, H_kv = nk > 2 ? ks[nk - 3] : 1;
     if (ks[nk - 1] != qs[nq - 1]) return shapes_break(c, "k's row width D must equal q's");
-    c->result = promote(core_dtype(c->q.a), core_dtype(c->k.a));
+    c->result = result_of(c->q.a, c->k.a, has_v ? c->v.a : NULL);
     if (has_v) {
         npy_intp *vs = PyArray_DIMS(c->v.a);
         if (vs[nv - 2] != ks[nk - 2]) return shapes_break(c, "v must have as many rows S as k");
         if ((nv > 2 ? vs[nv - 3] : 1) != H_kv) return shapes_break(c, "v must have as many heads as k");
-        c->result = promote(c->result, core_dtype(c->v.a));
     }
     c->nb = 0;
     if (!broadcast_batch(c, c->q.a, 3) || !broadcast_batch(c, c->k.a, 3) || (has_v && !broadcast_batch(c, c->v.a, 3)))
@@ -292,8 +332,8 @@ int read_qkv(struct call *c, int has_v) {
     p->n_embd_k = qs[nq - 1];
     p->n_embd_v = has_v ? PyArray_DIM(c->v.a, nv - 1) : 0;
     describe(c, &c->q, &p->q, core_dtype(c->q.a), 3);
-    describe(c, &c->k, &p->k, core_dtype(c->k.a), 3);
-    if (has_v) describe(c, &c->v, &p->v, core_dtype(c->v.a), 3);
+    describe(c, &c->k, &p->k, kv_dtype(c->k.a), 3);
+    if (has_v) describe(c, &c->v, &p->v, kv_dtype(c->v.a), 3);
     return 1;
 }
 
@@ -359,7 +399,7 @@ int read_scale(struct call *c) {
     int real = real_of(x, &p->scale);
     if (real == 0 && !PyArray_IsScalar(x, Generic) && PyObject_HasAttrString(x, "shape")) {
         /* a 0-d array of NumPy, MLX or PyTorch */
-        PyArrayObject *a = array_of(c, x, "scale", 1);
+        PyArrayObject *a = array_of(c, x, "scale", READ_BOOL);
         if (!a) return 0;
         if (PyArray_NDIM(a) != 0)
             return raise_with(c, PyExc_TypeError, "scale must be a real number or a 0-d array, got an array of shape %S",
@@ -403,7 +443,7 @@ int read_mask(struct call *c) {
                      type_name(mask));
         return 0;
     }
-    PyArrayObject *m = array_of(c, mask, "mask", 1);
+    PyArrayObject *m = array_of(c, mask, "mask", READ_BOOL);
     if (!m) return 0;
     int is_bool = PyArray_TYPE(m) == NPY_BOOL;
     if (!is_bool && core_dtype(m) < 0) {
@@ -443,7 +483,7 @@ static int read_sinks(struct call *c) {
     if (!(PyArray_Check(x) && PyArray_TYPE(s) == NPY_FLOAT64 && PyArray_NDIM(s) == 1 &&
           PyArray_DIM(s, 0) == p->n_head_q && PyArray_IS_C_CONTIGUOUS(s) && PyArray_ISALIGNED(s) &&
           PyArray_ISNOTSWAPPED(s))) {
-        if (!(s = array_of(c, x, "sinks", 1))) return 0;
+        if (!(s = array_of(c, x, "sinks", READ_BOOL))) return 0;
         char kind = PyArray_DESCR(s)->kind;
         if (!(kind == 'f' || kind == 'i' || kind == 'u' || core_dtype(s) == NPATTN_DTYPE_BF16)) {
             PyErr_Format(PyExc_TypeError, "%s: sinks must be real numbers, got dtype %S", c->fn, PyArray_DESCR(s));
@@ -748,7 +788,7 @@ int read_paged(struct call *c) {
             return 0;
         }
     }
-    c->result = promote(promote(core_dtype(q), core_dtype(k)), core_dtype(v));
+    c->result = result_of(q, k, v);
     c->nb = 1;
     c->batch[0] = qs[0];
 
@@ -769,8 +809,8 @@ int read_paged(struct call *c) {
     p->n_embd_v = vs[3];
     describe(c, &c->q, &p->q, core_dtype(q), 3);
     /* the page dim reads as a batch dim; its stride goes to the pages */
-    describe(c, &c->k, &p->k, core_dtype(k), 3);
-    describe(c, &c->v, &p->v, core_dtype(v), 3);
+    describe(c, &c->k, &p->k, kv_dtype(k), 3);
+    describe(c, &c->v, &p->v, kv_dtype(v), 3);
     c->pages.k_page_stride = c->k.batch_stride[0];
     c->pages.v_page_stride = c->v.batch_stride[0];
     c->k.batch_stride[0] = c->v.batch_stride[0] = 0;
@@ -784,6 +824,139 @@ int read_paged(struct call *c) {
         return 0;
     }
     return 1;
+}
+
+/* ---- codes: k_scale, k_zero, v_scale, v_zero (SPEC section 14) ---- */
+
+/* Whether the elements of a (F32, F16 or BF16) from dim d on, at `at`, are
+ * all finite: each distinct one read once (a zero-stride dim once). */
+static int finite_from(PyArrayObject *a, int dtype, int d, const char *at) {
+    const int nd = PyArray_NDIM(a);
+    if (d == nd) { /* a 0-d array's one element */
+        if (dtype == NPATTN_DTYPE_F32) return (*(const uint32_t *)at & 0x7f800000u) != 0x7f800000u;
+        const uint16_t mask = dtype == NPATTN_DTYPE_F16 ? 0x7c00 : 0x7f80;
+        return (*(const uint16_t *)at & mask) != mask;
+    }
+    const npy_intp st = PyArray_STRIDE(a, d), n = st == 0 && PyArray_DIM(a, d) > 0 ? 1 : PyArray_DIM(a, d);
+    if (d < nd - 1) {
+        for (npy_intp i = 0; i < n; i++)
+            if (!finite_from(a, dtype, d + 1, at + i * st)) return 0;
+        return 1;
+    }
+    int bad = 0; /* the last dim: a loop the compiler vectorises where the stride is one element */
+    if (dtype == NPATTN_DTYPE_F32)
+        for (npy_intp i = 0; i < n; i++) bad |= (*(const uint32_t *)(at + i * st) & 0x7f800000u) == 0x7f800000u;
+    else {
+        const uint16_t mask = dtype == NPATTN_DTYPE_F16 ? 0x7c00 : 0x7f80;
+        for (npy_intp i = 0; i < n; i++) bad |= (*(const uint16_t *)(at + i * st) & mask) == mask;
+    }
+    return !bad;
+}
+
+/* Whether the scales (or zero points) a of a paged call that it reads are
+ * finite: those of the pages its requests' live entries name (entries
+ * outside [0, P), which the core refuses, skipped), or all of them where
+ * the pages share them. */
+static int pages_finite(struct call *c, PyArrayObject *a, int dtype) {
+    if (PyArray_NDIM(a) < 4 || PyArray_DIM(a, 0) == 1) return finite_from(a, dtype, 0, PyArray_BYTES(a));
+    const struct npattn_pages *pg = &c->pages;
+    for (int64_t b = 0; b < c->batch[0]; b++)
+        for (int64_t i = 0; i < pg->table_stride; i++) {
+            const int64_t page = pg->block_table[b * pg->table_stride + i];
+            if (page >= 0 && page < pg->n_page && !finite_from(a, dtype, 1, PyArray_BYTES(a) + page * PyArray_STRIDE(a, 0)))
+                return 0;
+        }
+    return 1;
+}
+
+/* The last axis of a scale or zero point: its groups (1 for a 0-d array). */
+static npy_intp groups_of(PyArrayObject *a) { return PyArray_NDIM(a) ? PyArray_DIM(a, PyArray_NDIM(a) - 1) : 1; }
+
+/* The ValueError of a scale (or zero point) `name` whose shape does not
+ * broadcast to codes' groups, codes.shape[:-1] + (G,). Returns 0. */
+static int groups_break(struct call *c, const char *name, PyArrayObject *a, PyArrayObject *codes, const char *codes_name,
+                        npy_intp G) {
+    npy_intp want[NPY_MAXDIMS];
+    const int nc = PyArray_NDIM(codes);
+    for (int d = 0; d < nc - 1; d++) want[d] = PyArray_DIM(codes, d);
+    want[nc - 1] = G;
+    PyObject *groups = tuple_of(want, nc), *got = shape_of(a), *shape = shape_of(codes);
+    if (groups && got && shape)
+        PyErr_Format(PyExc_ValueError, "%s: %s %S does not broadcast to %S, %s's shape %S with %zd %s a row", c->fn,
+                     name, got, groups, codes_name, shape, (Py_ssize_t)G, G == 1 ? "scale" : "groups");
+    Py_XDECREF(groups);
+    Py_XDECREF(got);
+    Py_XDECREF(shape);
+    return 0;
+}
+
+/* A scale or zero point (option o) of k or v: an array of float32, float16
+ * or bfloat16 the core reads in place; NULL with the TypeError naming it. */
+static PyArrayObject *groups_array(struct call *c, enum option o) {
+    const char *name = name_of(c, o);
+    PyArrayObject *a = array_of(c, c->opt[o], name, 0);
+    if (!a) return NULL;
+    const int t = core_dtype(a);
+    if (t == NPATTN_DTYPE_F32 || t == NPATTN_DTYPE_F16 || t == NPATTN_DTYPE_BF16) return a;
+    PyErr_Format(PyExc_TypeError, "%s: %s must be float32, float16 or bfloat16%s, got dtype %S", c->fn, name,
+                 t == NPATTN_DTYPE_F64 ? " (np.float32(x) for one number)" : "", PyArray_DESCR(a));
+    return NULL;
+}
+
+/* The scale and zero point (options os, oz; operands so, zo) of k or v
+ * (codes), as the core reads them (*cd): arrays whose shapes broadcast to
+ * codes.shape[:-1] + (G,), G their last axis (one of them may have 1:
+ * broadcast to the other's), read in place through their strides, a
+ * dim of size 1 broadcasting; paged like the pages where codes are pages.
+ * Each finite (the elements a call reads: for pages, those of its live
+ * pages). Where codes holds floats, the core refuses a scale given. */
+static int read_groups(struct call *c, struct operand *codes, enum option os, enum option oz, struct operand *so,
+                       struct operand *zo, struct npattn_codes *cd) {
+    memset(cd, 0, sizeof *cd);
+    const int is_codes = code_dtype(codes->a) >= 0;
+    const char *codes_name = name_of(c, codes == &c->k ? OPT_k : OPT_v);
+    const enum option opts[2] = {os, oz};
+    struct operand *ops[2] = {so, zo};
+    struct npattn_tensor *ts[2] = {&cd->scale, &cd->zero};
+    for (int i = 0; i < 2; i++) { /* the arrays and their dtypes */
+        if (c->opt[opts[i]] == Py_None) continue;
+        if (!(ops[i]->a = groups_array(c, opts[i]))) return 0;
+    }
+    const npy_intp Gs = so->a ? groups_of(so->a) : 1, Gz = zo->a ? groups_of(zo->a) : 1;
+    const npy_intp G = Gs == 1 ? Gz : Gs;
+    for (int i = 0; i < 2; i++) {
+        PyArrayObject *a = ops[i]->a;
+        if (!a) continue;
+        const int nd = PyArray_NDIM(a), nc = PyArray_NDIM(codes->a);
+        int fits = !is_codes || nd <= nc;
+        for (int d = 0; is_codes && fits && d < nd; d++) {
+            const npy_intp n = PyArray_DIM(a, d), want = d == nd - 1 ? G : PyArray_DIM(codes->a, nc - nd + d);
+            fits = n == want || n == 1;
+        }
+        if (!fits) return groups_break(c, name_of(c, opts[i]), a, codes->a, codes_name, G);
+        if (is_codes && !(c->paged ? pages_finite(c, a, core_dtype(a)) : finite_from(a, core_dtype(a), 0, PyArray_BYTES(a)))) {
+            PyObject *got = shape_of(a);
+            if (got) PyErr_Format(PyExc_ValueError, "%s: %s holds NaN or infinity; got %s %S", c->fn, name_of(c, opts[i]),
+                                  name_of(c, opts[i]), got);
+            Py_XDECREF(got);
+            return 0;
+        }
+        describe(c, ops[i], ts[i], core_dtype(a), 3);
+        if (c->paged) { /* the page dim reads as the batch dim; its stride goes to the pages */
+            int64_t *page_stride = i ? &cd->zero_page_stride : &cd->scale_page_stride;
+            *page_stride = ops[i]->batch_stride[0];
+            ops[i]->batch_stride[0] = 0;
+        }
+    }
+    cd->n_group = G;
+    return 1;
+}
+
+int read_codes(struct call *c, int has_v) {
+    struct npattn_problem *p = &c->p;
+    if (!read_groups(c, &c->k, OPT_k_scale, OPT_k_zero, &c->k_scale, &c->k_zero, &p->k_codes)) return 0;
+    if (!has_v) return 1;
+    return read_groups(c, &c->v, OPT_v_scale, OPT_v_zero, &c->v_scale, &c->v_zero, &p->v_codes);
 }
 
 /* precision: "highest" or "fast" (SPEC section 11). */

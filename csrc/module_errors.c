@@ -118,6 +118,59 @@ static void bad_range(struct call *c, enum npattn_status status, int64_t b) {
                      (long long)length, (long long)p->n_key, index, (long long)start);
 }
 
+/* The verdict on codes and their scales (SPEC section 14), phrased:
+ * TypeError for codes without their scale, or in a backward problem;
+ * ValueError for the rest. Returns 0. */
+static int codes_refused(struct call *c, const struct npattn_verdict *why) {
+    const enum npattn_operand at = why->operand;
+    const int of_v = at == NPATTN_OPERAND_V || at == NPATTN_OPERAND_V_SCALE || at == NPATTN_OPERAND_V_ZERO;
+    PyArrayObject *codes = of_v ? c->v.a : c->k.a;
+    const char *codes_name = name_of(c, of_v ? OPT_v : OPT_k);
+    const enum option scale = of_v ? OPT_v_scale : OPT_k_scale, zero = of_v ? OPT_v_zero : OPT_k_zero;
+    PyArray_Descr *d = PyArray_DESCR(codes);
+    switch (why->status) {
+    case NPATTN_STATUS_NO_CODE_SCALE:
+        PyErr_Format(PyExc_TypeError,
+                     "%s: %s holds %S codes, which need %s, the scale each code is multiplied by (npattn.quantize "
+                     "returns codes with their scale)",
+                     c->fn, codes_name, d, name_of(c, scale));
+        return 0;
+    case NPATTN_STATUS_NOT_CODES:
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s is for codes (int8, uint8, float8_e4m3fn, float8_e5m2), but %s holds %S values",
+                     c->fn, npattn_operand_name(at), codes_name, d);
+        return 0;
+    case NPATTN_STATUS_SYMMETRIC_CODES:
+        PyErr_Format(PyExc_ValueError, "%s: %s: %S codes are symmetric and take no zero point", c->fn,
+                     name_of(c, zero), d);
+        return 0;
+    case NPATTN_STATUS_CODES_NO_GRADIENT:
+        PyErr_Format(PyExc_TypeError,
+                     "%s: %s holds %S codes, and there is no gradient through codes; for the gradients of the "
+                     "values they stand for, pass npattn.dequantize(%s, scale, zero)",
+                     c->fn, codes_name, d, codes_name);
+        return 0;
+    default: break;
+    }
+    /* the groups: named after the array whose last axis gave them */
+    const struct npattn_codes *cd = of_v ? &c->p.v_codes : &c->p.k_codes;
+    struct operand *op = of_v ? &c->v_scale : &c->k_scale, *zop = of_v ? &c->v_zero : &c->k_zero;
+    const int by_zero = zop->a && op->a && PyArray_NDIM(zop->a) && PyArray_DIM(zop->a, PyArray_NDIM(zop->a) - 1) == cd->n_group &&
+                        !(PyArray_NDIM(op->a) && PyArray_DIM(op->a, PyArray_NDIM(op->a) - 1) == cd->n_group);
+    PyArrayObject *a = by_zero ? zop->a : op->a;
+    const char *name = name_of(c, by_zero ? zero : scale);
+    PyObject *got = shape_of(a), *shape = shape_of(codes);
+    const npy_intp width = PyArray_DIM(codes, PyArray_NDIM(codes) - 1);
+    if (got && shape)
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s's last axis, %lld groups, must divide %s's row width %s = %zd; got %s %S, %s %S", c->fn,
+                     name, (long long)cd->n_group, codes_name, of_v ? "D_v" : "D", (Py_ssize_t)width, name, got,
+                     codes_name, shape);
+    Py_XDECREF(got);
+    Py_XDECREF(shape);
+    return 0;
+}
+
 /* Raises the exception a refused call deserves; returns NULL. bp: the
  * backward problem, or NULL for the forward one. */
 PyObject *refused(struct call *c, enum npattn_status status, const struct npattn_backward_problem *bp) {
@@ -204,6 +257,11 @@ PyObject *refused(struct call *c, enum npattn_status status, const struct npattn
         Py_DECREF(entry);
         return NULL;
     }
+    case NPATTN_STATUS_NO_CODE_SCALE:
+    case NPATTN_STATUS_NOT_CODES:
+    case NPATTN_STATUS_BAD_GROUPS:
+    case NPATTN_STATUS_SYMMETRIC_CODES:
+    case NPATTN_STATUS_CODES_NO_GRADIENT: return codes_refused(c, &why), NULL;
     case NPATTN_STATUS_BAD_PAGES:
         if (c->paged && c->pages.page_size < 1)
             return shapes_break(c, "pages must hold at least one row (page_size >= 1)"), NULL;

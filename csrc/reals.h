@@ -17,6 +17,7 @@
 #undef SCORE_TILE
 #undef LOAD
 #undef STORE
+#undef DEQUANT
 
 #define REAL double
 #define SFX f64
@@ -32,6 +33,7 @@
 #undef SCORE_TILE
 #undef LOAD
 #undef STORE
+#undef DEQUANT
 #undef CAT
 #undef CAT_
 #undef TASK

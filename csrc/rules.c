@@ -42,6 +42,11 @@ static const char *const sentences[NPATTN_STATUS_COUNT] = {
     [NPATTN_STATUS_BAD_PAGE] = "every live block_table entry must lie in [0, n_page)",
     [NPATTN_STATUS_BAD_PRECISION] = "precision must be one of enum npattn_precision",
     [NPATTN_STATUS_BAD_Q_OFFSET] = "with q_bottom_right and key ranges, k_offset + k_length[b] - L must fit int64",
+    [NPATTN_STATUS_NO_CODE_SCALE] = "k or v of codes needs its scale",
+    [NPATTN_STATUS_NOT_CODES] = "a scale or zero point is for k or v of codes, not of floats",
+    [NPATTN_STATUS_BAD_GROUPS] = "the codes' n_group must be at least 1 and divide the row width (D, or D_v for v)",
+    [NPATTN_STATUS_SYMMETRIC_CODES] = "fp8 codes are symmetric: they take no zero point",
+    [NPATTN_STATUS_CODES_NO_GRADIENT] = "there is no gradient through codes: a backward problem's k and v are floats",
 };
 
 const char *npattn_status_string(enum npattn_status status) {
@@ -53,7 +58,8 @@ static const char *const operand_names[NPATTN_OPERAND_COUNT] = {
     [NPATTN_OPERAND_V] = "v",       [NPATTN_OPERAND_MASK] = "mask",  [NPATTN_OPERAND_SINKS] = "sinks",
     [NPATTN_OPERAND_OUT] = "out",   [NPATTN_OPERAND_LSE] = "lse",    [NPATTN_OPERAND_WEIGHTS] = "weights",
     [NPATTN_OPERAND_DOUT] = "dout", [NPATTN_OPERAND_DQ] = "dq",      [NPATTN_OPERAND_DK] = "dk",
-    [NPATTN_OPERAND_DV] = "dv",     [NPATTN_OPERAND_DSINKS] = "dsinks",
+    [NPATTN_OPERAND_DV] = "dv",     [NPATTN_OPERAND_DSINKS] = "dsinks", [NPATTN_OPERAND_K_SCALE] = "k_scale",
+    [NPATTN_OPERAND_K_ZERO] = "k_zero", [NPATTN_OPERAND_V_SCALE] = "v_scale", [NPATTN_OPERAND_V_ZERO] = "v_zero",
 };
 
 const char *npattn_operand_name(enum npattn_operand operand) {
@@ -180,6 +186,8 @@ static int overlaps_itself(const struct npattn_problem *p, const struct npattn_t
 
 static int dtype_ok(enum npattn_dtype t) { return t >= NPATTN_DTYPE_F32 && t <= NPATTN_DTYPE_BF16; }
 static int wide_ok(enum npattn_dtype t) { return t == NPATTN_DTYPE_F32 || t == NPATTN_DTYPE_F64; }
+static int scale_ok(enum npattn_dtype t) { return t == NPATTN_DTYPE_F32 || t == NPATTN_DTYPE_F16 || t == NPATTN_DTYPE_BF16; }
+static int kv_ok(enum npattn_dtype t) { return dtype_ok(t) || npattn_is_code(t); }
 
 /* ---- the operand table ---- */
 
@@ -193,15 +201,22 @@ struct operand {
     int64_t dims[3];               /* heads, rows, cols */
     int64_t size;                  /* bytes per element */
     struct extent e;
+    int paged;                     /* with pages: held in pages, page_stride elements apart */
+    int64_t page_stride;
 };
 
-#define N_FORWARD (NPATTN_OPERAND_WEIGHTS + 1)
 #define N_ALL NPATTN_OPERAND_COUNT
 
 static void put(struct operand *ops, enum npattn_operand at, const struct npattn_tensor *t, const void *data,
                 int given, int output, int64_t heads, int64_t rows, int64_t cols, int64_t size) {
-    struct operand o = {t, data, given, output, {heads, rows, cols}, size, {0, 0, 0}};
+    struct operand o = {t, data, given, output, {heads, rows, cols}, size, {0, 0, 0}, 0, 0};
     ops[at] = o;
+}
+
+/* A paged operand: k, v, or their scales and zero points. */
+static void put_paged(struct operand *ops, enum npattn_operand at, int64_t page_stride) {
+    ops[at].paged = 1;
+    ops[at].page_stride = page_stride;
 }
 
 /* The rules every operand table keeps: batch strides, extents that fit int64,
@@ -217,10 +232,9 @@ static enum npattn_status check_operands(const struct npattn_problem *p, struct 
             continue;
         }
         const struct npattn_pages *pg = p->pages;
-        if (pg && (i == NPATTN_OPERAND_K || i == NPATTN_OPERAND_V)) {
+        if (pg && o->paged) {
             const int64_t dims[3] = {o->dims[0], pg->page_size, o->dims[2]};
-            const int64_t stride = i == NPATTN_OPERAND_K ? pg->k_page_stride : pg->v_page_stride;
-            if (!page_extent_of(o->t, pg->n_page, stride, dims, o->size, &o->e))
+            if (!page_extent_of(o->t, pg->n_page, o->page_stride, dims, o->size, &o->e))
                 return refuse(why, NPATTN_STATUS_OUT_OF_RANGE, i, 0);
             continue;
         }
@@ -244,7 +258,29 @@ static enum npattn_status check_operands(const struct npattn_problem *p, struct 
     return NPATTN_STATUS_OK;
 }
 
-/* The scalar rules of a problem, and its forward operands (ops[1 .. N_FORWARD)). */
+/* The rules of k's (or v's) codes (t), whose rows are `width` wide: a
+ * scale where t holds codes, of F32, F16 or BF16, with n_group dividing
+ * width; a zero point only for int8 and uint8 codes; neither for floats.
+ * `scale` names the scale's operand, the zero point's the one after it. */
+static enum npattn_status codes_rules(const struct npattn_tensor *t, const struct npattn_codes *c, int64_t width,
+                                      enum npattn_operand scale, struct npattn_verdict *why) {
+    const enum npattn_operand zero = scale + 1, none = NPATTN_OPERAND_NONE;
+    if (!npattn_is_code(t->dtype)) {
+        if (c->scale.data) return refuse(why, NPATTN_STATUS_NOT_CODES, scale, none);
+        if (c->zero.data) return refuse(why, NPATTN_STATUS_NOT_CODES, zero, none);
+        return NPATTN_STATUS_OK;
+    }
+    if (!c->scale.data) return refuse(why, NPATTN_STATUS_NO_CODE_SCALE, scale, none);
+    if (!scale_ok(c->scale.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, scale, none);
+    if (c->zero.data && !scale_ok(c->zero.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, zero, none);
+    if (c->n_group < 1 || width % c->n_group != 0) return refuse(why, NPATTN_STATUS_BAD_GROUPS, scale, none);
+    if (c->zero.data && t->dtype != NPATTN_DTYPE_I8 && t->dtype != NPATTN_DTYPE_U8)
+        return refuse(why, NPATTN_STATUS_SYMMETRIC_CODES, zero, none);
+    return NPATTN_STATUS_OK;
+}
+
+/* The scalar rules of a problem, and its forward operands (ops[1 .. N_ALL);
+ * the backward's own not given). */
 static enum npattn_status problem_operands(const struct npattn_problem *p, struct operand *ops, int *empty,
                                            struct npattn_verdict *why) {
     const enum npattn_operand none = NPATTN_OPERAND_NONE;
@@ -307,8 +343,12 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
     const int has_mask = p->mask_kind != NPATTN_MASK_NONE, has_out = p->n_embd_v > 0;
     const int has_lse = p->lse.data != NULL, has_w = p->weights.data != NULL;
     if (!dtype_ok(p->q.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_Q, none);
-    if (!dtype_ok(p->k.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_K, none);
-    if (has_out && !dtype_ok(p->v.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_V, none);
+    if (!kv_ok(p->k.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_K, none);
+    if (has_out && !kv_ok(p->v.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_V, none);
+    enum npattn_status status = codes_rules(&p->k, &p->k_codes, p->n_embd_k, NPATTN_OPERAND_K_SCALE, why);
+    if (status == NPATTN_STATUS_OK && has_out)
+        status = codes_rules(&p->v, &p->v_codes, p->n_embd_v, NPATTN_OPERAND_V_SCALE, why);
+    if (status != NPATTN_STATUS_OK) return status;
     if (has_out && !dtype_ok(p->out.dtype)) return refuse(why, NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_OUT, none);
     if (p->mask_kind == NPATTN_MASK_ADD && !dtype_ok(p->mask.dtype))
         return refuse(why, NPATTN_STATUS_BAD_DTYPE, NPATTN_OPERAND_MASK, none);
@@ -325,6 +365,16 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
     put(ops, NPATTN_OPERAND_OUT, &p->out, p->out.data, has_out, 1, H_q, L, Dv, SIZE(p->out));
     put(ops, NPATTN_OPERAND_LSE, &p->lse, p->lse.data, has_lse, 1, H_q, L, 1, SIZE(p->lse));
     put(ops, NPATTN_OPERAND_WEIGHTS, &p->weights, p->weights.data, has_w, 1, H_q, L, S, SIZE(p->weights));
+    const struct npattn_codes *codes[2] = {&p->k_codes, &p->v_codes};
+    for (int i = 0; i < 2; i++) { /* the scales and zero points of codes: (*B, H_kv, S, n_group) */
+        const struct npattn_codes *c = codes[i];
+        const int given = npattn_is_code(i ? p->v.dtype : p->k.dtype) && (i == 0 || has_out);
+        const enum npattn_operand at = i ? NPATTN_OPERAND_V_SCALE : NPATTN_OPERAND_K_SCALE;
+        put(ops, at, &c->scale, c->scale.data, given, 0, H_kv, S, c->n_group, SIZE(c->scale));
+        put(ops, at + 1, &c->zero, c->zero.data, given && c->zero.data, 0, H_kv, S, c->n_group, SIZE(c->zero));
+        if (pg) put_paged(ops, at, c->scale_page_stride), put_paged(ops, at + 1, c->zero_page_stride);
+    }
+    if (pg) put_paged(ops, NPATTN_OPERAND_K, pg->k_page_stride), put_paged(ops, NPATTN_OPERAND_V, pg->v_page_stride);
 #undef SIZE
     *empty = n_batch == 0 || H_q == 0 || L == 0;
     return NPATTN_STATUS_OK;
@@ -332,12 +382,13 @@ static enum npattn_status problem_operands(const struct npattn_problem *p, struc
 
 enum npattn_status npattn_check(const struct npattn_problem *p, struct npattn_verdict *why) {
     struct npattn_verdict ignored;
-    struct operand ops[N_FORWARD];
+    struct operand ops[N_ALL];
     int empty;
     if (!why) why = &ignored;
     why->status = NPATTN_STATUS_OK, why->operand = why->other = NPATTN_OPERAND_NONE, why->entry = -1;
+    memset(ops, 0, sizeof ops);
     enum npattn_status status = problem_operands(p, ops, &empty, why);
-    return status != NPATTN_STATUS_OK ? status : check_operands(p, ops, N_FORWARD, empty, why);
+    return status != NPATTN_STATUS_OK ? status : check_operands(p, ops, N_ALL, empty, why);
 }
 
 enum npattn_status npattn_check_backward(const struct npattn_backward_problem *bp, struct npattn_verdict *why) {
@@ -349,6 +400,9 @@ enum npattn_status npattn_check_backward(const struct npattn_backward_problem *b
     if (!bp) return refuse(why, NPATTN_STATUS_NO_PROBLEM, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE);
     const struct npattn_problem *p = &bp->fwd;
     if (p->pages) return refuse(why, NPATTN_STATUS_BAD_PAGES, NPATTN_OPERAND_NONE, NPATTN_OPERAND_NONE);
+    if (npattn_is_code(p->k.dtype)) return refuse(why, NPATTN_STATUS_CODES_NO_GRADIENT, NPATTN_OPERAND_K, NPATTN_OPERAND_NONE);
+    if (npattn_is_code(p->v.dtype)) return refuse(why, NPATTN_STATUS_CODES_NO_GRADIENT, NPATTN_OPERAND_V, NPATTN_OPERAND_NONE);
+    memset(ops, 0, sizeof ops);
     enum npattn_status status = problem_operands(p, ops, &empty, why);
     if (status != NPATTN_STATUS_OK) return status;
     /* forward's results are inputs here, the weights are unused */

@@ -530,7 +530,7 @@ static int64_t scattered_spans(const uint16_t *kh, int64_t nk, int64_t ld, int64
     int64_t n = 0;
     for (int64_t j = 0; j < nk; n++) {
         const int64_t len = cut[n % 7] < nk - j ? cut[n % 7] : nk - j;
-        spans[n] = (struct npattn_span){NULL, NULL, len};
+        spans[n] = (struct npattn_span){NULL, NULL, len, NULL, NULL};
         j += len;
     }
     int64_t at = 0; /* in kp, in elements: the last run first */
@@ -587,11 +587,11 @@ static void test_stream_kernels(void) {
                             const int qb_ok = kt->q_tiles && kt->q_tiles(q, M, D, qb);
                             expect_stream(qb_ok == (takes && kind > 0), kernel_tables[t], "q_tiles", ty, M, "D", D, nk,
                                           "taken for bfloat16 values only, and the rows in lanes");
-                            const struct npattn_span as_stored = {kh, kh, nk}, as_f32 = {kf, kf, nk};
-                            kt->scores(q, M, D, types[ty], &as_stored, 1, ld, qb_ok ? qb : NULL, st, MAX_N);
-                            kt->scores(q, M, D, NPATTN_DTYPE_F32, &as_f32, 1, ld, qb_ok ? qb : NULL, sf, MAX_N);
+                            const struct npattn_span as_stored = {kh, kh, nk, NULL, NULL}, as_f32 = {kf, kf, nk, NULL, NULL};
+                            kt->scores(q, M, D, types[ty], NULL, &as_stored, 1, ld, qb_ok ? qb : NULL, st, MAX_N);
+                            kt->scores(q, M, D, NPATTN_DTYPE_F32, NULL, &as_f32, 1, ld, qb_ok ? qb : NULL, sf, MAX_N);
                             const int64_t n_span = scattered_spans(kh, nk, ld, 2, kp, spans);
-                            kt->scores(q, M, D, types[ty], spans, n_span, ld, qb_ok ? qb : NULL, sp, MAX_N);
+                            kt->scores(q, M, D, types[ty], NULL, spans, n_span, ld, qb_ok ? qb : NULL, sp, MAX_N);
                             int paged = 1;
                             for (int64_t r = 0; r < M; r++) paged &= !memcmp(sp + r * MAX_N, st + r * MAX_N, 4 * (size_t)nk);
                             expect_stream(paged, kernel_tables[t], "scores", ty, M, "D", D, nk, "bits in scattered spans");
@@ -625,9 +625,9 @@ static void test_stream_kernels(void) {
                             for (int64_t i = 0; i < M * MAX_N; i++) st[i] = (float)fabs(uniform());
                             for (int64_t i = 0; i < M * D; i++) o[i] = of[i] = o0[i] = (float)uniform();
                             memcpy(op, o, sizeof(float) * (size_t)(M * D));
-                            kt->accumulate(st, MAX_N, M, &as_stored, 1, types[ty], ld, D, o);
-                            kt->accumulate(st, MAX_N, M, &as_f32, 1, NPATTN_DTYPE_F32, ld, D, of);
-                            kt->accumulate(st, MAX_N, M, spans, n_span, types[ty], ld, D, op);
+                            kt->accumulate(st, MAX_N, M, &as_stored, 1, types[ty], NULL, ld, D, o);
+                            kt->accumulate(st, MAX_N, M, &as_f32, 1, NPATTN_DTYPE_F32, NULL, ld, D, of);
+                            kt->accumulate(st, MAX_N, M, spans, n_span, types[ty], NULL, ld, D, op);
                             same = memcmp(o, of, sizeof(float) * (size_t)(M * D)) == 0;
                             expect_stream(!memcmp(o, op, sizeof(float) * (size_t)(M * D)), kernel_tables[t],
                                           "accumulate", ty, M, "Dv", D, nk, "bits in scattered spans");

@@ -5,12 +5,13 @@
 #define CAT(a, b) CAT_(a, b)
 #define LOAD CAT(npattn_load_, SFX)
 #define STORE CAT(npattn_store_, SFX)
+#define DEQUANT CAT(npattn_dequant_, SFX)
 
 /* Rows j0 .. j0+nk of an operand (k or v of one head, rows at kv): the rows
  * in place, in t's own dtype, when they are read directly (direct, leading
  * dimension ld_direct: by BLAS as REAL, or by the streaming kernels) and lie
  * in one page, else converted or gathered into buf as REAL (leading dimension
- * width); *in_place says which. */
+ * width; codes as the values they stand for); *in_place says which. */
 static const void *CAT(kv_rows_, SFX)(const struct npattn_tensor *t, const struct npattn_kv *kv, int64_t j0,
                                       int64_t nk, int64_t width, int direct, int64_t ld_direct, REAL *buf, int64_t *ld,
                                       int *in_place) {
@@ -27,8 +28,14 @@ static const void *CAT(kv_rows_, SFX)(const struct npattn_tensor *t, const struc
     for (int64_t j = 0; j < nk; j += run) {
         const char *at = npattn_kv_row(kv, j0 + j, &run);
         run = min64(run, nk - j);
-        for (int64_t i = 0; i < run; i++)
-            LOAD(t->dtype, at + i * kv->row_bytes, t->col_stride, width, buf + (j + i) * width);
+        for (int64_t i = 0; i < run; i++) {
+            const char *row = at + i * kv->row_bytes;
+            if (kv->dq) /* codes: the values they stand for */
+                DEQUANT(kv->dq, t->dtype, row, t->col_stride, width, npattn_kv_groups_row(kv, &kv->scale, j0 + j + i),
+                        npattn_kv_groups_row(kv, &kv->zero, j0 + j + i), buf + (j + i) * width);
+            else
+                LOAD(t->dtype, row, t->col_stride, width, buf + (j + i) * width);
+        }
     }
     return buf;
 }

@@ -144,10 +144,10 @@ static void CAT(entry_begin_, SFX)(struct bwd_plan *pl, int64_t b, int64_t rep, 
     s->dk_first = bwd_first_visit(pl, &bp->dk, rep), s->dv_first = bwd_first_visit(pl, &bp->dv, rep);
     const int64_t ks = (int64_t)npattn_dtype_size(p->k.dtype), vs = (int64_t)npattn_dtype_size(p->v.dtype);
     const int64_t off_k = npattn_batch_offset(p, &p->k, b), off_v = npattn_batch_offset(p, &p->v, b);
-    const struct npattn_kv kk = {p->n_key > 0 ? npattn_elem(&p->k, ks, off_k, g, 0) : NULL, p->k.row_stride * ks, NULL,
-                                 0, 0};
-    const struct npattn_kv vv = {p->n_key > 0 && p->n_embd_v > 0 ? npattn_elem(&p->v, vs, off_v, g, 0) : NULL,
-                                 p->v.row_stride * vs, NULL, 0, 0};
+    const struct npattn_kv kk = {.base = p->n_key > 0 ? npattn_elem(&p->k, ks, off_k, g, 0) : NULL,
+                                 .row_bytes = p->k.row_stride * ks};
+    const struct npattn_kv vv = {.base = p->n_key > 0 && p->n_embd_v > 0 ? npattn_elem(&p->v, vs, off_v, g, 0) : NULL,
+                                 .row_bytes = p->v.row_stride * vs};
     s->kk = kk, s->vv = vv;
     SCORE_TILE tile = {.scale = s->scale, .softcap = s->cap};
     s->tile = tile;

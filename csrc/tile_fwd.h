@@ -167,7 +167,7 @@ static void CAT(scores_spans_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, S
             const int64_t n_span =
                 kv_spans(&s->kk, s->k_head, gi, u->ng, j0 + c, min64(s->k_keys, nk - c), u->j1, s->k_dist, s->spans);
             const uint32_t *qb = s->qk == QK_PATH_STREAM_Q_TILES ? s->qp + gi * D / 2 * 16 : NULL;
-            npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, p->k.dtype, s->spans, n_span,
+            npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, p->k.dtype, s->kk.dq, s->spans, n_span,
                                      pl->ldk, qb, (float *)s->st + gi * s->mg * s->sld + c, s->sld);
         }
 }
@@ -209,8 +209,8 @@ static void CAT(scores_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SF
         const void *ktile =
             CAT(head_rows_, SFX)(pl, s, &p->k, &s->kk, s->k_head, gi, D, s->k_direct, j0, nk, s->kt, &ldk);
         if (s->stream) {
-            const struct npattn_span span = {ktile, ktile, nk};
-            npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, &span, 1, ldk,
+            const struct npattn_span span = {ktile, ktile, nk, NULL, NULL};
+            npattn_kernels()->scores((const float *)s->qt + gi * s->mg * D, s->mg, D, NPATTN_DTYPE_F32, NULL, &span, 1, ldk,
                                      NULL, (float *)s->st + gi * s->mg * s->sld, s->sld);
         } else
             GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nk, (int)s->mg, (int)D, (REAL)1, (const REAL *)ktile,
@@ -319,7 +319,7 @@ static void CAT(pv_spans_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) 
             const int64_t n_span =
                 kv_spans(&s->vv, s->v_head, gi, u->ng, j0 + c, min64(s->v_keys, nk - c), u->j1, s->v_dist, s->spans);
             npattn_kernels()->accumulate((const float *)s->st + gi * s->mg * s->sld + c, s->sld, s->mg, s->spans,
-                                         n_span, p->v.dtype, pl->ldv, Dv, (float *)s->ot + gi * s->mg * Dv);
+                                         n_span, p->v.dtype, s->vv.dq, pl->ldv, Dv, (float *)s->ot + gi * s->mg * Dv);
         }
 }
 
@@ -336,9 +336,9 @@ static void CAT(pv_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *
         const void *vtile =
             CAT(head_rows_, SFX)(pl, s, &p->v, &s->vv, s->v_head, gi, Dv, s->v_direct, j0, nk, s->vt, &ldv);
         if (s->stream) {
-            const struct npattn_span span = {vtile, vtile, nk};
+            const struct npattn_span span = {vtile, vtile, nk, NULL, NULL};
             npattn_kernels()->accumulate((const float *)s->st + gi * s->mg * s->sld, s->sld, s->mg, &span, 1,
-                                         NPATTN_DTYPE_F32, ldv, Dv, (float *)s->ot + gi * s->mg * Dv);
+                                         NPATTN_DTYPE_F32, NULL, ldv, Dv, (float *)s->ot + gi * s->mg * Dv);
         } else
             GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s->mg, (int)Dv, (int)nk, (REAL)1, s->st + gi * s->mg,
                  (int)M, (const REAL *)vtile, (int)ldv, (REAL)!first, s->ot + gi * s->mg * Dv, (int)Dv);

@@ -8,8 +8,10 @@ run from the repository root, where the test support package tests/helpers
 imports as ``tests.helpers``. Each case is tests.helpers.random_problem(seed): the whole contract of
 npattn.sdpa (ranks, broadcasting, GQA, empty sizes, layouts, dtypes, masks,
 sinks, scale, window, softcap, positions, lse, threads, precision; one in four with
-per-request key ranges k_start/k_lengths or an int-array q_offset), one in ten
-with NaN and infinities in q, k, v, now and then a model-sized one; and one case
+per-request key ranges k_start/k_lengths or an int-array q_offset; one in five of
+the rest with k or v or both 8-bit codes and their scales: every format, grouping
+and scale dtype), one in ten with NaN and infinities in q, k, v, now and then a
+model-sized one; and one case
 in ten is a paged_attention call instead, tests.helpers.random_paged_problem
 (page sizes, shared pages, strided stores, int32 tables, every mask kind it
 takes, window, sinks, softcap, q_offset, lse, precision). Three calls per
@@ -86,8 +88,10 @@ def problem(seed: int, case: int):
 
 def with_backward(kwargs: dict, specials: bool) -> bool:
     """Whether the case runs the backward pass too: finite inputs, a scale of at most
-    100 (beyond it the gradients overflow float32 while the reference's do not)."""
-    return not specials and abs(kwargs.get("scale") or 1.0) <= 100
+    100 (beyond it the gradients overflow float32 while the reference's do not), and
+    no codes (there is no gradient through them)."""
+    codes = any(key in kwargs for key in ("k_scale", "v_scale"))
+    return not specials and not codes and abs(kwargs.get("scale") or 1.0) <= 100
 
 
 def run_case(seed: int, case: int, table: str) -> int:

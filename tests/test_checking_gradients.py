@@ -30,7 +30,7 @@ def test_npattns_gradients_pass_on_random_problems(seed):
     broadcast batch dims, GQA, every mask kind, sinks, window, softcap, positions, key
     ranges, layouts, four dtypes), pass: a right result is never failed."""
     rng = np.random.default_rng(seed)
-    q, k, v, kwargs = random_problem(rng)
+    q, k, v, kwargs = random_problem(rng, codes=False)  # no gradient through codes
     options = {key: val for key, val in kwargs.items() if key not in ("return_lse", "out", "threads")}
     out, lse = npattn.sdpa(q, k, v, return_lse=True, **options)
     dout = rng.standard_normal(out.shape).astype(out.dtype)

@@ -94,6 +94,119 @@ def bad_dtype_rows():
     return rows
 
 
+def codes(shape, fmt="int8"):
+    """Codes of `shape` in format `fmt` (fp8 through ml_dtypes)."""
+    return np.ones(shape, dtype_of(fmt))
+
+
+def scales(shape, value=1.0, dtype=np.float32):
+    return np.full(shape, value, dtype_of(dtype) if isinstance(dtype, str) else dtype)
+
+
+def later(**made):
+    """A valid call with keywords replaced by what each function makes when the call
+    runs (ml_dtypes' arrays: a row skips where it is missing, not the table)."""
+    return lambda: call(**{name: make() for name, make in made.items()})()
+
+
+def code_rows():
+    """Codes without their scale, scales of floats, groups that divide no row width, zero
+    points of symmetric formats, NaN or infinite scales, scales that do not broadcast, and
+    scales of other dtypes: each for k and for v where it applies."""
+    K_PER_TOKEN, V_PER_TOKEN = (1, 2, 5, 1), (1, 2, 5, 1)
+    k8, v8 = codes(K_SHAPE), codes(V_SHAPE, "uint8")
+    return [
+        ("k int8 codes without k_scale", call(k=k8), TypeError, "k_scale", ("k holds int8 codes",)),
+        ("v uint8 codes without v_scale", call(v=v8), TypeError, "v_scale", ("v holds uint8 codes",)),
+        ("k e4m3 codes without k_scale", later(k=lambda: codes(K_SHAPE, "float8_e4m3fn")), TypeError, "k_scale", ()),
+        ("v e5m2 codes without v_scale", later(v=lambda: codes(V_SHAPE, "float8_e5m2")), TypeError, "v_scale", ()),
+        ("k_zero without k_scale", call(k=k8, k_zero=scales(K_PER_TOKEN)), TypeError, "k_scale", ()),
+        (
+            "k_scale's groups divide no D",
+            call(k=k8, k_scale=scales((3,))),
+            ValueError,
+            "k_scale",
+            ("3 groups", "row width D = 8", "k_scale (3,)", "k (1, 2, 5, 8)"),
+        ),
+        (
+            "v_scale's groups divide no D_v",
+            call(v=v8, v_scale=scales((1, 2, 5, 4))),
+            ValueError,
+            "v_scale",
+            ("4 groups", "row width D_v = 6"),
+        ),
+        (
+            "k_zero's groups divide no D",
+            call(k=k8, k_scale=scales(()), k_zero=scales((3,))),
+            ValueError,
+            "k_zero",
+            ("3 groups", "D = 8"),
+        ),
+        ("k_scale of float k", call(k_scale=scales(K_PER_TOKEN)), ValueError, "k_scale", ("k holds float32",)),
+        ("v_scale of float v", call(v_scale=scales(())), ValueError, "v_scale", ("v holds float32",)),
+        ("k_zero of float k", call(k_zero=scales(())), ValueError, "k_zero", ("for codes",)),
+        (
+            "k_zero of e4m3 codes",
+            later(k=lambda: codes(K_SHAPE, "float8_e4m3fn"), k_scale=lambda: scales(()), k_zero=lambda: scales(())),
+            ValueError,
+            "k_zero",
+            ("float8_e4m3fn codes are symmetric",),
+        ),
+        (
+            "v_zero of e5m2 codes",
+            later(v=lambda: codes(V_SHAPE, "float8_e5m2"), v_scale=lambda: scales(()), v_zero=lambda: scales(())),
+            ValueError,
+            "v_zero",
+            ("symmetric",),
+        ),
+        ("k_scale NaN", call(k=k8, k_scale=scales(K_PER_TOKEN, np.nan)), ValueError, "k_scale", ("NaN or infinity",)),
+        ("k_scale inf", call(k=k8, k_scale=scales((), np.inf, np.float16)), ValueError, "k_scale", ("infinity",)),
+        (
+            "v_scale -inf, bfloat16",
+            later(v=lambda: v8, v_scale=lambda: scales(V_PER_TOKEN, -np.inf, "bfloat16")),
+            ValueError,
+            "v_scale",
+            ("infinity",),
+        ),
+        (
+            "k_zero NaN",
+            call(k=k8, k_scale=scales(()), k_zero=scales((2, 1, 1), np.nan)),
+            ValueError,
+            "k_zero",
+            ("NaN",),
+        ),
+        (
+            "k_scale that does not broadcast",
+            call(k=k8, k_scale=scales((1, 2, 7, 1))),
+            ValueError,
+            "k_scale",
+            ("(1, 2, 7, 1)", "does not broadcast to (1, 2, 5, 1)"),
+        ),
+        ("k_scale of a larger rank", call(k=k8, k_scale=scales((1, 1, 2, 5, 1))), ValueError, "k_scale", ()),
+        (
+            "v_scale per kv head of q's heads",
+            call(v=v8, v_scale=scales((4, 1, 1))),
+            ValueError,
+            "v_scale",
+            ("(4, 1, 1)",),
+        ),
+        (
+            "k_zero's groups neither 1 nor k_scale's",
+            call(k=k8, k_scale=scales((2,)), k_zero=scales((4,))),
+            ValueError,
+            "k_zero",
+            ("(4,)",),
+        ),
+        ("k_scale float64", call(k=k8, k_scale=np.ones(K_PER_TOKEN)), TypeError, "k_scale", ("float64",)),
+        ("k_scale a Python float", call(k=k8, k_scale=0.5), TypeError, "k_scale", ("np.float32",)),
+        ("k_scale int", call(k=k8, k_scale=np.ones(K_PER_TOKEN, np.int32)), TypeError, "k_scale", ("int32",)),
+        ("v_zero uint8", call(v=v8, v_scale=scales(()), v_zero=np.uint8(128)), TypeError, "v_zero", ("uint8",)),
+        ("k_scale a string", call(k=k8, k_scale="0.5"), TypeError, "k_scale", ()),
+        ("k_scale complex", call(k=k8, k_scale=np.ones(1, np.complex64)), TypeError, "k_scale", ()),
+        ("q int8", call(q=codes(Q_SHAPE)), TypeError, "q", ("int8",)),
+    ]
+
+
 def overlapping_out():
     """out aliasing q's memory (q given the result's shape, D = D_v)."""
     q = np.ones((1, 4, 3, 8), np.float32)
@@ -441,6 +554,8 @@ ROWS = [
     ("out overlapping a misaligned mask", out_overlapping_misaligned_mask(), ValueError, "out", ()),
     ("out overlapping sinks", out_overlapping_sinks(), ValueError, "out", ()),
     ("out overlapping itself", out_overlapping_itself(), ValueError, "out", ("itself",)),
+    # codes and their scales (SPEC section 14; issue 57, item 7)
+    *code_rows(),
     # what converting an argument raises
     ("q whose __array__ runs out of memory", call(q=OutOfMemory()), MemoryError, "q", ()),
     ("q a torch tensor on the meta device", torch_meta_q, TypeError, "q", ("meta",)),
@@ -458,6 +573,102 @@ def test_invalid_input_raises_naming_the_argument(capfd, description, fn, except
     Nothing is printed to stderr.
     """
     assert_raises_naming(capfd, fn, exception, argument, substrings)
+
+
+def paged_codes(**kwargs):
+    """paged_attention over int8 key pages (3 pages of 4 rows; request 0 in pages 0 and 1,
+    request 1 in page 2), with keywords replaced."""
+    q, pages = arr((2, 4, 1, 8)), codes((3, 2, 4, 8))
+    return lambda: npattn.paged_attention(q, pages, arr((3, 2, 4, 6)), [[0, 1], [2, -1]], [5, 3], **kwargs)
+
+
+def backward_of_codes(name):
+    """sdpa_backward with k or v holding int8 codes."""
+    q, k, v, out = arr(Q_SHAPE), arr(K_SHAPE), arr(V_SHAPE), arr(OUT_SHAPE)
+    k, v = (codes(K_SHAPE), v) if name == "k" else (k, codes(V_SHAPE))
+    return lambda: npattn.sdpa_backward(out, q, k, v, out, arr(OUT_SHAPE[:-1]))
+
+
+def dask_codes(**kwargs):
+    """npattn.dask.sdpa over int8 k, with keywords replaced: refused when called."""
+    dask = pytest.importorskip("npattn.dask")
+    return dask.sdpa(arr(Q_SHAPE), codes(K_SHAPE), arr(V_SHAPE), **kwargs)
+
+
+CODE_CALL_ROWS = [
+    ("paged codes without k_scale", paged_codes(), TypeError, "k_scale", ("key_pages holds int8",), "paged_attention"),
+    (
+        "paged k_scale NaN in a live page",
+        paged_codes(k_scale=np.concatenate([scales((2, 2, 4, 1)), scales((1, 2, 4, 1), np.nan)])),
+        ValueError,
+        "k_scale",
+        ("NaN",),
+        "paged_attention",
+    ),
+    (
+        "paged k_scale that is not paged like the pages",
+        paged_codes(k_scale=scales((2, 2, 4, 1))),
+        ValueError,
+        "k_scale",
+        ("(2, 2, 4, 1)", "(3, 2, 4, 1)"),
+        "paged_attention",
+    ),
+    (
+        "paged k_scale of float v",
+        paged_codes(k_scale=scales(()), v_scale=scales(())),
+        ValueError,
+        "v_scale",
+        (),
+        "paged_attention",
+    ),
+    (
+        "attention_weights codes without k_scale",
+        lambda: npattn.attention_weights(arr(Q_SHAPE), codes(K_SHAPE)),
+        TypeError,
+        "k_scale",
+        (),
+        "attention_weights",
+    ),
+    (
+        "sdpa_backward of k codes",
+        backward_of_codes("k"),
+        TypeError,
+        "k",
+        ("no gradient through codes",),
+        "sdpa_backward",
+    ),
+    ("sdpa_backward of v codes", backward_of_codes("v"), TypeError, "v", ("no gradient",), "sdpa_backward"),
+    ("dask codes without k_scale", lambda: dask_codes(), TypeError, "k_scale", (), "sdpa"),
+    (
+        "dask k_scale of groups dividing no D",
+        lambda: dask_codes(k_scale=scales((3,))),
+        ValueError,
+        "k_scale",
+        (),
+        "sdpa",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "description, fn, exception, argument, substrings, function", CODE_CALL_ROWS, ids=[r[0] for r in CODE_CALL_ROWS]
+)
+def test_codes_in_every_function_raise_naming_the_argument(capfd, description, fn, exception, argument, substrings,
+                                                            function):  # fmt: skip
+    """Codes and their scales in paged_attention, attention_weights, sdpa_backward and
+    npattn.dask.sdpa: the error of sdpa's table, named by each function."""
+    assert_raises_naming(capfd, fn, exception, argument, substrings, function=function)
+
+
+def test_paged_scales_of_pages_no_request_reads_may_hold_anything():
+    """A NaN scale in a page that no live entry names (a free page of the pool) is not
+    read: the call computes what it computes with that page's scales finite."""
+    k_scale = np.concatenate([scales((2, 2, 4, 1)), scales((1, 2, 4, 1), np.nan)])
+    q, pages = arr((2, 4, 1, 8)), codes((3, 2, 4, 8))
+    table = [[0, 1], [1, -1]]  # page 2 is free
+    got = npattn.paged_attention(q, pages, arr((3, 2, 4, 6)), table, [5, 3], k_scale=k_scale)
+    np.testing.assert_array_equal(got, npattn.paged_attention(q, pages, arr((3, 2, 4, 6)), table, [5, 3],
+                                                              k_scale=np.ones_like(k_scale)))  # fmt: skip
 
 
 TRANSPOSE_HINT = "if your arrays are (B, L, H, D), pass x.transpose(0, 2, 1, 3)"

@@ -183,11 +183,12 @@ AMX static void rows_block(const char *const a[4], const int64_t lda[4], int nt,
     if (nt > 3) _tile_stored(3, c + 768, 64);
 }
 
-AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
-                           int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
+AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_dequant *dq,
+                           const struct npattn_span *spans, int64_t n_span, int64_t ldk, const uint32_t *qb, float *st,
+                           int64_t ldst) {
     const struct npattn_kernels *up = &npattn_kernels_avx512bf16;
     if (kt != NPATTN_DTYPE_BF16 || !qb || !npattn_amx_stream_rows(M, D)) {
-        up->scores(q, M, D, kt, spans, n_span, ldk, NULL, st, ldst);
+        up->scores(q, M, D, kt, dq, spans, n_span, ldk, NULL, st, ldst);
         return;
     }
     uint16_t kpad[16 * NPATTN_AMX_STREAM_MAX_D] __attribute__((aligned(64))); /* the last keys, padded with zeros */
@@ -203,8 +204,8 @@ AMX void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dty
             const uint16_t *kj = (const uint16_t *)spans[si].rows + i0 * ldk;
             const uint16_t *aj = (const uint16_t *)spans[si].ahead + i0 * ldk;
             if (any_subnormal(kj, ldk, nj, D)) {
-                const struct npattn_span part = {kj, aj, nj};
-                up->scores(q, M, D, kt, &part, 1, ldk, NULL, st + j, ldst);
+                const struct npattn_span part = {kj, aj, nj, NULL, NULL};
+                up->scores(q, M, D, kt, NULL, &part, 1, ldk, NULL, st + j, ldst);
                 continue;
             }
             const void *ahead[64];

@@ -74,9 +74,10 @@ VEC_FN void scores_lanes_block(const float *qt, int64_t D, const float *kr, int6
     vec_store_lanes_scores(acc, nkb, st, ldst);
 }
 
-/* 16 rows of q against the spans' keys (of type kt), into st. */
-VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
-                         int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+/* 16 rows of q against the spans' keys (of type kt; codes made into their
+ * values as dq says), into st. */
+VEC_FN void scores_lanes(enum npattn_dtype kt, const struct npattn_dequant *dq, const float *q, int64_t D,
+                         const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
     float kb[LANES_KEYS * NPATTN_LANES_MAX_D] __attribute__((aligned(64))); /* half keys, converted */
     vec_transpose_rows(q, D, LANES_ROWS, D, qt, LANES_ROWS);
@@ -86,9 +87,13 @@ VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const 
             nkb = spans[i].n - j < LANES_KEYS ? spans[i].n - j : LANES_KEYS;
             const float *kr = (const float *)npattn_stream_at(kt, spans[i].rows, j * ldk);
             int64_t ld = ldk;
-            if (kt != NPATTN_DTYPE_F32) { /* the block's rows as floats, exactly */
-                for (int64_t a = 0; a < nkb; a++)
-                    vec_row_f32(kt, npattn_stream_at(kt, spans[i].rows, (j + a) * ldk), D, kb + a * D);
+            if (kt != NPATTN_DTYPE_F32) { /* the block's rows as floats, exactly (codes: their values) */
+                for (int64_t a = 0; a < nkb; a++) {
+                    const void *row = npattn_stream_at(kt, spans[i].rows, (j + a) * ldk);
+                    if (!npattn_is_code(kt)) vec_row_f32(kt, row, D, kb + a * D);
+                    else vec_values_f32(kt, dq, row, D, vec_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j + a),
+                                        vec_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j + a), kb + a * D);
+                }
                 kr = kb, ld = D;
             }
             const void *pf = nkb == LANES_KEYS ? npattn_stream_at(kt, spans[i].ahead, j * ldk) : NULL;
@@ -107,11 +112,12 @@ VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const 
 
 /* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes; the
  * rows left take vec_stream.h's reduction trees. */
-VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
-                              const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const struct npattn_dequant *dq, const float *q, int64_t M,
+                              int64_t D, const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
+                              int64_t ldst) {
     const int64_t lanes = npattn_rows_in_lanes(M, D);
     for (int64_t r = 0; r < lanes; r += LANES_ROWS)
-        scores_lanes(kt, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
+        scores_lanes(kt, dq, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
     return lanes;
 }
 
@@ -130,10 +136,10 @@ static inline int acc_rows(int64_t left) { return left == 7 ? 4 : left > 6 ? 6 :
  * so that the accumulators stay in registers (the cases of nc or more never
  * occur, and compile to nothing). Each block prefetches its own columns of
  * the rows ahead that vec_accumulate_block's pf_every and pf_first name. */
-VEC_FN void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst, int nr, int nc,
-                            const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o,
-                            int pf_every, int pf_first) {
-#define BLOCK(n) vec_accumulate_block(vt, st, ldst, nr, n, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first)
+VEC_FN void accumulate_rows(enum npattn_dtype vt, const int zero, const struct npattn_dequant *dq, const float *st,
+                            int64_t ldst, int nr, int nc, const struct npattn_span *spans, int64_t n_span, int64_t ldv,
+                            int64_t Dv, float *o, int pf_every, int pf_first) {
+#define BLOCK(n) vec_accumulate_block(vt, zero, dq, st, ldst, nr, n, spans, n_span, ldv, Dv, e0, o, pf_every, pf_first)
     int64_t e0 = 0;
     for (; e0 + 8 * nc <= Dv; e0 += 8 * nc) BLOCK(nc);
     switch ((Dv - e0) / 8) {
@@ -154,8 +160,9 @@ VEC_FN void accumulate_rows(enum npattn_dtype vt, const float *st, int64_t ldst,
  * the passes, not in a burst over the first block's (from memory, one Zen 4
  * thread, medians of alternated calls: MQA 16/1/128 at 65536 keys 6.68
  * against 6.98 ms, 12/1/128 5.06 against 5.71). */
-VEC_FN void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                          const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+VEC_FN void accumulate_of(enum npattn_dtype vt, const int zero, const struct npattn_dequant *dq, const float *st,
+                          int64_t ldst, int64_t M, const struct npattn_span *spans, int64_t n_span, int64_t ldv,
+                          int64_t Dv, float *o) {
     const int f32 = vt == NPATTN_DTYPE_F32;
     int n_block = 0;
     for (int64_t r = 0; r < M; r += acc_rows(M - r)) n_block++;
@@ -166,8 +173,10 @@ VEC_FN void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, i
         switch (nr) {
 #define ROWS(n)                                                                                                        \
     case n:                                                                                                            \
-        if (f32) accumulate_rows(vt, sr, ldst, n, ACC_CHUNKS(n, 1), spans, n_span, ldv, Dv, orow, n_block, (int)b);   \
-        else accumulate_rows(vt, sr, ldst, n, ACC_CHUNKS(n, 0), spans, n_span, ldv, Dv, orow, n_block, (int)b);       \
+        if (f32) accumulate_rows(vt, zero, dq, sr, ldst, n, ACC_CHUNKS(n, 1), spans, n_span, ldv, Dv, orow, n_block,  \
+                                 (int)b);                                                                              \
+        else accumulate_rows(vt, zero, dq, sr, ldst, n, ACC_CHUNKS(n, 0), spans, n_span, ldv, Dv, orow, n_block,      \
+                             (int)b);                                                                                  \
         break;
             ROWS(6) ROWS(5) ROWS(4) ROWS(3) ROWS(2) ROWS(1)
 #undef ROWS
@@ -178,10 +187,11 @@ VEC_FN void accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, i
 
 /* accumulate_of, Dv = 64 as a constant (as the scores: 1.03-1.08x); the
  * columns past the last 8 left to the portable code. */
-VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
-    if (Dv == 64) accumulate_of(vt, st, ldst, M, spans, n_span, ldv, 64, o);
-    else accumulate_of(vt, st, ldst, M, spans, n_span, ldv, Dv, o);
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const int zero, const struct npattn_dequant *dq,
+                                 const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                                 int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+    if (Dv == 64) accumulate_of(vt, zero, dq, st, ldst, M, spans, n_span, ldv, 64, o);
+    else accumulate_of(vt, zero, dq, st, ldst, M, spans, n_span, ldv, Dv, o);
     return Dv / 8 * 8;
 }
 

@@ -123,9 +123,10 @@ VEC_FN void bf16_scores_in_lanes(const float *q, int64_t M, int64_t D, const str
 /* A bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: all of
  * them with the keys in the lanes; else none (vec_stream.h's reduction
  * trees take them). */
-VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
-                              const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const struct npattn_dequant *dq, const float *q, int64_t M,
+                              int64_t D, const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
                               int64_t ldst) {
+    (void)dq;
     if (kt != NPATTN_DTYPE_BF16 || !npattn_bf16_keys_in_lanes(M, D)) return 0;
     bf16_scores_in_lanes(q, M, D, spans, n_span, ldk, st, ldst);
     return M;
@@ -139,8 +140,8 @@ VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, i
  * the first block (b == 0) prefetches every row ahead. */
 #define ACCUMULATE_BLOCK(nr, nc)                                                                                     \
     case nr:                                                                                                         \
-        if (b == 0) vec_accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 1, 0);           \
-        else vec_accumulate_block(vt, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 0, 0);                  \
+        if (b == 0) vec_accumulate_block(vt, zero, dq, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 1, 0); \
+        else vec_accumulate_block(vt, zero, dq, s, ldst, nr, nc, spans, n_span, ldv, Dv, e0, o + r * Dv, 0, 0);        \
         break;
 
 /* Up to 4 rows in one block of 64 columns at a time; more in blocks of at
@@ -148,9 +149,9 @@ VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, i
  * blocks of 4 and 3 of 64 columns, one Xeon core), so that each value row
  * is loaded the fewest times. The first block of each pass over the
  * columns prefetches its columns of the rows ahead. */
-VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv,
-                                 float *o) {
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const int zero, const struct npattn_dequant *dq,
+                                 const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                                 int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
     if (M <= 4) { /* one block (b, r: its number and first row, for the macro) */
         for (int64_t e0 = 0, r = 0, b = 0; e0 < Dv; e0 += 64) {
             const float *s = st;
@@ -412,10 +413,10 @@ AVX512BF16 static void pairs_scores(const float *q, const uint32_t *qb, int64_t 
 /* scores: with q's pairs (qb) and a bfloat16 K, their dot products; else
  * the floats' kernels. */
 AVX512BF16 static void scores_avx512bf16(const float *q, int64_t M, int64_t D, enum npattn_dtype kt,
-                                         const struct npattn_span *spans, int64_t n_span, int64_t ldk,
-                                         const uint32_t *qb, float *st, int64_t ldst) {
+                                         const struct npattn_dequant *dq, const struct npattn_span *spans,
+                                         int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     if (kt == NPATTN_DTYPE_BF16 && qb) pairs_scores(q, qb, M, D, spans, n_span, ldk, st, ldst);
-    else vec_scores(q, M, D, kt, spans, n_span, ldk, NULL, st, ldst);
+    else vec_scores(q, M, D, kt, dq, spans, n_span, ldk, NULL, st, ldst);
 }
 
 /* The pair (k[2p], k[2p + 1]) in every lane. */

@@ -217,6 +217,37 @@ void npattn_load_f32(enum npattn_dtype dtype, const void *src, int64_t stride, i
         else for (int64_t j = 0; j < n; j++) dst[j] = npattn_f16_to_f32(s[j * stride]);
         return;
     }
+    default: return; /* codes: npattn_dequant_f32 */
+    }
+}
+
+/* Elements j0 .. j0 + n - 1 of a row of codes as the floats they stand for,
+ * into dst[0 .. n - 1]: a group at a time, its scale and zero point read once. */
+static void dequant_part(const struct npattn_dequant *dq, enum npattn_dtype t, const void *src, int64_t stride,
+                         int64_t j0, int64_t n, const void *scale, const void *zero, float *dst) {
+    for (int64_t j = j0; j < j0 + n;) {
+        const int64_t g = j / dq->group, end = (g + 1) * dq->group < j0 + n ? (g + 1) * dq->group : j0 + n;
+        const float s = npattn_stream_elem(dq->scale_type, scale, g * dq->scale_col);
+        const float z = dq->zero ? npattn_stream_elem(dq->zero_type, zero, g * dq->zero_col) : 0.0f;
+        for (; j < end; j++) {
+            const float c = npattn_stream_elem(t, (const uint8_t *)src + j * stride, 0);
+            dst[j - j0] = (dq->zero ? c - z : c) * s;
+        }
+    }
+}
+
+void npattn_dequant_f32(const struct npattn_dequant *dq, enum npattn_dtype t, const void *src, int64_t stride, int64_t n,
+                        const void *scale, const void *zero, float *dst) {
+    dequant_part(dq, t, src, stride, 0, n, scale, zero, dst);
+}
+
+void npattn_dequant_f64(const struct npattn_dequant *dq, enum npattn_dtype t, const void *src, int64_t stride, int64_t n,
+                        const void *scale, const void *zero, double *dst) {
+    float part[256];
+    for (int64_t j = 0; j < n; j += 256) {
+        const int64_t m = n - j < 256 ? n - j : 256;
+        dequant_part(dq, t, src, stride, j, m, scale, zero, part);
+        for (int64_t i = 0; i < m; i++) dst[j + i] = part[i];
     }
 }
 
@@ -243,6 +274,7 @@ void npattn_load_f64(enum npattn_dtype dtype, const void *src, int64_t stride, i
         for (int64_t j = 0; j < n; j++) dst[j] = npattn_f16_to_f32(s[j * stride]);
         return;
     }
+    default: return; /* codes: npattn_dequant_f64 */
     }
 }
 
@@ -273,6 +305,7 @@ void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void
         for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_f16(src[j]);
         return;
     }
+    default: return; /* results are never codes */
     }
 }
 
@@ -300,5 +333,6 @@ void npattn_store_f64(enum npattn_dtype dtype, const double *src, int64_t n, voi
         for (int64_t j = 0; j < n; j++) d[j * stride] = npattn_f32_to_f16((float)src[j]);
         return;
     }
+    default: return; /* results are never codes */
     }
 }

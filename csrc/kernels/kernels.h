@@ -39,6 +39,23 @@ struct npattn_score_tile {
 struct npattn_span {
     const void *rows, *ahead;
     int64_t n;
+    const void *scale, *zero; /* codes: row 0's scales and zero points (struct npattn_dequant); else unused */
+};
+
+/* How the rows of a streamed K or V of codes (I8, U8, F8E4M3, F8E5M2)
+ * stand for values (SPEC section 14): element e of a span's row i is
+ * (code - zero) * scale in float, code - zero rounded first (zero 0 without
+ * zero points), the scale and zero point those of e's group, e / group, at
+ *     span.scale + i * scale_row + e / group * scale_col
+ * elements of scale_type, the zero point likewise. The kernels apply them
+ * in registers as each row's vectors are loaded; so that one scale serves a
+ * whole vector, a table takes rows of codes whose groups are the whole row
+ * or a multiple of its code_step elements (forward.c converts others). */
+struct npattn_dequant {
+    enum npattn_dtype scale_type, zero_type; /* F32, F16 or BF16 */
+    int64_t group;                           /* elements a group; the row's width for a scale a row */
+    int64_t scale_row, scale_col, zero_row, zero_col;
+    int zero;                                /* zero points given: every span's zero is one */
 };
 
 struct npattn_kernels {
@@ -62,7 +79,11 @@ struct npattn_kernels {
 
     /* Decode-sized tiles, which read each key and value row once, in its
      * own type: kt and vt are F32, F16 or BF16, converted in registers
-     * (exactly), so that a half-precision cache is read at half the bytes.
+     * (exactly), so that a half-precision cache is read at half the bytes;
+     * or codes (I8, U8, F8E4M3, F8E5M2), converted likewise and each value
+     * then made as dq says (struct npattn_dequant; dq NULL for floats), so
+     * that an 8-bit cache is read at a quarter of float32's bytes and its
+     * scores are those of its float32 values.
      * The keys are those of n_span spans, in order, nk in all (ldk and ldv
      * elements from one row to the next within a span). scores: st (M,
      * ldst) = raw scores of the M rows of q (M, D), row-major, against the
@@ -82,8 +103,9 @@ struct npattn_kernels {
      * at a time; amx: the tiles). qb: q's rows as the table's q_tiles left
      * them, where it has one and that returned 1; else NULL (the other
      * tables ignore it). */
-    void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
-                   int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst);
+    void (*scores)(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_dequant *dq,
+                   const struct npattn_span *spans, int64_t n_span, int64_t ldk, const uint32_t *qb, float *st,
+                   int64_t ldst);
     /* The avx512bf16 and amx tables' (NULL elsewhere): qb = q's M rows of
      * D values as the operands of their streamed scores' dot products
      * (D / 2 * 16 words at most), once per task rather than per call (a
@@ -93,7 +115,11 @@ struct npattn_kernels {
      * none subnormal. */
     int (*q_tiles)(const float *q, int64_t M, int64_t D, uint32_t *qb);
     void (*accumulate)(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans, int64_t n_span,
-                       enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o);
+                       enum npattn_dtype vt, const struct npattn_dequant *dq, int64_t ldv, int64_t Dv, float *o);
+    /* Rows of codes with groups of a multiple of code_step elements (or
+     * one group a row) are what scores and accumulate read in place: the
+     * table's vector width. */
+    int64_t code_step;
     /* How many rows ahead accumulate wants its value rows' `ahead` for M
      * rows of Dv columns, given `rows`, the distance for one pass over each
      * value row, and the tile's keys (NULL: rows). */
@@ -224,8 +250,9 @@ extern const struct npattn_kernels npattn_kernels_amx;        /* avx512bf16 with
 #define NPATTN_AMX_MAX_D 512 /* the widest rows of K the tiles take from scratch (wider ones: avx512bf16's kernel) */
 void npattn_amx_scores_bf16(const uint32_t *qp, int64_t ldq, int64_t M, int64_t np, const uint16_t *k, int64_t ldk,
                             int64_t nk, float *st, int64_t ldst);
-void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
-                       int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst);
+void npattn_amx_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_dequant *dq,
+                       const struct npattn_span *spans, int64_t n_span, int64_t ldk, const uint32_t *qb, float *st,
+                       int64_t ldst);
 int npattn_amx_q_tiles(const float *q, int64_t M, int64_t D, uint32_t *qb);
 void npattn_amx_split_tiles(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
                             int64_t rows);

@@ -62,42 +62,62 @@ VEC_FN void scores_lanes_block(enum npattn_dtype kt, const float *qt, int64_t D,
     vec_store_lanes_scores(acc, nkb, st, ldst);
 }
 
-/* 16 rows of q against the spans' keys (of type kt), into st. */
-VEC_FN void scores_lanes(enum npattn_dtype kt, const float *q, int64_t D, const struct npattn_span *spans,
-                         int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+/* scores_lanes_block for nkb keys, each count a constant of its own. */
+VEC_FN void scores_lanes_keys(enum npattn_dtype kt, const float *qt, int64_t D, const void *kr, int64_t ldk, int nkb,
+                              float *st, int64_t ldst, const void *pf) {
+    switch (nkb) {
+    case 4: scores_lanes_block(kt, qt, D, kr, ldk, 4, st, ldst, pf); break;
+    case 3: scores_lanes_block(kt, qt, D, kr, ldk, 3, st, ldst, pf); break;
+    case 2: scores_lanes_block(kt, qt, D, kr, ldk, 2, st, ldst, pf); break;
+    default: scores_lanes_block(kt, qt, D, kr, ldk, 1, st, ldst, pf); break;
+    }
+}
+
+/* 16 rows of q against the spans' keys (of type kt), into st; codes made
+ * into their values (dq) a block of keys at a time first, into floats. */
+VEC_FN void scores_lanes(enum npattn_dtype kt, const struct npattn_dequant *dq, const float *q, int64_t D,
+                         const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
+    float kb[LANES_KEYS * NPATTN_LANES_MAX_D] __attribute__((aligned(64))); /* codes' values */
     vec_transpose_rows(q, D, LANES_ROWS, D, qt, LANES_ROWS);
+    const int codes = npattn_is_code(kt);
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
         for (int64_t j = 0, nkb; j < spans[i].n; j += nkb) {
             nkb = spans[i].n - j < LANES_KEYS ? spans[i].n - j : LANES_KEYS;
             const void *kr = npattn_stream_at(kt, spans[i].rows, j * ldk);
             const void *pf = nkb == LANES_KEYS ? npattn_stream_at(kt, spans[i].ahead, j * ldk) : NULL;
             float *sj = st + j0 + j;
-            switch (nkb) {
-            case 4: scores_lanes_block(kt, qt, D, kr, ldk, 4, sj, ldst, pf); break;
-            case 3: scores_lanes_block(kt, qt, D, kr, ldk, 3, sj, ldst, pf); break;
-            case 2: scores_lanes_block(kt, qt, D, kr, ldk, 2, sj, ldst, pf); break;
-            default: scores_lanes_block(kt, qt, D, kr, ldk, 1, sj, ldst, pf); break;
+            if (codes) {
+                for (int64_t a = 0; a < nkb; a++)
+                    vec_values_f32(kt, dq, npattn_stream_at(kt, spans[i].rows, (j + a) * ldk), D,
+                                   vec_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j + a),
+                                   vec_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j + a), kb + a * D);
+                scores_lanes_keys(NPATTN_DTYPE_F32, qt, D, kb, D, (int)nkb, sj, ldst, NULL);
+            } else {
+                scores_lanes_keys(kt, qt, D, kr, ldk, (int)nkb, sj, ldst, pf);
             }
         }
 }
 
 /* The rows npattn_rows_in_lanes admits, 16 at a time in the lanes; the
  * rows left take vec_stream.h's reduction trees. */
-VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                              int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const struct npattn_dequant *dq, const float *q, int64_t M,
+                              int64_t D, const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
+                              int64_t ldst) {
     const int64_t lanes = npattn_rows_in_lanes(M, D);
     for (int64_t r = 0; r < lanes; r += LANES_ROWS)
-        scores_lanes(kt, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
+        scores_lanes(kt, dq, q + r * D, D, spans, n_span, ldk, st + r * ldst, ldst);
     return lanes;
 }
 
 /* Blocks of 4 rows by 16 columns; the first block of each pass over the
  * columns prefetches them (npattn_ahead_of_passes); the columns past the
  * last 16 left to the portable code. */
-VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
-#define BLOCK(nr, pf) vec_accumulate_block(vt, st + r * ldst, ldst, nr, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, pf, 0)
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const int zero, const struct npattn_dequant *dq,
+                                 const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                                 int64_t n_span, int64_t ldv, int64_t Dv, float *o) {
+#define BLOCK(nr, pf)                                                                                                  \
+    vec_accumulate_block(vt, zero, dq, st + r * ldst, ldst, nr, 4, spans, n_span, ldv, Dv, e0, o + r * Dv, pf, 0)
     int64_t e0 = 0;
     for (; e0 + 16 <= Dv; e0 += 16) {
         int64_t r = 0;

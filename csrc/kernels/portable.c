@@ -145,21 +145,30 @@ static int softmax_rows_portable(float *st, const struct npattn_score_tile *t, f
     return 0;
 }
 
-static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_span *spans,
-                            int64_t n_span, int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
+/* Row j of span s's scales (or zero points, at `at`: NULL for none), type t, row elements apart. */
+static const void *span_groups(const void *at, enum npattn_dtype t, int64_t row, int64_t j) {
+    return at ? npattn_stream_at(t, at, j * row) : NULL;
+}
+
+static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_dequant *dq,
+                            const struct npattn_span *spans, int64_t n_span, int64_t ldk, const uint32_t *qb, float *st,
+                            int64_t ldst) {
     (void)qb; /* no prefetch, no tiles */
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
         for (int64_t r = 0; r < M; r++)
             for (int64_t j = 0; j < spans[i].n; j++) {
                 const void *kr = npattn_stream_at(kt, spans[i].rows, j * ldk);
+                const void *ks = dq ? span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j) : NULL;
+                const void *kz = dq ? span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j) : NULL;
                 float acc = 0.0f;
-                for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * npattn_stream_elem(kt, kr, d);
+                for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * npattn_value_elem(kt, dq, kr, d, ks, kz);
                 st[r * ldst + j0 + j] = acc;
             }
 }
 
 void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                               int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, int64_t e0, float *o) {
+                               int64_t n_span, enum npattn_dtype vt, const struct npattn_dequant *dq, int64_t ldv,
+                               int64_t Dv, int64_t e0, float *o) {
     enum { CHUNK = 32 };
     for (int64_t r = 0; r < M; r++)
         for (int64_t c0 = e0; c0 < Dv; c0 += CHUNK) {
@@ -168,16 +177,19 @@ void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, const s
             for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
                 for (int64_t j = 0; j < spans[i].n; j++) {
                     float p = st[r * ldst + j0 + j];
-                    const void *vr = npattn_stream_at(vt, spans[i].rows, j * ldv + c0);
-                    for (int64_t e = 0; e < n; e++) acc[e] += p * npattn_stream_elem(vt, vr, e);
+                    const void *vr = npattn_stream_at(vt, spans[i].rows, j * ldv);
+                    const void *vs = dq ? span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j) : NULL;
+                    const void *vz = dq ? span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j) : NULL;
+                    for (int64_t e = 0; e < n; e++) acc[e] += p * npattn_value_elem(vt, dq, vr, c0 + e, vs, vz);
                 }
             for (int64_t e = 0; e < n; e++) o[r * Dv + c0 + e] += acc[e];
         }
 }
 
 static void accumulate_portable(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                                int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
-    npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, 0, o);
+                                int64_t n_span, enum npattn_dtype vt, const struct npattn_dequant *dq, int64_t ldv,
+                                int64_t Dv, float *o) {
+    npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, dq, ldv, Dv, 0, o);
 }
 
 static void f16_to_f32_portable(const uint16_t *src, int64_t n, float *dst) {
@@ -202,6 +214,7 @@ const struct npattn_kernels npattn_kernels_portable = {
     .softmax_rows_f32 = softmax_rows_portable,
     .scores = scores_portable,
     .accumulate = accumulate_portable,
+    .code_step = 1,
     .f16_to_f32 = f16_to_f32_portable,
     .finish_rows = npattn_finish_rows,
     .add_f32 = npattn_add_f32,

@@ -8,6 +8,8 @@
 #ifndef NPATTN_KERNELS_SCALAR_H
 #define NPATTN_KERNELS_SCALAR_H
 
+#include <math.h>
+
 #include "kernels.h"
 
 /* The portable softmax step over columns r0 .. r1-1: the SIMD tables' tails. */
@@ -33,7 +35,8 @@ void npattn_add_f32(float *o, const float *x, int64_t n);
 /* accumulate's columns e0 .. Dv - 1 (the portable kernel's and the SIMD
  * kernels' column tails): the spans' terms summed from zero, then added to o. */
 void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                               int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, int64_t e0, float *o);
+                               int64_t n_span, enum npattn_dtype vt, const struct npattn_dequant *dq, int64_t ldv,
+                               int64_t Dv, int64_t e0, float *o);
 
 /* ---- conversions (convert.c) ---- */
 
@@ -48,6 +51,15 @@ uint16_t npattn_f32_to_bf16(float f); /* round to nearest even */
 /* dst[j] = src[j * stride] converted, for j < n; src of any dtype. */
 void npattn_load_f32(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, float *dst);
 void npattn_load_f64(enum npattn_dtype dtype, const void *src, int64_t stride, int64_t n, double *dst);
+
+/* dst[j] = the value code src[j * stride] (of type t, a code type) stands
+ * for, as struct npattn_dequant says, for the row whose scales and zero
+ * points are at scale and zero (j its element index; dq's strides between
+ * rows unused); _f64: that float value, widened. */
+void npattn_dequant_f32(const struct npattn_dequant *dq, enum npattn_dtype t, const void *src, int64_t stride, int64_t n,
+                        const void *scale, const void *zero, float *dst);
+void npattn_dequant_f64(const struct npattn_dequant *dq, enum npattn_dtype t, const void *src, int64_t stride, int64_t n,
+                        const void *scale, const void *zero, double *dst);
 
 /* dst[j * stride] = src[j] rounded to nearest even in dtype, for j < n. */
 void npattn_store_f32(enum npattn_dtype dtype, const float *src, int64_t n, void *dst, int64_t stride);
@@ -94,15 +106,43 @@ static inline int npattn_tile_plain(const struct npattn_score_tile *t) {
  * products read as 0). */
 static inline int npattn_bf16_subnormal(uint16_t b) { return (b & 0x7f80) == 0 && (b & 0x7fff) != 0; }
 
-/* Bytes per element of a row the streaming kernels read (F32, F16, BF16). */
-static inline int64_t npattn_stream_size(enum npattn_dtype t) { return t == NPATTN_DTYPE_F32 ? 4 : 2; }
+/* An fp8 code as float, exactly: e4m3fn through float16 (its bits moved
+ * into a float16's, times 2^8: bias 7 against 15), the codes 0x7f and
+ * 0xff NaN; e5m2 is the top byte of a float16. */
+static inline float npattn_e4m3_to_f32(uint8_t b) {
+    if ((b & 0x7f) == 0x7f) return (float)NAN;
+    return npattn_f16_to_f32((uint16_t)((b & 0x80) << 8 | (b & 0x7f) << 7)) * 256.0f;
+}
+static inline float npattn_e5m2_to_f32(uint8_t b) { return npattn_f16_to_f32((uint16_t)(b << 8)); }
 
-/* Element i of a row of type t (F32, F16, BF16) as float, exactly: the
- * kernels' scalar tails. */
+/* Bytes per element of a row the streaming kernels read (F32, F16, BF16,
+ * and the codes). */
+static inline int64_t npattn_stream_size(enum npattn_dtype t) {
+    return t == NPATTN_DTYPE_F32 ? 4 : npattn_is_code(t) ? 1 : 2;
+}
+
+/* Element i of a row of type t (F32, F16, BF16; a code, the code itself)
+ * as float, exactly: the kernels' scalar tails. */
 static inline float npattn_stream_elem(enum npattn_dtype t, const void *row, int64_t i) {
     if (t == NPATTN_DTYPE_F32) return ((const float *)row)[i];
     if (t == NPATTN_DTYPE_F16) return npattn_f16_to_f32(((const uint16_t *)row)[i]);
-    return npattn_bf16_to_f32(((const uint16_t *)row)[i]);
+    if (t == NPATTN_DTYPE_BF16) return npattn_bf16_to_f32(((const uint16_t *)row)[i]);
+    if (t == NPATTN_DTYPE_I8) return (float)((const int8_t *)row)[i];
+    if (t == NPATTN_DTYPE_U8) return (float)((const uint8_t *)row)[i];
+    if (t == NPATTN_DTYPE_F8E4M3) return npattn_e4m3_to_f32(((const uint8_t *)row)[i]);
+    return npattn_e5m2_to_f32(((const uint8_t *)row)[i]);
+}
+
+/* Element e of a row of type t as float: a float's value, or the value
+ * its code stands for (dq; the row's scales and zero points at scale and
+ * zero). The kernels' scalar tails. */
+static inline float npattn_value_elem(enum npattn_dtype t, const struct npattn_dequant *dq, const void *row, int64_t e,
+                                      const void *scale, const void *zero) {
+    float x = npattn_stream_elem(t, row, e);
+    if (!dq) return x;
+    const int64_t g = e / dq->group;
+    if (dq->zero) x -= npattn_stream_elem(dq->zero_type, zero, g * dq->zero_col);
+    return x * npattn_stream_elem(dq->scale_type, scale, g * dq->scale_col);
 }
 
 /* Element i of a row of type t, by address. */

@@ -113,11 +113,24 @@ VEC_FN void vsums(const vf acc[VEC_SUMS], int n, float *out) {
 /* ---- stored rows: each element format as float lanes, exactly ---- */
 
 /* 8 elements of a row of type t at p: float16 through F16C, bfloat16
- * widened into a float's top half. */
+ * widened into a float's top half, int8 and uint8 codes widened to int32
+ * and converted, fp8 ones through float16 (e5m2 its top byte; e4m3fn's
+ * bits moved into place, times 2^8, its NaN code NaN). */
 VEC_FN vf vload_as(enum npattn_dtype t, const void *p) {
     if (t == NPATTN_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     if (t == NPATTN_DTYPE_BF16)
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    if (t == NPATTN_DTYPE_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    if (t == NPATTN_DTYPE_U8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    if (t == NPATTN_DTYPE_F8E5M2)
+        return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p)), 8));
+    if (t == NPATTN_DTYPE_F8E4M3) {
+        const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), 7),
+                                        _mm_set1_epi16((short)0xBFFF));
+        const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x3F80)), _mm_set1_epi16(0x3F80));
+        const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+        return _mm256_blendv_ps(x, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
+    }
     return _mm256_loadu_ps((const float *)p);
 }
 

@@ -149,12 +149,25 @@ VEC_FN void vstore_sums(const vf v[VEC_SUMS], int nr, int nkb, float *st, int64_
 
 /* The lanes of live of a row stored as type t at p, as floats, exactly
  * (the others 0): float16 through vcvtph2ps, bfloat16 widened into a
- * float's top half. One case per element format; no branch besides, so
- * that loops keeping many accumulators in registers do not spill them. */
+ * float's top half, int8 and uint8 codes widened to int32 and converted,
+ * fp8 ones through float16 (e5m2 its top byte; e4m3fn's bits moved into
+ * place, times 2^8, its NaN code NaN). One case per element format; no
+ * branch besides, so that loops keeping many accumulators in registers do
+ * not spill them. */
 VEC_FN vf vload_as_m(enum npattn_dtype t, const void *p, vm live) {
     if (t == NPATTN_DTYPE_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, p));
     if (t == NPATTN_DTYPE_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, p)), 16));
+    if (t == NPATTN_DTYPE_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(live, p)));
+    if (t == NPATTN_DTYPE_U8) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, p)));
+    if (t == NPATTN_DTYPE_F8E5M2) /* the top byte of a float16 */
+        return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(live, p)), 8));
+    if (t == NPATTN_DTYPE_F8E4M3) { /* as a float16 (sign, then exponent and mantissa 7 bits on), times 2^8 */
+        const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(live, p)), 7),
+                                           _mm256_set1_epi16((short)0xBFFF));
+        const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x3F80)), _mm256_set1_epi16(0x3F80));
+        return _mm512_mask_mov_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f)), nan, _mm512_set1_ps(NAN));
+    }
     return _mm512_maskz_loadu_ps(live, p);
 }
 /* The first n (the rest 0), and a whole vector; a whole vector's mask a

@@ -94,11 +94,32 @@ VEC_FN void vsums(const vf acc[VEC_SUMS], int n, float *out) {
 
 /* ---- stored rows: each element format as float lanes, exactly ---- */
 
+/* The 4 bytes at p in the low lanes. */
+VEC_FN uint8x8_t vload_bytes4(const void *p) {
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return vreinterpret_u8_u32(vdup_n_u32(w));
+}
+
 /* 4 elements of a row of type t at p: float16 through fcvtl, bfloat16
- * widened into a float's top half (shll). */
+ * widened into a float's top half (shll), int8 and uint8 codes widened to
+ * int32 and converted, fp8 ones through float16 (e5m2 its top byte;
+ * e4m3fn's bits moved into place, times 2^8, its NaN code NaN). */
 VEC_FN vf vload_as(enum npattn_dtype t, const void *p) {
     if (t == NPATTN_DTYPE_F16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p)));
     if (t == NPATTN_DTYPE_BF16) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)p), 16));
+    if (t == NPATTN_DTYPE_I8)
+        return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(vload_bytes4(p))))));
+    if (t == NPATTN_DTYPE_U8) return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vload_bytes4(p)))));
+    if (t == NPATTN_DTYPE_F8E5M2)
+        return vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(vget_low_u16(vmovl_u8(vload_bytes4(p))), 8)));
+    if (t == NPATTN_DTYPE_F8E4M3) {
+        const int16x4_t b = vget_low_s16(vmovl_s8(vreinterpret_s8_u8(vload_bytes4(p))));
+        const uint16x4_t h = vand_u16(vreinterpret_u16_s16(vshl_n_s16(b, 7)), vdup_n_u16(0xBFFF));
+        const uint16x4_t nan = vceq_u16(vand_u16(h, vdup_n_u16(0x3F80)), vdup_n_u16(0x3F80));
+        const float32x4_t x = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(h)), vdupq_n_f32(256.0f));
+        return vbslq_f32(vreinterpretq_u32_s32(vmovl_s16(vreinterpret_s16_u16(nan))), vdupq_n_f32(NAN), x);
+    }
     return vld1q_f32((const float *)p);
 }
 

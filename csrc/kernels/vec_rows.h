@@ -13,7 +13,8 @@
  * scores, accumulate_ahead, transpose_f32 and finish_rows. */
 #define VEC_TABLE_KERNELS                                                                                              \
     .softmax_f32 = vec_softmax_columns, .softmax_rows_f32 = vec_softmax_rows, .accumulate = vec_accumulate,            \
-    .f16_to_f32 = vec_f16_to_f32, .add_f32 = vec_add_f32, .fma_loop = vec_fma_loop, .gemm_f32 = vec_gemm_f32
+    .code_step = VEC_LANES, .f16_to_f32 = vec_f16_to_f32, .add_f32 = vec_add_f32, .fma_loop = vec_fma_loop,            \
+    .gemm_f32 = vec_gemm_f32
 
 /* The n elements of type t at src as floats at dst: a vector at a time,
  * then one by one. */
@@ -24,6 +25,28 @@ VEC_FN void vec_row_f32(enum npattn_dtype t, const void *src, int64_t n, float *
 }
 
 VEC_KERNEL void vec_f16_to_f32(const uint16_t *src, int64_t n, float *dst) { vec_row_f32(NPATTN_DTYPE_F16, src, n, dst); }
+
+/* The n elements of a row of type t at src as floats at dst: vec_row_f32,
+ * and codes as the values they stand for (dq, the row's scales and zero
+ * points at scale and zero), a group at a time: its vectors, then its
+ * elements one by one. */
+VEC_FN void vec_values_f32(enum npattn_dtype t, const struct npattn_dequant *dq, const void *src, int64_t n,
+                           const void *scale, const void *zero, float *dst) {
+    if (!npattn_is_code(t)) {
+        vec_row_f32(t, src, n, dst);
+        return;
+    }
+    for (int64_t g = 0, j = 0; j < n; g++) {
+        const int64_t end = (g + 1) * dq->group < n ? (g + 1) * dq->group : n;
+        const vf s = vset1(npattn_stream_elem(dq->scale_type, scale, g * dq->scale_col));
+        const vf z = vset1(dq->zero ? npattn_stream_elem(dq->zero_type, zero, g * dq->zero_col) : 0.0f);
+        for (; j + VEC_LANES <= end; j += VEC_LANES) {
+            const vf x = vload_as(t, npattn_stream_at(t, src, j));
+            vstore(dst + j, vmul(dq->zero ? vsub(x, z) : x, s));
+        }
+        for (; j < end; j++) dst[j] = npattn_value_elem(t, dq, src, j, scale, zero);
+    }
+}
 
 /* rowsT (w, M) = the transpose of rows (M, w), ldt and ldr apart: blocks of
  * VEC_LANES x VEC_LANES through the registers (vtranspose), then the

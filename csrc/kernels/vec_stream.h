@@ -1,22 +1,27 @@
 /* kernels/vec_stream.h: the decode stream written once over the vector
  * layer: the streamed scores (kernels.h's scores, by reduction trees) and
  * P @ V (accumulate), each key and value row read once in its own format
- * (the layer's vload_as). An ISA file includes its vec_*.h and vec_math.h,
- * then this, and defines the two pieces that are its own (declared here):
- *   isa_scores_own(kt, q, M, D, spans, n_span, ldk, st, ldst): the scores of
- *     the first rows of q it takes in a layout of its own (rows or keys in
- *     the lanes), returning how many (0: none);
- *   isa_accumulate_of(vt, st, ldst, M, spans, n_span, ldv, Dv, o): o's rows
- *     cut into register blocks of vec_accumulate_block, returning the first
- *     column it left to the portable code (Dv: none).
- * It puts vec_scores and vec_accumulate in its table. */
+ * (the layer's vload_as), codes made into the values they stand for in
+ * registers (vec_code_at: the scale and zero point of the row's group,
+ * broadcast). An ISA file includes its vec_*.h and vec_math.h, then this,
+ * and defines the two pieces that are its own (declared here):
+ *   isa_scores_own(kt, dq, q, M, D, spans, n_span, ldk, st, ldst): the
+ *     scores of the first rows of q it takes in a layout of its own (rows
+ *     or keys in the lanes), returning how many (0: none);
+ *   isa_accumulate_of(vt, zero, dq, st, ldst, M, spans, n_span, ldv, Dv,
+ *     o): o's rows cut into register blocks of vec_accumulate_block,
+ *     returning the first column it left to the portable code (Dv: none).
+ * It puts vec_scores and vec_accumulate in its table, and VEC_LANES as its
+ * code_step. */
 #ifndef NPATTN_KERNELS_VEC_STREAM_H
 #define NPATTN_KERNELS_VEC_STREAM_H
 
-VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
-                              const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst);
-VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const float *st, int64_t ldst, int64_t M,
-                                 const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, float *o);
+VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const struct npattn_dequant *dq, const float *q, int64_t M,
+                              int64_t D, const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
+                              int64_t ldst);
+VEC_FN int64_t isa_accumulate_of(enum npattn_dtype vt, const int zero, const struct npattn_dequant *dq,
+                                 const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                                 int64_t n_span, int64_t ldv, int64_t Dv, float *o);
 
 /* The lanes of a row of q (floats) or of K or V (type t) from column d of
  * n (or those of live): a masked vector where the layer has cheap masks,
@@ -30,6 +35,27 @@ VEC_FN vf vec_q_at(const float *p, int64_t n) { return (void)n, vload(p); }
 VEC_FN vf vec_row_at(enum npattn_dtype t, const void *p, int64_t n) { return (void)n, vload_as(t, p); }
 VEC_FN vf vec_row_m(enum npattn_dtype t, const void *p, vm live) { return (void)live, vload_as(t, p); }
 #endif
+
+/* ---- codes: the values they stand for, in registers ---- */
+
+/* The scale (or zero point) of group g of row a of the rows whose first
+ * row's scales are at p (type t, row and col elements apart), as float. */
+VEC_FN float vec_group_of(enum npattn_dtype t, const void *p, int64_t row, int64_t col, int64_t a, int64_t g) {
+    return npattn_stream_elem(t, p, a * row + g * col);
+}
+
+/* The lanes of a row of codes (type t) from column d of n, as the values
+ * they stand for: (code - *z) * *s, or code * *s without zero points (a
+ * constant), each in float as npattn.dequantize rounds it; the lanes past
+ * n 0 (a masked tail's lanes would be -z * s). */
+VEC_FN vf vec_code_at(enum npattn_dtype t, const void *p, int64_t n, const float *s, const float *z, const int zero) {
+    const vf x = vec_row_at(t, p, n);
+    const vf y = vmul(zero ? vsub(x, vbroadcast(z)) : x, vbroadcast(s));
+#if VEC_MASKED_TAILS
+    if (n < VEC_LANES) return vkeep(y, vlanes(n));
+#endif
+    return y;
+}
 
 /* ---- scores: st (M, ldst) = the rows of q (M, D) against the spans' keys ---- */
 
@@ -50,23 +76,40 @@ VEC_FN void vec_store_lanes_scores(const vf *acc, int nkb, float *st, int64_t ld
  * ldst): a small GEMM's microkernel, each key vector converted once and
  * used nr times, then one reduction per score (the layer's vsums, or
  * vstore_sums where the last columns were a masked vector) and the columns
- * past the last whole vector one by one. pf: where the rows to
- * prefetch for these keys start, or NULL. */
-VEC_FN void vec_scores_block(enum npattn_dtype kt, const float *qr, const int nr, int64_t D, const void *kr,
-                             int64_t ldk, const int nkb, float *st, int64_t ldst, const void *pf) {
+ * past the last whole vector one by one. Codes (dq, and the keys' scales
+ * and zero points from ks and kz, zero a constant) are made into their
+ * values as they are converted, a group of D / G columns at a time: the
+ * keys' scales of the group read once. pf: where the rows to prefetch for
+ * these keys start, or NULL. */
+VEC_FN void vec_scores_block(enum npattn_dtype kt, const int zero, const struct npattn_dequant *dq, const float *qr,
+                             const int nr, int64_t D, const void *kr, const void *ks, const void *kz, int64_t ldk,
+                             const int nkb, float *st, int64_t ldst, const void *pf) {
     enum { K = VEC_SCORE_KEYS };
     vf acc[VEC_SUMS]; /* acc[K * row + key] */
     for (int i = 0; i < VEC_SUMS; i++) acc[i] = vzero();
+    const int codes = npattn_is_code(kt);
     const int64_t es = npattn_stream_size(kt), whole = VEC_MASKED_TAILS ? D : D / VEC_LANES * VEC_LANES;
+    const int64_t group = codes ? dq->group : D;
+    float sk[VEC_SCORE_KEYS], zk[VEC_SCORE_KEYS]; /* the keys' scales and zero points of the group */
     int64_t d = 0;
-    for (; d < whole; d += VEC_LANES) {
-        if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
-            for (int a = 0; a < nkb; a++) vprefetch(npattn_stream_at(kt, pf, a * ldk + d));
-        vf kv[VEC_SCORE_KEYS];
-        for (int a = 0; a < nkb; a++) kv[a] = vec_row_at(kt, npattn_stream_at(kt, kr, a * ldk + d), D - d);
-        for (int b = 0; b < nr; b++) { /* one query vector at a time: avx2's 16 registers hold no more */
-            const vf qv = vec_q_at(qr + b * D + d, D - d);
-            for (int a = 0; a < nkb; a++) acc[K * b + a] = vfma(kv[a], qv, acc[K * b + a]);
+    for (int64_t g = 0; d < whole; g++) {
+        for (int a = 0; a < nkb && codes; a++) {
+            sk[a] = vec_group_of(dq->scale_type, ks, dq->scale_row, dq->scale_col, a, g);
+            zk[a] = zero ? vec_group_of(dq->zero_type, kz, dq->zero_row, dq->zero_col, a, g) : 0.0f;
+        }
+        const int64_t end = (g + 1) * group < whole ? (g + 1) * group : whole;
+        for (; d < end; d += VEC_LANES) {
+            if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
+                for (int a = 0; a < nkb; a++) vprefetch(npattn_stream_at(kt, pf, a * ldk + d));
+            vf kv[VEC_SCORE_KEYS];
+            for (int a = 0; a < nkb; a++) {
+                const void *at = npattn_stream_at(kt, kr, a * ldk + d);
+                kv[a] = codes ? vec_code_at(kt, at, D - d, &sk[a], &zk[a], zero) : vec_row_at(kt, at, D - d);
+            }
+            for (int b = 0; b < nr; b++) { /* one query vector at a time: avx2's 16 registers hold no more */
+                const vf qv = vec_q_at(qr + b * D + d, D - d);
+                for (int a = 0; a < nkb; a++) acc[K * b + a] = vfma(kv[a], qv, acc[K * b + a]);
+            }
         }
     }
 #if VEC_MASKED_TAILS
@@ -76,76 +119,104 @@ VEC_FN void vec_scores_block(enum npattn_dtype kt, const float *qr, const int nr
     vsums(acc, nr * K, out);
     if (d < D) /* the columns past the last whole vector */
         for (int b = 0; b < nr; b++)
-            for (int a = 0; a < nkb; a++)
-                for (int64_t e = d; e < D; e++) out[K * b + a] += qr[b * D + e] * npattn_stream_elem(kt, kr, a * ldk + e);
+            for (int a = 0; a < nkb; a++) {
+                const void *sa = codes ? npattn_stream_at(dq->scale_type, ks, a * dq->scale_row) : NULL;
+                const void *za = codes && zero ? npattn_stream_at(dq->zero_type, kz, a * dq->zero_row) : NULL;
+                const void *row = npattn_stream_at(kt, kr, a * ldk);
+                for (int64_t e = d; e < D; e++)
+                    out[K * b + a] += qr[b * D + e] * npattn_value_elem(kt, codes ? dq : NULL, row, e, sa, za);
+            }
     for (int b = 0; b < nr; b++)
         for (int a = 0; a < nkb; a++) st[b * ldst + a] = out[K * b + a];
 #endif
 }
 
-/* nkb keys (at kr) against every row of q, VEC_SCORE_ROWS rows at a time,
- * the rows left a block of their own count; the first block prefetches. */
-VEC_FN void vec_scores_keys(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const void *kr, int64_t ldk,
+/* nkb keys (at kr, their scales and zero points at ks and kz) against
+ * every row of q, VEC_SCORE_ROWS rows at a time, the rows left a block of
+ * their own count; the first block prefetches. */
+VEC_FN void vec_scores_keys(enum npattn_dtype kt, const int zero, const struct npattn_dequant *dq, const float *q,
+                            int64_t M, int64_t D, const void *kr, const void *ks, const void *kz, int64_t ldk,
                             const int nkb, float *st, int64_t ldst, const void *pf) {
     enum { R = VEC_SCORE_ROWS };
+#define BLOCK(nr, at) vec_scores_block(kt, zero, dq, q + r * D, nr, D, kr, ks, kz, ldk, nkb, st + r * ldst, ldst, at)
     int64_t r = 0;
-    for (; r + R <= M; r += R) vec_scores_block(kt, q + r * D, R, D, kr, ldk, nkb, st + r * ldst, ldst, r == 0 ? pf : NULL);
+    for (; r + R <= M; r += R) BLOCK(R, r == 0 ? pf : NULL);
     const void *pr = r == 0 ? pf : NULL;
     switch (M - r) {
-    case 3: if (3 < R) vec_scores_block(kt, q + r * D, 3, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
-    case 2: if (2 < R) vec_scores_block(kt, q + r * D, 2, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
-    case 1: vec_scores_block(kt, q + r * D, 1, D, kr, ldk, nkb, st + r * ldst, ldst, pr); break;
+    case 3: if (3 < R) BLOCK(3, pr); break;
+    case 2: if (2 < R) BLOCK(2, pr); break;
+    case 1: BLOCK(1, pr); break;
     default: break;
     }
+#undef BLOCK
+}
+
+/* The scales (or zero points) of row i of a span, type t, row elements
+ * apart: NULL where there are none. */
+VEC_FN const void *vec_span_groups(const void *at, enum npattn_dtype t, int64_t row, int64_t i) {
+    return at ? npattn_stream_at(t, at, i * row) : NULL;
 }
 
 /* The spans' keys against every row of q, VEC_SCORE_KEYS keys at a time
  * (those prefetch their rows ahead), a span's last keys a block of their
  * own count. */
-VEC_FN void vec_scores_of(enum npattn_dtype kt, const float *q, int64_t M, int64_t D, const struct npattn_span *spans,
-                          int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
+VEC_FN void vec_scores_of(enum npattn_dtype kt, const int zero, const struct npattn_dequant *dq, const float *q,
+                          int64_t M, int64_t D, const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
+                          int64_t ldst) {
     enum { K = VEC_SCORE_KEYS };
+    const int codes = npattn_is_code(kt);
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n) {
         const void *k = spans[i].rows;
         const int64_t nk = spans[i].n;
         float *sj = st + j0;
         int64_t j = 0;
-        for (; j + K <= nk; j += K)
-            vec_scores_keys(kt, q, M, D, npattn_stream_at(kt, k, j * ldk), ldk, K, sj + j, ldst,
-                            npattn_stream_at(kt, spans[i].ahead, j * ldk));
-        const void *kr = npattn_stream_at(kt, k, j * ldk);
+#define KEYS(n, j, pf)                                                                                                 \
+    vec_scores_keys(kt, zero, dq, q, M, D, npattn_stream_at(kt, k, (j) * ldk),                                       \
+                    codes ? vec_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j) : NULL,                \
+                    codes && zero ? vec_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j) : NULL, ldk, n,   \
+                    sj + (j), ldst, pf)
+        for (; j + K <= nk; j += K) KEYS(K, j, npattn_stream_at(kt, spans[i].ahead, j * ldk));
         switch (nk - j) {
-        case 3: if (3 < K) vec_scores_keys(kt, q, M, D, kr, ldk, 3, sj + j, ldst, NULL); break;
-        case 2: vec_scores_keys(kt, q, M, D, kr, ldk, 2, sj + j, ldst, NULL); break;
-        case 1: vec_scores_keys(kt, q, M, D, kr, ldk, 1, sj + j, ldst, NULL); break;
+        case 3: if (3 < K) KEYS(3, j, NULL); break;
+        case 2: KEYS(2, j, NULL); break;
+        case 1: KEYS(1, j, NULL); break;
         default: break;
         }
+#undef KEYS
     }
 }
 
 /* The rows the ISA's own layout leaves, D = 64 as a constant so that the
  * loops over it unroll (1.08-1.27x in cache on avx2, 0.98-1.28x on avx512;
  * D = 128 so unrolled ran faster alone but no faster in a decode). */
-VEC_FN void vec_scores_typed(enum npattn_dtype kt, const float *q, int64_t M, int64_t D,
-                             const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st, int64_t ldst) {
-    const int64_t own = isa_scores_own(kt, q, M, D, spans, n_span, ldk, st, ldst);
+VEC_FN void vec_scores_typed(enum npattn_dtype kt, const int zero, const struct npattn_dequant *dq, const float *q,
+                             int64_t M, int64_t D, const struct npattn_span *spans, int64_t n_span, int64_t ldk,
+                             float *st, int64_t ldst) {
+    const int64_t own = isa_scores_own(kt, dq, q, M, D, spans, n_span, ldk, st, ldst);
     if (own == M) return;
     q += own * D, st += own * ldst, M -= own;
-    if (D == 64) vec_scores_of(kt, q, M, 64, spans, n_span, ldk, st, ldst);
-    else vec_scores_of(kt, q, M, D, spans, n_span, ldk, st, ldst);
+    if (D == 64) vec_scores_of(kt, zero, dq, q, M, 64, spans, n_span, ldk, st, ldst);
+    else vec_scores_of(kt, zero, dq, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
 /* kernels.h's scores, without tiles (qb ignored): one copy of the loops per
- * key type, its conversion inlined. */
+ * key type (codes: with zero points and without), its conversion inlined. */
 static VEC_TARGET void vec_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt,
-                                  const struct npattn_span *spans, int64_t n_span, int64_t ldk, const uint32_t *qb,
-                                  float *st, int64_t ldst) {
+                                  const struct npattn_dequant *dq, const struct npattn_span *spans, int64_t n_span,
+                                  int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     (void)qb;
+    const int zero = dq && dq->zero;
+#define TYPED(t, z) vec_scores_typed(t, z, dq, q, M, D, spans, n_span, ldk, st, ldst)
     switch (kt) {
-    case NPATTN_DTYPE_F16: vec_scores_typed(NPATTN_DTYPE_F16, q, M, D, spans, n_span, ldk, st, ldst); break;
-    case NPATTN_DTYPE_BF16: vec_scores_typed(NPATTN_DTYPE_BF16, q, M, D, spans, n_span, ldk, st, ldst); break;
-    default: vec_scores_typed(NPATTN_DTYPE_F32, q, M, D, spans, n_span, ldk, st, ldst); break;
+    case NPATTN_DTYPE_F16: TYPED(NPATTN_DTYPE_F16, 0); break;
+    case NPATTN_DTYPE_BF16: TYPED(NPATTN_DTYPE_BF16, 0); break;
+    case NPATTN_DTYPE_I8: if (zero) TYPED(NPATTN_DTYPE_I8, 1); else TYPED(NPATTN_DTYPE_I8, 0); break;
+    case NPATTN_DTYPE_U8: if (zero) TYPED(NPATTN_DTYPE_U8, 1); else TYPED(NPATTN_DTYPE_U8, 0); break;
+    case NPATTN_DTYPE_F8E4M3: TYPED(NPATTN_DTYPE_F8E4M3, 0); break;
+    case NPATTN_DTYPE_F8E5M2: TYPED(NPATTN_DTYPE_F8E5M2, 0); break;
+    default: TYPED(NPATTN_DTYPE_F32, 0); break;
     }
+#undef TYPED
 }
 
 /* ---- accumulate: o (M, Dv) += P @ V, P given as st (M, ldst) ---- */
@@ -153,15 +224,24 @@ static VEC_TARGET void vec_scores(const float *q, int64_t M, int64_t D, enum npa
 /* o (nr rows, nc vectors of columns from e0) += P @ v, o in registers
  * (nr * nc accumulators, from zero) while the value rows (type vt) of the
  * spans stream past, each row's vectors loaded and converted once for all
- * nr rows, a broadcast weight each. The block prefetches its columns of
- * every pf_every-th row ahead from row pf_first on (pf_every 0: none; 1, a
- * constant: every row, with no branch in the loop, which would spill o). */
-VEC_FN void vec_accumulate_block(enum npattn_dtype vt, const float *st, int64_t ldst, const int nr, const int nc,
+ * nr rows, a broadcast weight each; codes made into their values as they
+ * are converted (dq: each vector within one group, its row's scale and
+ * zero point read once for it, zero a constant). The block prefetches its
+ * columns of every pf_every-th row ahead from row pf_first on (pf_every 0:
+ * none; 1, a constant: every row, with no branch in the loop, which would
+ * spill o). */
+VEC_FN void vec_accumulate_block(enum npattn_dtype vt, const int zero, const struct npattn_dequant *dq,
+                                 const float *st, int64_t ldst, const int nr, const int nc,
                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
                                  float *o, const int pf_every, int pf_first) {
     const int64_t es = npattn_stream_size(vt);
+    const int codes = npattn_is_code(vt);
     vm m[VEC_ACC_CHUNKS];
-    for (int c = 0; c < nc; c++) m[c] = VEC_MASKED_TAILS ? vlanes(Dv - e0 - VEC_LANES * c) : vall();
+    int64_t g[VEC_ACC_CHUNKS]; /* codes: each vector's group, the last group for one past Dv */
+    for (int c = 0; c < nc; c++) {
+        m[c] = VEC_MASKED_TAILS ? vlanes(Dv - e0 - VEC_LANES * c) : vall();
+        if (codes) g[c] = (e0 + VEC_LANES * c < Dv ? e0 + VEC_LANES * c : Dv - 1) / dq->group;
+    }
     vf acc[VEC_ACC_REGS]; /* acc[nc * row + chunk] */
     for (int i = 0; i < nr * nc; i++) acc[i] = vzero();
     int to_pf = pf_first; /* rows until the next prefetch */
@@ -172,8 +252,18 @@ VEC_FN void vec_accumulate_block(enum npattn_dtype vt, const float *st, int64_t 
                 for (int64_t b = 0; b < VEC_LANES * nc * es; b += 64) vprefetch(pf + i * ldv * es + b);
                 to_pf = pf_every - 1;
             }
+            float sv[VEC_ACC_CHUNKS], zv[VEC_ACC_CHUNKS]; /* codes: each vector's scale and zero point */
+            for (int c = 0; c < nc && codes; c++) {
+                const int same = c > 0 && g[c] == g[c - 1];
+                sv[c] = same ? sv[c - 1] : vec_group_of(dq->scale_type, spans[ri].scale, dq->scale_row, dq->scale_col, i, g[c]);
+                zv[c] = !zero ? 0.0f : same ? zv[c - 1] : vec_group_of(dq->zero_type, spans[ri].zero, dq->zero_row, dq->zero_col, i, g[c]);
+            }
             vf vv[VEC_ACC_CHUNKS];
-            for (int c = 0; c < nc; c++) vv[c] = vec_row_m(vt, v + (i * ldv + VEC_LANES * c) * es, m[c]);
+            for (int c = 0; c < nc; c++) {
+                const char *at = v + (i * ldv + VEC_LANES * c) * es;
+                vv[c] = vec_row_m(vt, at, m[c]);
+                if (codes) vv[c] = vmul(zero ? vsub(vv[c], vbroadcast(&zv[c])) : vv[c], vbroadcast(&sv[c]));
+            }
             for (int a = 0; a < nr; a++) {
                 const vf pa = vbroadcast(st + a * ldst + j);
                 for (int c = 0; c < nc; c++) acc[nc * a + c] = vfma(pa, vv[c], acc[nc * a + c]);
@@ -187,17 +277,26 @@ VEC_FN void vec_accumulate_block(enum npattn_dtype vt, const float *st, int64_t 
         }
 }
 
-/* kernels.h's accumulate: one copy of the ISA's blocks per value type, its
- * conversion inlined; the columns they leave by the portable code. */
+/* kernels.h's accumulate: one copy of the ISA's blocks per value type
+ * (codes: with zero points and without), its conversion inlined; the
+ * columns they leave by the portable code. */
 static VEC_TARGET void vec_accumulate(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
-                                      int64_t n_span, enum npattn_dtype vt, int64_t ldv, int64_t Dv, float *o) {
+                                      int64_t n_span, enum npattn_dtype vt, const struct npattn_dequant *dq,
+                                      int64_t ldv, int64_t Dv, float *o) {
     int64_t done;
+    const int zero = dq && dq->zero;
+#define TYPED(t, z) isa_accumulate_of(t, z, dq, st, ldst, M, spans, n_span, ldv, Dv, o)
     switch (vt) {
-    case NPATTN_DTYPE_F16: done = isa_accumulate_of(NPATTN_DTYPE_F16, st, ldst, M, spans, n_span, ldv, Dv, o); break;
-    case NPATTN_DTYPE_BF16: done = isa_accumulate_of(NPATTN_DTYPE_BF16, st, ldst, M, spans, n_span, ldv, Dv, o); break;
-    default: done = isa_accumulate_of(NPATTN_DTYPE_F32, st, ldst, M, spans, n_span, ldv, Dv, o); break;
+    case NPATTN_DTYPE_F16: done = TYPED(NPATTN_DTYPE_F16, 0); break;
+    case NPATTN_DTYPE_BF16: done = TYPED(NPATTN_DTYPE_BF16, 0); break;
+    case NPATTN_DTYPE_I8: done = zero ? TYPED(NPATTN_DTYPE_I8, 1) : TYPED(NPATTN_DTYPE_I8, 0); break;
+    case NPATTN_DTYPE_U8: done = zero ? TYPED(NPATTN_DTYPE_U8, 1) : TYPED(NPATTN_DTYPE_U8, 0); break;
+    case NPATTN_DTYPE_F8E4M3: done = TYPED(NPATTN_DTYPE_F8E4M3, 0); break;
+    case NPATTN_DTYPE_F8E5M2: done = TYPED(NPATTN_DTYPE_F8E5M2, 0); break;
+    default: done = TYPED(NPATTN_DTYPE_F32, 0); break;
     }
-    if (done < Dv) npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, ldv, Dv, done, o);
+#undef TYPED
+    if (done < Dv) npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, dq, ldv, Dv, done, o);
 }
 
 #endif

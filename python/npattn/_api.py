@@ -58,6 +58,10 @@ def sdpa(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: Literal[False] = False,
     precision: Precision = "highest",
     out: np.ndarray | None = None,
@@ -78,6 +82,10 @@ def sdpa(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: Literal[True],
     precision: Precision = "highest",
     out: np.ndarray | None = None,
@@ -98,6 +106,10 @@ def sdpa(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: bool = False,
     precision: Precision = "highest",
     out: np.ndarray | None = None,
@@ -119,6 +131,10 @@ def sdpa(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: bool = False,
     precision: Precision = "highest",
     out: np.ndarray | None = None,
@@ -193,6 +209,25 @@ def sdpa(
         ``L x S`` mask is needed. The ranges intersect every mask kind,
         ``window`` and ``sinks``. A range outside ``[0, S]`` is a
         ``ValueError`` naming the argument and the request.
+    k_scale, v_scale : array_like, optional
+        The scales of ``k`` and ``v`` where they hold 8-bit codes: ``int8``,
+        ``uint8``, ``ml_dtypes.float8_e4m3fn`` or ``ml_dtypes.float8_e5m2``
+        (a KV cache as vLLM, OpenVINO, ONNX Runtime or llama.cpp keep it). A
+        code stands for ``scale * (code - zero)``, computed in float32.
+        float32, float16 or bfloat16, finite, broadcastable to
+        ``k.shape[:-1] + (G,)`` with ``G`` dividing ``D`` (``D_v`` for
+        ``v``): element ``d`` of a row uses group ``d // (D // G)``. So one
+        scale per tensor is ``()``, per head ``(H_kv, 1, 1)``, per token
+        ``(..., S, 1)``, per channel ``(..., 1, D)``, and llama.cpp's
+        ``q8_0`` has ``G = D // 32`` float16 scales. :func:`npattn.quantize`
+        makes codes and scales. Codes are read as stored, a byte an element,
+        never into a dequantized copy; the result is :func:`sdpa` of the
+        float32 values they stand for (float64 where ``q`` is float64).
+        Either of ``k`` and ``v`` may hold codes, in its own format.
+    k_zero, v_zero : array_like, optional
+        Zero points of ``int8`` and ``uint8`` codes (OpenVINO's ``u8``
+        cache), as the scales are given (their last axis 1 or ``G``). The fp8
+        formats are symmetric and take none.
     return_lse : bool, default False
         Also return ``lse``, the natural log of each row's softmax
         denominator (sink included), shape ``(*B, H_q, L)``: float64 for
@@ -226,7 +261,8 @@ def sdpa(
     -------
     out : numpy.ndarray, shape (*B, H_q, L, D_v) or (L, D_v)
         ``B`` is the three batch shapes broadcast by NumPy's rules. The dtype
-        is ``np.result_type(q, k, v)``. Rank 2 when all inputs are rank 2.
+        is ``np.result_type(q, k, v)``, codes taking no part (``q``'s where
+        ``k`` and ``v`` both hold codes). Rank 2 when all inputs are rank 2.
     lse : npattn.Lse, shape (*B, H_q, L) or (L,)
         Only with ``return_lse=True``, as the pair ``(out, lse)``: an
         ``np.ndarray`` subclass whose ``options`` hold the ``scale``,
@@ -238,10 +274,15 @@ def sdpa(
     ------
     TypeError
         An argument of the wrong kind: an integer, bool, complex, object or
-        string array; a mask that is a number or an integer array.
+        string array (``k`` and ``v`` may hold codes); a mask that is a
+        number or an integer array; codes without their scale; a scale that
+        is not float32, float16 or bfloat16.
     ValueError
         Shapes that disagree; a bad scale, mask string, window, softcap,
-        offset, sinks, out or threads.
+        offset, sinks, out or threads; a ``k_scale`` (or ``v_scale``,
+        ``k_zero``, ``v_zero``) that does not broadcast, whose groups do not
+        divide ``D``, that holds NaN or infinity, or that is given for
+        floats; a zero point for fp8 codes.
     MemoryError
         Scratch memory could not be allocated.
     KeyboardInterrupt
@@ -286,11 +327,20 @@ def sdpa(
     >>> out, lse = npattn.sdpa(q, k, v, window=(2, 0), return_lse=True)
     >>> lse.shape
     (1, 8, 4)
+
+    An int8 cache with a scale per token, read as stored:
+
+    >>> kq, vq = npattn.quantize(k, "int8"), npattn.quantize(v, "int8")
+    >>> kq.codes.dtype, kq.scale.shape
+    (dtype('int8'), (1, 2, 6, 1))
+    >>> out8 = npattn.sdpa(q, kq.codes, vq.codes, k_scale=kq.scale, v_scale=vq.scale)
+    >>> bool(np.allclose(out8, npattn.sdpa(q, npattn.dequantize(*kq), npattn.dequantize(*vq)), atol=1e-6))
+    True
     """
     result = _core.sdpa(
         q=q, k=k, v=v, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
         k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, return_lse=return_lse, precision=precision,
-        out=out, threads=threads,
+        out=out, threads=threads, k_scale=k_scale, k_zero=k_zero, v_scale=v_scale, v_zero=v_zero,
     )  # fmt: skip
     if not return_lse:
         return result
@@ -317,6 +367,10 @@ def paged_attention(
     window: Window = None,
     softcap: float | None = None,
     q_offset: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: Literal[False] = False,
     precision: Precision = "highest",
     out: np.ndarray | None = None,
@@ -337,6 +391,10 @@ def paged_attention(
     window: Window = None,
     softcap: float | None = None,
     q_offset: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: Literal[True],
     precision: Precision = "highest",
     out: np.ndarray | None = None,
@@ -356,6 +414,10 @@ def paged_attention(
     window: Window = None,
     softcap: float | None = None,
     q_offset: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: bool = False,
     precision: Precision = "highest",
     out: np.ndarray | None = None,
@@ -406,6 +468,13 @@ def paged_attention(
     q_offset : int or array_like of ints, optional
         Position of query row 0, for every request or one per request
         (shape ``(B,)``).
+    k_scale, v_scale, k_zero, v_zero : array_like, optional
+        Where the pages hold 8-bit codes, their scales and zero points, as
+        for :func:`sdpa`, paged like the pages: broadcastable to
+        ``(P, H_kv, page_size, G)`` and read through the same block table
+        (a scale per token is ``(P, H_kv, page_size, 1)``, one per tensor
+        ``()``). Only the pages of the requests' live entries are read, and
+        only their scales need be finite.
     return_lse, precision, out, threads
         As for :func:`sdpa`. The ``lse`` is a plain array: there is no
         backward pass through pages.
@@ -413,7 +482,8 @@ def paged_attention(
     Returns
     -------
     out : numpy.ndarray, shape (B, H_q, L, D_v)
-        In ``np.result_type(q, key_pages, value_pages)``. A row that sees no
+        In ``np.result_type(q, key_pages, value_pages)``, codes taking no
+        part. A row that sees no
         key (``context_lens[b] = 0``, or a causal row before the request's
         first key) is zeros.
     lse : numpy.ndarray, shape (B, H_q, L)
@@ -444,7 +514,8 @@ def paged_attention(
     return _core.paged_attention(
         q=q, k=key_pages, v=value_pages, block_table=block_table, context_lens=context_lens, page_size=page_size,
         scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
-        return_lse=return_lse, precision=precision, out=out, threads=threads,
+        return_lse=return_lse, precision=precision, out=out, threads=threads, k_scale=k_scale, k_zero=k_zero,
+        v_scale=v_scale, v_zero=v_zero,
     )  # fmt: skip
 
 
@@ -461,6 +532,8 @@ def attention_weights(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    k_zero: Any = None,
     precision: Precision = "highest",
     threads: int | None = None,
 ) -> np.ndarray:
@@ -474,6 +547,8 @@ def attention_weights(
     ----------
     q, k, scale, mask, sinks, window, softcap, q_offset, k_offset, k_start, k_lengths, precision, threads
         As for :func:`sdpa`. Keys outside a request's range get weight 0.
+    k_scale, k_zero : array_like, optional
+        As for :func:`sdpa`, where ``k`` holds 8-bit codes.
 
     Returns
     -------
@@ -493,6 +568,7 @@ def attention_weights(
     return _core.attention_weights(
         q=q, k=k, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
         k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, precision=precision, threads=threads,
+        k_scale=k_scale, k_zero=k_zero,
     )  # fmt: skip
 
 
@@ -782,6 +858,10 @@ def sdpa_backward(
 
     Raises
     ------
+    TypeError
+        ``k`` or ``v`` holding codes: there is no gradient through codes
+        (compute it for ``npattn.dequantize(codes, scale, zero)``), and
+        every TypeError of :func:`sdpa`.
     ValueError
         An option that differs from the one ``lse`` was computed under, and
         every error of :func:`sdpa`.

@@ -33,10 +33,17 @@ def is_float(dt: np.dtype) -> bool:
     return dt.kind == "f" or is_bfloat16(dt)
 
 
+def is_code(dt: np.dtype) -> bool:
+    """int8, uint8, or ml_dtypes' float8_e4m3fn or float8_e5m2: the 8-bit codes k and v may hold."""
+    return dt.itemsize == 1 and dt.name in ("int8", "uint8", "float8_e4m3fn", "float8_e5m2")
+
+
 def tell_core(dt: np.dtype) -> None:
-    """Tell the core ml_dtypes.bfloat16's dtype when dt is it."""
+    """Tell the core ml_dtypes.bfloat16's dtype, or its float8 ones, when dt is one."""
     if is_bfloat16(dt):
         _core.set_bfloat16(dt)
+    elif dt.itemsize == 1 and dt.name in ("float8_e4m3fn", "float8_e5m2"):
+        _core.set_float8(dt)
 
 
 def result_dtype(*dtypes: Any) -> np.dtype:
@@ -47,6 +54,8 @@ def result_dtype(*dtypes: Any) -> np.dtype:
     dtypes = tuple(np.dtype(dt) for dt in dtypes)
     for dt in dtypes:
         tell_core(dt)
+    floats = tuple(dt for dt in dtypes if not is_code(dt))  # codes take no part: they stand for floats
+    dtypes = floats or dtypes
     result = _core.result_dtype(*dtypes)
     return np.result_type(*dtypes) if result is None else result
 

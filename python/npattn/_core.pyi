@@ -33,6 +33,10 @@ def sdpa(
     precision: Any,
     out: Any,
     threads: Any,
+    k_scale: Any,
+    k_zero: Any,
+    v_scale: Any,
+    v_zero: Any,
 ) -> Any:
     """npattn.sdpa: the result, or with return_lse (result, lse, used): used the
     options the core computed under, its defaults resolved (a dict of scale, window,
@@ -57,6 +61,10 @@ def paged_attention(
     precision: Any,
     out: Any,
     threads: Any,
+    k_scale: Any,
+    k_zero: Any,
+    v_scale: Any,
+    v_zero: Any,
 ) -> Any:
     """npattn.paged_attention: the result, or the pair (result, lse)."""
 
@@ -75,6 +83,8 @@ def attention_weights(
     k_lengths: Any,
     precision: Any,
     threads: Any,
+    k_scale: Any,
+    k_zero: Any,
 ) -> np.ndarray:
     """npattn.attention_weights: the probabilities."""
 
@@ -121,6 +131,9 @@ def set_converter(fn: Any, /) -> None:
 
 def set_bfloat16(dtype: np.dtype, /) -> None:
     """Tell the core ml_dtypes.bfloat16's dtype."""
+
+def set_float8(dtype: np.dtype, /) -> None:
+    """Tell the core ml_dtypes.float8_e4m3fn's or float8_e5m2's dtype."""
 
 def blas_info() -> str:
     """Which OpenBLAS npattn runs on: its source and configuration string."""

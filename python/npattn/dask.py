@@ -81,15 +81,19 @@ def _offsets(q_pos: int, k_pos: int) -> tuple[int, int]:
     return q, k
 
 
-def _partial(q, k, v, mask, sinks, rows, starts, lengths, q_offsets, *, k_offset, q_offset, threads, options, wide):
+def _partial(
+    q, k, v, mask, sinks, rows, starts, lengths, q_offsets, *groups, k_offset, q_offset, threads, options, wide, named
+):
     """One block: (*b, g, r, l, d) queries against one key chunk; the packed result
     (*b, g, r, l, D_v + 1): the output, then lse, in `wide`. q_offset and k_offset are
     the positions of the whole q's first row and of this chunk's first key; with
     per-request ranges, starts and lengths are each request's rows of this chunk and
-    q_offsets its first query's position, shifted so that only differences count."""
+    q_offsets its first query's position, shifted so that only differences count.
+    groups: this chunk's scales and zero points of codes, those `named`."""
     *batch, g, r, n_rows, d = q.shape
     flat = (*batch, g * r, n_rows)
     first = int(rows[0]) if rows.size else 0
+    scales = {name: x[..., 0, :, :] for name, x in zip(named, groups)}
     ranges = {}
     if starts is not None:
         ranges = {"k_start": starts, "k_lengths": lengths}
@@ -98,8 +102,8 @@ def _partial(q, k, v, mask, sinks, rows, starts, lengths, q_offsets, *, k_offset
         q_offset, k_offset = _offsets(q_offset + first, k_offset)
     out, lse = _sdpa(
         q.reshape(*flat, d).astype(wide, copy=False),
-        k[..., 0, :, :].astype(wide, copy=False),
-        v[..., 0, :, :].astype(wide, copy=False),
+        _as_computed(k[..., 0, :, :], wide),
+        _as_computed(v[..., 0, :, :], wide),
         mask=mask.reshape(*flat, mask.shape[-1]) if isinstance(mask, np.ndarray) else mask,
         sinks=None if sinks is None else sinks.reshape(g * r),
         q_offset=q_offset,
@@ -107,10 +111,16 @@ def _partial(q, k, v, mask, sinks, rows, starts, lengths, q_offsets, *, k_offset
         return_lse=True,
         threads=_task_threads() if threads is None else threads,
         **ranges,
+        **scales,
         **options,
     )
     packed = np.concatenate([out, lse[..., None].astype(wide)], axis=-1)
     return packed.reshape(*batch, g, r, n_rows, packed.shape[-1])
+
+
+def _as_computed(x: np.ndarray, wide: np.dtype) -> np.ndarray:
+    """K or V of a block in the dtype its partials are computed in; codes as they are."""
+    return x if x.dtype.itemsize == 1 else x.astype(wide, copy=False)
 
 
 def _merge_packed(*parts):
@@ -145,6 +155,10 @@ def sdpa(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: Literal[False] = False,
     precision: str = "highest",
     threads: int | None = None,
@@ -167,6 +181,10 @@ def sdpa(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: Literal[True],
     precision: str = "highest",
     threads: int | None = None,
@@ -189,6 +207,10 @@ def sdpa(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: bool = False,
     precision: str = "highest",
     threads: int | None = None,
@@ -210,6 +232,10 @@ def sdpa(
     k_offset: int = 0,
     k_start: Any = None,
     k_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_zero: Any = None,
+    v_zero: Any = None,
     return_lse: bool = False,
     precision: str = "highest",
     threads: int | None = None,
@@ -226,6 +252,10 @@ def sdpa(
         As for :func:`npattn.sdpa`: per-request key ranges and positions too, each
         request's range cut to each key chunk. An array mask may be a Dask array too; it
         is chunked like the scores' query and key chunks.
+    k_scale, v_scale, k_zero, v_zero : dask.array.Array or array_like, optional
+        As for :func:`npattn.sdpa`: ``k`` and ``v`` may hold 8-bit codes, with their
+        scales (and zero points) chunked along with them. A NaN or infinite scale is
+        found by the task that reads it.
     threads : int, optional
         Threads for each task's call. Default: what the worker running the
         task grants it (Dask's ``distributed`` workers start with
@@ -252,7 +282,9 @@ def sdpa(
     """
     fn = "sdpa"
     q, k, v = (x if isinstance(x, da.Array) else da.asarray(x) for x in (q, k, v))
-    for x, name in ((q, "q"), (k, "k"), (v, "v"), (mask, "mask")):
+    codes = {"k_scale": k_scale, "k_zero": k_zero, "v_scale": v_scale, "v_zero": v_zero}
+    codes = {name: x if isinstance(x, da.Array) else da.asarray(x) for name, x in codes.items() if x is not None}
+    for x, name in ((q, "q"), (k, "k"), (v, "v"), (mask, "mask"), *((x, name) for name, x in codes.items())):
         _check_chunks(fn, x, name)
     if int(split_every) < 2:
         raise ValueError(f"{fn}: split_every must be an int >= 2, got {split_every!r}")
@@ -267,16 +299,21 @@ def sdpa(
         shape = (*x.shape[:-2], rows if ranged else min(rows, 1), x.shape[-1]) if x.ndim >= 2 else x.shape
         return np.broadcast_to(np.zeros((), dtype=x.dtype), shape)
 
+    def groups_view(x):  # a scale's view, its rows (the axis before its groups) as view cuts k's
+        shape = (*x.shape[:-2], x.shape[-2] if ranged else min(x.shape[-2], 1), x.shape[-1]) if x.ndim >= 2 else x.shape
+        return np.broadcast_to(np.zeros((), dtype=x.dtype), shape)
+
     ranged = k_start is not None or k_lengths is not None or (q_offset is not None and np.ndim(q_offset) > 0)
     if ranged:  # the ranges against the whole S: no query row, so nothing is computed
         q_view, k_view, v_view = view(q, 0), view(k, S), view(v, S)
     else:
         q_view, k_view, v_view = view(q, L), view(k, S), view(v, S)
+    probe.update((name, groups_view(x)) for name, x in codes.items())
     _sdpa(q_view, k_view, v_view, scale, window=window, softcap=softcap, q_offset=q_offset, k_offset=k_offset,
           k_start=k_start, k_lengths=k_lengths, precision=precision, threads=threads, **probe)  # fmt: skip
     if isinstance(mask, str) and mask == "causal_top_left":  # "causal" from 0; query chunks then shift it
         mask, q_offset = "causal", 0
-    result_dtype = _args.result_dtype(q.dtype, k.dtype, v.dtype)
+    result_dtype = _args.result_dtype(q.dtype, k.dtype, v.dtype)  # codes take no part
     wide = np.dtype(np.float64 if result_dtype == np.float64 else np.float32)
 
     # One layout for every operand: (*B, H_kv, n_rep, rows, width), batch dims broadcast.
@@ -303,6 +340,10 @@ def sdpa(
     s_chunks = k.chunks[-2]
     k = k.rechunk((*b_chunks, kv_heads, s_chunks, D))[..., None, :, :]
     v = v.rechunk((*b_chunks, kv_heads, s_chunks, D_v))[..., None, :, :]
+    for name, x in codes.items():  # (*B, H_kv, S, G) in k's (v's) chunks, their groups whole
+        G = x.shape[-1] if x.ndim else 1
+        x = da.broadcast_to(x, (*batch, H_kv, S, G)).rechunk((*b_chunks, kv_heads, s_chunks, G))
+        codes[name] = x[..., None, :, :]
     rows = da.arange(L, chunks=(q.chunks[-2],))
 
     if mask is not None and not isinstance(mask, str):
@@ -346,6 +387,8 @@ def sdpa(
             args += [*per_request(cut_start), *per_request(cut_length), *per_request(first_q + start - cut_start)]
         else:
             args += [None, None, None, None, None, None]
+        for name, x in codes.items():  # the groups' axis: one chunk, its own letter for k's and v's
+            args += [x[..., c0 : c0 + n, :], (*bi, "g", "x", "s", "c" if name.startswith("k") else "w")]
         parts.append(
             da.blockwise(
                 _partial,
@@ -356,6 +399,7 @@ def sdpa(
                 threads=threads,
                 options=options,
                 wide=wide,
+                named=tuple(codes),
                 adjust_chunks={"e": D_v + 1},
                 concatenate=True,
                 dtype=wide,

@@ -365,9 +365,8 @@ def _values(fn, name, x, scale, zero):
 
 
 def _float_dtype(*arrays):
-    """The result dtype of the float operands (codes are read as their scale's values)."""
-    dtypes = [np.asarray(a).dtype for a in arrays]
-    return result_dtype(*(d for d in dtypes if code_format(d) is None))
+    """The result dtype of the float operands (codes take no part: result_dtype)."""
+    return result_dtype(*(np.asarray(a).dtype for a in arrays))
 
 
 def _rows_read(B, S, options):

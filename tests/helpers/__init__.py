@@ -7,7 +7,9 @@
   and scripts in a fresh interpreter;
 - ``peers``: the shapes compared with PyTorch and MLX, and the parity check;
 - ``problems``: random problems of npattn.sdpa's whole contract;
-- ``paged``: paged caches for npattn.paged_attention, random ones, and their check.
+- ``paged``: paged caches for npattn.paged_attention, random ones, and their check;
+- ``codes``: 8-bit codes of K and V with scales of every grouping, and the values
+  they stand for, which the comparisons take.
 
 The tests import it as ``helpers`` (pytest puts tests/ on the path), the fuzzer
 as ``tests.helpers`` (``python -m fuzz.differential`` from the repository root);
@@ -16,6 +18,7 @@ The tolerances themselves live in the package, npattn.testing, where users
 find them too; the pytest hooks in tests/conftest.py.
 """
 
+from .codes import FORMATS, GROUPINGS, coded, random_codes, random_groups, split_codes, values
 from .compare import (
     BOUND_KEYS,
     OWN_ULPS,
@@ -60,6 +63,8 @@ from .problems import SPECIAL_SIZE, random_problem
 
 __all__ = [
     "BOUND_KEYS",
+    "FORMATS",
+    "GROUPINGS",
     "HEAD_LAYOUTS",
     "KERNELS",
     "LASTING",
@@ -79,6 +84,7 @@ __all__ = [
     "check",
     "check_backward",
     "check_paged",
+    "coded",
     "compare_with_nan",
     "dtype_of",
     "f64",
@@ -94,6 +100,8 @@ __all__ = [
     "qkv",
     "randn",
     "random_paged_problem",
+    "random_codes",
+    "random_groups",
     "random_problem",
     "read_only",
     "reference_call",
@@ -101,5 +109,7 @@ __all__ = [
     "run_script",
     "runnable_kernels",
     "snapshot",
+    "split_codes",
     "unaligned",
+    "values",
 ]

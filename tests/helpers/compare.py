@@ -14,6 +14,7 @@ import pytest
 import npattn
 from npattn import reference, testing
 
+from .codes import split_codes
 from .inputs import f64
 
 OWN_ULPS = testing.OWN_ULPS
@@ -24,7 +25,9 @@ BOUND_KEYS = ("scale", "mask", "sinks", "window", "softcap", "q_offset", "k_offs
 
 
 def reference_call(q, k, v, **kwargs):
-    """reference.sdpa on float64 copies, with npattn.sdpa's keyword arguments."""
+    """reference.sdpa on float64 copies, with npattn.sdpa's keyword arguments (codes
+    as the float32 values they stand for)."""
+    k, v, kwargs = split_codes(k, v, kwargs)
     ref_kwargs = {key: f64(val) if key in ("mask", "sinks") else val for key, val in kwargs.items()}
     ref_kwargs.pop("out", None)
     ref_kwargs.pop("threads", None)
@@ -36,7 +39,9 @@ def own_tolerance(q, k, v, dtype, **kwargs):
     """(rtol, atol) npattn itself is held to: 4 / 64 ulps for float32 / float64;
     correctly rounded (rtol eps/2, atol half a subnormal, plus the float32 bound) for
     the half dtypes, and
-    with precision="fast" the half type's ulps that testing.tolerance adds."""
+    with precision="fast" the half type's ulps that testing.tolerance adds. Codes: the
+    tolerance of the values they stand for."""
+    k, v, kwargs = split_codes(k, v, kwargs)
     bound = {key: kwargs[key] for key in BOUND_KEYS if key in kwargs}
     if dtype.name in OWN_ULPS:
         return 0.0, testing.tolerance(q, k, v, dtype=dtype, ulps=OWN_ULPS[dtype.name], **bound)
@@ -53,7 +58,8 @@ def check(q, k, v, **kwargs):
     want = reference_call(q, k, v, **kwargs)
     if kwargs.get("return_lse"):
         (got, got_lse), (want, want_lse) = got, want
-    dtype = npattn._args.result_dtype(*(np.asarray(x).dtype for x in (q, k, v)))
+    dtype = npattn._args.result_dtype(*(np.asarray(x).dtype for x in (q, k, v)))  # codes take no part
+    k, v, kwargs = split_codes(k, v, kwargs)
     assert type(got) is np.ndarray
     assert got.dtype == dtype, (got.dtype, dtype)
     assert got.shape == want.shape

@@ -5,15 +5,21 @@ import pytest
 
 
 def dtype_of(name):
-    """The NumPy dtype called name; bfloat16 comes from ml_dtypes (the test skips without it)."""
-    if name == "bfloat16":
-        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    """The NumPy dtype called name; bfloat16 and the fp8 codes come from ml_dtypes (the
+    test skips without it); a dtype as it is."""
+    if isinstance(name, np.dtype):
+        return name
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        return np.dtype(getattr(pytest.importorskip("ml_dtypes"), name))
     return np.dtype(name)
 
 
 def randn(rng, shape, dtype=np.float32, scale=1.0):
     """Normal values of shape in dtype (drawn in float64, rounded once)."""
     return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+_randn = randn  # layout's default, under a name its parameter does not hide
 
 
 def qkv(rng, batch, H_q, H_kv, L, S, D, D_v=None, dtype=np.float32, dtypes=None):
@@ -64,11 +70,13 @@ def read_only(x):
     return y
 
 
-def layout(rng, shape, dtype, kind):
+def layout(rng, shape, dtype, kind, make=None):
     """Random values of `shape` in a view with the memory layout `kind`; a ValueError for
-    a kind the rank does not allow (layout_fits) or one not known."""
+    a kind the rank does not allow (layout_fits) or one not known. make(rng, shape,
+    dtype) draws the values (default: randn; helpers.random_codes' for codes)."""
     if not layout_fits(kind, len(shape)):
         raise ValueError(f"layout: {kind!r} needs rank >= 3 (a head axis), got shape {shape}")
+    randn = make or _randn
     lead, last = shape[:-1], shape[-1]
     if kind == "contiguous":
         return randn(rng, shape, dtype)

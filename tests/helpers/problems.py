@@ -3,6 +3,7 @@ differential fuzzer (fuzz/differential.py) draw the same ones."""
 
 import numpy as np
 
+from .codes import FORMATS, GROUPINGS, random_codes, random_groups
 from .inputs import LAYOUTS, dtype_of, layout, layout_fits, make_mask, read_only
 
 SPECIAL_SIZE = 1.5  # |finite value| in a problem with NaN and infinities (see random_problem)
@@ -113,14 +114,39 @@ def _per_request_options(rng, B, S, q_offset_allowed):
     return options
 
 
-def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), specials=False, large=False):
+def _with_codes(rng, arrays, kinds, kwargs):
+    """k and v (arrays[1:], laid out as kinds) made codes, one or both: a random format,
+    every code of it drawn, in the same layout, with scales (and zero points, now and
+    then, for int8 and uint8) of a random grouping and dtype; their keywords added."""
+    q, k, v = arrays
+    out = [q]
+    for name, x, kind in (("k", k, kinds[1]), ("v", v, kinds[2])):
+        if rng.random() < 0.35:
+            out.append(x)
+            continue
+        fmt = str(rng.choice(list(FORMATS)))
+        dtype = dtype_of(fmt)
+        codes = layout(rng, x.shape, dtype, kind, make=random_codes)
+        grouping = str(rng.choice(GROUPINGS))
+        scale_dtype = str(rng.choice(["float32", "float16", "bfloat16"]))
+        scale, zero = random_groups(rng, x.shape, fmt, grouping, scale_dtype, zero=FORMATS[fmt] and rng.random() < 0.5)
+        kwargs[f"{name}_scale"] = scale
+        if zero is not None:
+            kwargs[f"{name}_zero"] = zero
+        out.append(codes)
+    return out
+
+
+def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), specials=False, large=False, codes=True):
     """(q, k, v, kwargs) for one random problem of npattn.sdpa's whole contract:
     ranks 2 to 6 with broadcast batch dims, GQA groups, empty sizes, every layout
     of helpers.LAYOUTS, float dtypes (mixed now and then), every mask kind and
     broadcast shape, sinks, scale (extremes included), window, softcap,
     positions, return_lse and threads; in one case in four, per-request key ranges
     and positions (k_start, k_lengths, an int-array q_offset: _per_request_options);
-    precision in three in ten.
+    precision in three in ten; with `codes` (and no `specials`), in one in five, k or v
+    or both 8-bit codes with their scales (_with_codes: every format, grouping and
+    scale dtype, zero points).
     `large`: now and then model-sized decode and prefill.
 
     `specials`: NaN and infinities in q, k, v, and every key visible (every key of
@@ -149,11 +175,12 @@ def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), sp
     }
     if not batch and H_q == H_kv == 1 and rng.random() < 0.3:
         shapes = {name: shape[-2:] for name, shape in shapes.items()}  # the rank-2 form
-    arrays = []
+    arrays, kinds = [], []
     for name in "qkv":
         dt = np.dtype(dtype_of(rng.choice(names))) if mixed else dtype
         kind = rng.choice(["contiguous", "contiguous", *(k for k in LAYOUTS if layout_fits(k, len(shapes[name])))])
         arrays.append(_values(rng, shapes[name], dt, kind, int(rng.integers(1, 3)) if specials else 0))
+        kinds.append(str(kind))
     q, k, v = arrays
 
     kwargs = {}
@@ -194,6 +221,8 @@ def random_problem(rng, dtypes=("float32", "float64", "float16", "bfloat16"), sp
         kwargs.update(_per_request_options(rng, B, S, q_offset_allowed=not top_left))
     if rng.random() < 0.3:  # drawn after the ranges, so that those draws stay as they were
         kwargs["precision"] = str(rng.choice(["highest", "fast"]))
+    if codes and not specials and _has_ml_dtypes() and rng.random() < 0.2:  # drawn last, likewise
+        q, k, v = _with_codes(rng, (q, k, v), kinds, kwargs)
     return q, k, v, kwargs
 
 

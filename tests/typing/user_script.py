@@ -76,6 +76,19 @@ def main() -> None:
     lazy = npattn.dask.sdpa(q, k, v)  # NumPy arrays are wrapped in one chunk each
     print("dask", np.asarray(lazy).shape)
 
+    # an 8-bit cache read as stored: int8 with a scale per token, uint8 with zero points
+    kq = npattn.quantize(k, "int8")
+    assert_type(kq, npattn.Quantized)
+    vq = npattn.quantize(v, "uint8", symmetric=False)
+    coded = npattn.sdpa(q, kq.codes, vq.codes, k_scale=kq.scale, v_scale=vq.scale, v_zero=vq.zero)
+    assert_type(coded, Array)
+    coded, coded_lse = npattn.sdpa(q, kq.codes, v, k_scale=kq.scale, return_lse=True)
+    npattn.attention_weights(q, kq.codes, k_scale=kq.scale)
+    pq = npattn.quantize(key_pages, "float8_e4m3fn")
+    npattn.paged_attention(np.concatenate([q, q])[:, :, :1], pq.codes, key_pages, table, [7, 3], k_scale=pq.scale)
+    npattn.dask.sdpa(q, kq.codes, v, k_scale=kq.scale)
+    print("codes", coded.shape, np.abs(npattn.dequantize(*kq) - k).max() < 0.1)
+
 
 def mistakes(q: Array, k: Array, v: Array) -> None:
     """Calls a type checker refuses (never run: each raises)."""
