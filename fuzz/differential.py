@@ -14,7 +14,9 @@ and scale dtype), one in ten with NaN and infinities in q, k, v, now and then a
 model-sized one; and one case
 in ten is a paged_attention call instead, tests.helpers.random_paged_problem
 (page sizes, shared pages, strided stores, int32 tables, every mask kind it
-takes, window, sinks, softcap, q_offset, lse, precision). Three calls per
+takes, window, sinks, softcap, q_offset, lse, precision); where PyTorch and
+transformers import, one in twenty is a transformers layer's attention through
+npattn.transformers (fuzz/glue.py). Three calls per
 case, cycling through the kernel tables this CPU runs: the result against the
 reference (the tolerance npattn's tests use; NaN and infinities where the
 reference has them), a second call bitwise equal, a call into out= bitwise
@@ -33,6 +35,7 @@ import traceback
 import numpy as np
 
 import npattn
+from fuzz import glue
 from tests.helpers import (
     check,
     check_backward,
@@ -49,11 +52,24 @@ from tests.helpers import (
 )
 
 CALLS_PER_CASE = 3  # the forward pass's; a case with the backward pass makes two more
+GLUE = glue.available()  # transformers' cases where PyTorch and transformers import
 
 
 def is_paged(case: int) -> bool:
     """Whether the case is a paged_attention call (one in ten)."""
     return case % 10 == 4
+
+
+def is_glue(case: int) -> bool:
+    """Whether the case is a transformers layer's call (one in twenty, fuzz/glue.py)."""
+    return GLUE and case % 20 == 13
+
+
+def run_glue_case(seed: int, case: int, table: str) -> int:
+    """A transformers layer's attention against the reference over transformers' mask."""
+    with kernels(table):
+        glue.check(glue.problem(np.random.default_rng([seed, case])))
+    return 1
 
 
 def paged(seed: int, case: int):
@@ -99,6 +115,8 @@ def run_case(seed: int, case: int, table: str) -> int:
     Returns the number of calls made."""
     if is_paged(case):
         return run_paged_case(seed, case, table)
+    if is_glue(case):
+        return run_glue_case(seed, case, table)
     q, k, v, kwargs, specials = problem(seed, case)
     arrays = [x for x in (q, k, v, *kwargs.values()) if isinstance(x, np.ndarray)]
     before = snapshot(*arrays)
@@ -142,6 +160,9 @@ def describe(seed: int, case: int) -> str:
             return f"array{x.shape} {x.dtype} strides {x.strides}"
         return repr(x)
 
+    if is_glue(case):
+        drawn = glue.problem(np.random.default_rng([seed, case]))
+        return f"case {seed}:{case} (a transformers layer)\n" + glue.describe(drawn)
     if is_paged(case):
         q, kp, vp, bt, cl, kwargs = paged(seed, case)
         named = (("q", q), ("key_pages", kp), ("value_pages", vp), ("block_table", bt), ("context_lens", cl))

@@ -12,6 +12,8 @@ pass that npattn cannot honour, each refused by name.
 import numpy as np
 import pytest
 
+import npattn
+
 pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 
 torch = pytest.importorskip("torch")
@@ -264,7 +266,7 @@ def test_cache_appends_in_place_and_grows_in_steps():
     for r in rows:
         keys, values = cache.update(r, -r, 0)
     layer = cache.layers[0]
-    assert cache.get_seq_length() == 15 and layer._k.shape[-2] == 16
+    assert cache.get_seq_length() == 15 and layer._store["k"].shape[-2] == 16
     torch.testing.assert_close(keys, torch.cat(rows, -2), rtol=0, atol=0)
     torch.testing.assert_close(values, -torch.cat(rows, -2), rtol=0, atol=0)
     before = keys.data_ptr()
@@ -300,3 +302,24 @@ def test_cache_refuses_an_update_that_needs_grad():
 def test_cache_arguments_are_checked(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         nt.Cache(**bad)
+
+
+def test_quantized_cache_stores_what_quantize_makes():
+    """QuantizedCache's rows are npattn.quantize's codes and per-token scales, bit for
+    bit, and the views attention reads carry their scales; int8 or fp8 e4m3."""
+    g = torch.Generator().manual_seed(4)
+    rows = [torch.randn(2, 3, n, 16, generator=g) for n in (5, 1, 300)]
+    for dtype in ("int8", "float8_e4m3fn"):
+        cache = nt.QuantizedCache(dtype)
+        for r in rows:
+            keys, values = cache.update(r, 2 * r, 0)
+        want = npattn.quantize(torch.cat(rows, -2).numpy(), dtype)
+        got_codes = keys.view(torch.uint8).numpy().view(want.codes.dtype)
+        np.testing.assert_array_equal(got_codes, want.codes)
+        np.testing.assert_array_equal(getattr(keys, nt.SCALE).numpy(), want.scale)
+        assert getattr(values, nt.SCALE).shape == (2, 3, 306, 1)
+
+
+def test_quantized_cache_refuses_an_unknown_format():
+    with pytest.raises(ValueError, match="dtype"):
+        nt.QuantizedCache("int4")

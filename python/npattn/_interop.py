@@ -59,6 +59,18 @@ def to_mlx(a: np.ndarray) -> Any:
     return mx.array(a)
 
 
+def float8(kind: str, name: str = "an fp8 array") -> np.dtype:
+    """ml_dtypes' float8_e4m3fn or float8_e5m2, the dtypes NumPy holds fp8 codes in."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError(
+            f"{name} holds {kind} codes, which NumPy holds through ml_dtypes: "
+            'pip install ml_dtypes (or pip install "npattn[bfloat16]")'
+        ) from None
+    return np.dtype(getattr(ml_dtypes, kind))
+
+
 def to_torch(a: np.ndarray) -> Any:
     """A NumPy array as a ``torch.Tensor`` on the same memory; bfloat16 through its bits."""
     import torch  # the caller works in PyTorch: it is there
@@ -131,6 +143,8 @@ def _from_torch(x: Any, name: str) -> np.ndarray:
     if x.is_cpu and not (x.requires_grad or x.is_neg() or x.is_conj()):  # the common case, in few steps
         if x.dtype == torch.bfloat16:
             return x.view(torch.int16).numpy().view(bfloat16(name))
+        if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # codes NumPy holds through ml_dtypes
+            return x.view(torch.uint8).numpy().view(float8(str(x.dtype).rsplit(".", 1)[1], name))
         return x.numpy()
     if x.device.type == "meta":
         raise TypeError(f"{name} is a torch tensor on the 'meta' device, which holds no data")
@@ -140,6 +154,8 @@ def _from_torch(x: Any, name: str) -> np.ndarray:
     t = t.resolve_conj().resolve_neg()  # no-ops for real tensors
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(bfloat16(name))
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).numpy().view(float8(str(t.dtype).rsplit(".", 1)[1], name))
     return t.numpy()
 
 

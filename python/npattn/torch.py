@@ -69,6 +69,10 @@ def sdpa(
     k_offset: int = 0,
     k_start: int | torch.Tensor | None = None,
     k_lengths: int | torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    k_zero: torch.Tensor | None = None,
+    v_zero: torch.Tensor | None = None,
     precision: str = "highest",
     threads: int | None = None,
 ) -> torch.Tensor:
@@ -79,7 +83,10 @@ def sdpa(
     ``k``, ``v`` and ``sinks`` CPU tensors of one floating dtype, ``mask``
     ``"causal"``, ``"causal_top_left"``, ``None`` or a bool or float tensor,
     and ``q_offset``, ``k_start``, ``k_lengths`` ints or int tensors (one per
-    request). It runs as the operator ``torch.ops.npattn.sdpa``.
+    request). ``k`` and ``v`` may hold 8-bit codes (``torch.int8``,
+    ``torch.uint8``, ``torch.float8_e4m3fn``, ``torch.float8_e5m2``) with
+    their ``k_scale`` / ``v_scale`` (and ``k_zero`` / ``v_zero``) tensors, read
+    as stored; no gradient flows through codes. It runs as the operator ``torch.ops.npattn.sdpa``.
 
     Parameters
     ----------
@@ -87,6 +94,8 @@ def sdpa(
         Shapes ``(*Bq, H_q, L, D)``, ``(*Bk, H_kv, S, D)``, ``(*Bv, H_kv, S, D_v)``.
     scale, mask, window, softcap, q_offset, k_offset, k_start, k_lengths, precision
         As for :func:`npattn.sdpa`.
+    k_scale, v_scale, k_zero, v_zero : torch.Tensor, optional
+        The scales (and zero points) of codes, as for :func:`npattn.sdpa`.
     sinks : torch.Tensor, shape (H_q,), optional
         One logit per query head; it gets a gradient when it requires grad.
     threads : int, optional
@@ -110,7 +119,8 @@ def sdpa(
     torch.Size([1, 8, 4, 64])
     """
     fn = "npattn.torch.sdpa"
-    for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks)):
+    operands = {"q": q, "k": k, "v": v, "sinks": sinks, "k_scale": k_scale, "v_scale": v_scale, "k_zero": k_zero}
+    for name, t in {**operands, "v_zero": v_zero}.items():
         if t is not None:
             _check_tensor(fn, name, t)
     if isinstance(mask, torch.Tensor):
@@ -121,7 +131,8 @@ def sdpa(
         )
     return attention(
         q, k, v, scale=scale, mask=mask, sinks=sinks, window=window, softcap=softcap, q_offset=q_offset,
-        k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, precision=precision, threads=threads,
+        k_offset=k_offset, k_start=k_start, k_lengths=k_lengths, k_scale=k_scale, v_scale=v_scale, k_zero=k_zero,
+        v_zero=v_zero, precision=precision, threads=threads,
     )  # fmt: skip
 
 
@@ -232,6 +243,10 @@ def attention(
     k_offset: int = 0,
     k_start: int | torch.Tensor | None = None,
     k_lengths: int | torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    k_zero: torch.Tensor | None = None,
+    v_zero: torch.Tensor | None = None,
     precision: str = "highest",
     threads: int | None = None,
 ) -> torch.Tensor:
@@ -243,12 +258,13 @@ def attention(
         kind, array = ("none" if mask is None else mask), None
     else:
         kind, array = "array", mask
+    codes = (k_scale, v_scale, k_zero, v_zero)
     needs_grad = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
     )
     if needs_grad or torch.compiler.is_compiling():
         out, _ = torch.ops.npattn.sdpa(
-            q, k, v, array, sinks, _per_request(k_start), _per_request(k_lengths), _per_request(q_offset),
+            q, k, v, array, sinks, _per_request(k_start), _per_request(k_lengths), _per_request(q_offset), *codes,
             scale, kind, left, right, softcap, k_offset, precision, -1 if threads is None else threads,
         )  # fmt: skip
         return out
@@ -257,9 +273,15 @@ def attention(
             *(_interop.asarray(t) for t in (q, k, v)), scale, _numpy_mask(kind, array),
             sinks=None if sinks is None else _interop.asarray(sinks), window=window, softcap=softcap,
             q_offset=_numpy_int(q_offset), k_offset=k_offset, k_start=_numpy_int(k_start),
-            k_lengths=_numpy_int(k_lengths), precision=precision, threads=_threads(threads),
+            k_lengths=_numpy_int(k_lengths), precision=precision, threads=_threads(threads), **_codes(*codes),
         )  # fmt: skip
     return _interop.to_torch(out)
+
+
+def _codes(k_scale: Any, v_scale: Any, k_zero: Any, v_zero: Any) -> dict[str, Any]:
+    """The scales and zero points given, as npattn.sdpa's keywords (NumPy arrays)."""
+    given = {"k_scale": k_scale, "v_scale": v_scale, "k_zero": k_zero, "v_zero": v_zero}
+    return {name: _interop.asarray(x) for name, x in given.items() if x is not None}
 
 
 def _threads(threads: int | None) -> int:
@@ -284,8 +306,8 @@ def _numpy_mask(kind: str, array: torch.Tensor | None) -> Any:
     return None if kind == "none" else kind
 
 
-def _options(mask, sinks, k_start, k_lengths, q_offset, scale, mask_kind, window_left, window_right, softcap,
-             k_offset, precision) -> dict[str, Any]:  # fmt: skip
+def _options(mask, sinks, k_start, k_lengths, q_offset, k_scale, v_scale, k_zero, v_zero, scale, mask_kind,
+             window_left, window_right, softcap, k_offset, precision) -> dict[str, Any]:  # fmt: skip
     """The operator's arguments as npattn.sdpa's keywords (NumPy arrays)."""
     if mask_kind not in MASK_KINDS:
         raise ValueError(f"npattn::sdpa: mask_kind must be one of {MASK_KINDS}, got {mask_kind!r}")
@@ -303,6 +325,7 @@ def _options(mask, sinks, k_start, k_lengths, q_offset, scale, mask_kind, window
         "k_start": _numpy_int(k_start),
         "k_lengths": _numpy_int(k_lengths),
         "precision": precision,
+        **_codes(k_scale, v_scale, k_zero, v_zero),
     }
 
 
@@ -316,6 +339,10 @@ def _sdpa_op(
     k_start: torch.Tensor | None,
     k_lengths: torch.Tensor | None,
     q_offset: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    k_zero: torch.Tensor | None,
+    v_zero: torch.Tensor | None,
     scale: float | None,
     mask_kind: str,
     window_left: int | None,
@@ -326,8 +353,8 @@ def _sdpa_op(
     threads: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """npattn.sdpa(q, k, v, ..., return_lse=True) as an operator: (out, lse)."""
-    options = _options(mask, sinks, k_start, k_lengths, q_offset, scale, mask_kind, window_left, window_right,
-                       softcap, k_offset, precision)  # fmt: skip
+    options = _options(mask, sinks, k_start, k_lengths, q_offset, k_scale, v_scale, k_zero, v_zero, scale, mask_kind,
+                       window_left, window_right, softcap, k_offset, precision)  # fmt: skip
     arrays = (_interop.asarray(t) for t in (q, k, v))
     with on_torch_threads():
         out, lse = npattn.sdpa(*arrays, return_lse=True, threads=_threads(threads), **options)
@@ -335,11 +362,10 @@ def _sdpa_op(
 
 
 @_sdpa_op.register_fake
-def _(q, k, v, mask, sinks, k_start, k_lengths, q_offset, scale, mask_kind, window_left, window_right, softcap,
-      k_offset, precision, threads):  # fmt: skip
+def _(q, k, v, *options):
     out_shape, lse_shape = _result_shapes(q, k, v)
     wide = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=wide)
+    return q.new_empty(out_shape, dtype=_result_dtype(q, k, v)), q.new_empty(lse_shape, dtype=wide)
 
 
 @torch.library.custom_op("npattn::sdpa_backward", mutates_args=())
@@ -355,6 +381,10 @@ def _sdpa_backward_op(
     k_start: torch.Tensor | None,
     k_lengths: torch.Tensor | None,
     q_offset: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    k_zero: torch.Tensor | None,
+    v_zero: torch.Tensor | None,
     scale: float | None,
     mask_kind: str,
     window_left: int | None,
@@ -365,8 +395,8 @@ def _sdpa_backward_op(
     threads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """npattn.sdpa_backward as an operator: (dq, dk, dv, dsinks), dsinks empty without sinks."""
-    options = _options(mask, sinks, k_start, k_lengths, q_offset, scale, mask_kind, window_left, window_right,
-                       softcap, k_offset, precision)  # fmt: skip
+    options = _options(mask, sinks, k_start, k_lengths, q_offset, k_scale, v_scale, k_zero, v_zero, scale, mask_kind,
+                       window_left, window_right, softcap, k_offset, precision)  # fmt: skip
     arrays = [_interop.asarray(t) for t in (dout, q, k, v, out, lse)]
     with on_torch_threads():
         grads = npattn.sdpa_backward(*arrays, threads=_threads(threads), **options)
@@ -375,8 +405,7 @@ def _sdpa_backward_op(
 
 
 @_sdpa_backward_op.register_fake
-def _(dout, q, k, v, out, lse, mask, sinks, k_start, k_lengths, q_offset, scale, mask_kind, window_left,
-      window_right, softcap, k_offset, precision, threads):  # fmt: skip
+def _(dout, q, k, v, out, lse, mask, sinks, *options):
     dsinks = lse.new_empty((0,) if sinks is None else tuple(sinks.shape))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
@@ -396,10 +425,19 @@ def _backward(ctx: Any, dout: torch.Tensor, dlse: torch.Tensor) -> tuple:
     wanted = ctx.needs_input_grad
     grads = [g if wanted[i] else None for i, g in enumerate((dq, dk, dv))]
     dsinks = dsinks.to(sinks.dtype) if sinks is not None and wanted[4] else None
-    return (*grads, None, dsinks) + (None,) * 11
+    return (*grads, None, dsinks) + (None,) * (len(wanted) - 5)
 
 
 torch.library.register_autograd("npattn::sdpa", _backward, setup_context=_setup_context)
+
+
+def _result_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
+    """npattn's result dtype: the floating operands' (codes are read as their scales' values)."""
+    floats = [t.dtype for t in (q, k, v) if t.dtype.is_floating_point and t.element_size() > 1]
+    dtype = floats[0]
+    for d in floats[1:]:
+        dtype = torch.promote_types(dtype, d)
+    return dtype
 
 
 def _result_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[tuple, tuple]:

@@ -51,7 +51,7 @@ import npattn
 from . import _interop
 from . import torch as _torch
 
-__all__ = ["register", "attention", "mask", "Mask", "Cache", "NAME"]
+__all__ = ["register", "attention", "mask", "Mask", "Cache", "QuantizedCache", "NAME"]
 
 NAME = "npattn"
 FN = "npattn.transformers"
@@ -306,11 +306,27 @@ def attention(
     if sinks is not None:
         sinks = sinks.to(torch.float32) if sinks.dtype != query.dtype else sinks
     softcap = kwargs.get("softcap")
+    arguments.update(_scales(key, value))
     out = _torch.attention(query, key, value, scale=scaling, sinks=sinks, softcap=softcap, **arguments)
     weights = None
     if _weights_wanted(kwargs):
         weights = _weights(query, key, scaling, sinks, softcap, arguments)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _scales(key: torch.Tensor, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The scales of keys and values that a QuantizedCache's layer stored as codes."""
+    scales = {}
+    for name, x in (("k", key), ("v", value)):
+        scale = getattr(x, SCALE, None)
+        if scale is not None:
+            scales[f"{name}_scale"] = scale
+        elif not x.dtype.is_floating_point or x.element_size() == 1:
+            raise TypeError(
+                f"{FN}: the layer's {'key' if name == 'k' else 'value'} holds {x.dtype} codes without their "
+                "scales: the model changed what npattn.transformers.QuantizedCache returned before attention"
+            )
+    return scales
 
 
 def _mask_arguments(module: Any, attention_mask: Any, L: int, S: int, kwargs: dict) -> dict[str, Any]:
@@ -378,7 +394,11 @@ def _weights_wanted(kwargs: dict) -> bool:
 
 def _weights(query, key, scaling, sinks, softcap, arguments) -> torch.Tensor:
     """The probabilities, for output_attentions (npattn.attention_weights)."""
-    kw = {name: _interop.asarray(x) if isinstance(x, torch.Tensor) else x for name, x in arguments.items()}
+    kw = {
+        name: _interop.asarray(x) if isinstance(x, torch.Tensor) else x
+        for name, x in arguments.items()
+        if name not in ("v_scale", "v_zero")  # the weights read no values
+    }
     w = npattn.attention_weights(
         _interop.asarray(query), _interop.asarray(key), scaling, sinks=None if sinks is None else
         _interop.asarray(sinks), softcap=softcap, **kw
@@ -391,7 +411,9 @@ def _weights(query, key, scaling, sinks, softcap, arguments) -> torch.Tensor:
 
 class _Layer(CacheLayerMixin):
     """One layer's keys and values in storage that grows in large steps: an
-    update writes its rows in place and returns views of the rows so far."""
+    update writes its rows in place and returns views of the rows so far.
+    What is stored are the arrays `_rows` makes of the new keys and values
+    (here themselves), each of shape (B, H_kv, rows, width)."""
 
     is_sliding = False
     is_compileable = False
@@ -401,21 +423,26 @@ class _Layer(CacheLayerMixin):
         super().__init__()
         self.capacity_hint, self.step = capacity, step
         self.length = 0
-        self._k = self._v = None
+        self._store: dict[str, torch.Tensor] = {}
+
+    def _rows(self, key_states: torch.Tensor, value_states: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The rows to store for these keys and values, by name."""
+        return {"k": key_states, "v": value_states}
+
+    def _views_of(self, stored: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """What attention reads, from the stored rows so far."""
+        return stored["k"], stored["v"]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self._allocate(key_states, value_states, max(self.capacity_hint or 0, key_states.shape[-2]))
         self.is_initialized = True
 
-    def _allocate(self, key_states, value_states, rows: int) -> None:
-        rows = -(-rows // self.step) * self.step
-        k = key_states.new_empty((*key_states.shape[:-2], rows, key_states.shape[-1]))
-        v = value_states.new_empty((*value_states.shape[:-2], rows, value_states.shape[-1]))
-        if self._k is not None and self.length:
-            k[..., : self.length, :] = self._k[..., : self.length, :]
-            v[..., : self.length, :] = self._v[..., : self.length, :]
-        self._k, self._v = k, v
+    def _allocate(self, rows: dict[str, torch.Tensor], n: int) -> None:
+        n = -(-n // self.step) * self.step
+        grown = {name: r.new_empty((*r.shape[:-2], n, r.shape[-1])) for name, r in rows.items()}
+        for name, old in self._store.items():
+            grown[name][..., : self.length, :] = old[..., : self.length, :]
+        self._store = grown
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad):
@@ -425,19 +452,22 @@ class _Layer(CacheLayerMixin):
             )
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n = key_states.shape[-2]
-        if key_states.shape[:-2] != self._k.shape[:-2] or key_states.dtype != self._k.dtype:
+        rows = self._rows(key_states, value_states)
+        if not self._store:
+            self._allocate(rows, max(self.capacity_hint or 0, key_states.shape[-2]))
+        k = self._store["k"]
+        if key_states.shape[:-2] != k.shape[:-2] or rows["k"].dtype != k.dtype:
             raise ValueError(
                 f"{FN}.Cache: new keys of shape {tuple(key_states.shape)} and dtype {key_states.dtype} do not "
-                f"extend the cached ones, {tuple(self._k.shape[:-2])} and {self._k.dtype}"
+                f"extend the cached ones, {tuple(k.shape[:-2])} and {k.dtype}"
             )
-        end = self.length + n
-        if end > self._k.shape[-2]:  # grow by half, in whole steps: amortised O(1) a row
-            self._allocate(key_states, value_states, max(end, self._k.shape[-2] * 3 // 2))
-        self._k[..., self.length : end, :] = key_states
-        self._v[..., self.length : end, :] = value_states
+        end = self.length + key_states.shape[-2]
+        if end > k.shape[-2]:  # grow by half, in whole steps: amortised O(1) a row
+            self._allocate(rows, max(end, k.shape[-2] * 3 // 2))
+        for name, r in rows.items():
+            self._store[name][..., self.length : end, :] = r
         self.length = end
-        self.keys, self.values = self._k[..., :end, :], self._v[..., :end, :]
+        self._views()
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -460,8 +490,8 @@ class _Layer(CacheLayerMixin):
         self._views()
 
     def _views(self) -> None:
-        if self._k is not None:
-            self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
+        if self._store:
+            self.keys, self.values = self._views_of({n: t[..., : self.length, :] for n, t in self._store.items()})
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -473,9 +503,52 @@ class _Layer(CacheLayerMixin):
         self._batch(lambda t: t[indices, ...])
 
     def _batch(self, fn) -> None:
-        if self._k is not None:
-            self._k, self._v = fn(self._k), fn(self._v)
+        if self._store:
+            self._store = {name: fn(t) for name, t in self._store.items()}
             self._views()
+
+
+# The attribute by which a quantized layer's codes carry their scales to attention.
+SCALE = "_npattn_scale"
+
+# name: (torch dtype, largest code)
+_CODES = {"int8": ("int8", 127.0), "float8_e4m3fn": ("float8_e4m3fn", 448.0)}
+
+
+def _quantized(x: torch.Tensor, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's rows (along the last axis) as codes with a float32 scale each, as npattn.quantize
+    makes them: the scale the row's largest magnitude over the largest code (1 for a row
+    of zeros), codes rounded to nearest, ties to even, and clamped."""
+    name, largest = _CODES[dtype]
+    x = x.float()
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / largest, torch.ones_like(amax))
+    scaled = x / scale
+    if name == "int8":
+        codes = torch.round(scaled).clamp_(-128, 127).to(torch.int8)
+    else:
+        codes = scaled.clamp_(-largest, largest).to(getattr(torch, name))
+    return codes, scale
+
+
+class _QuantizedLayer(_Layer):
+    """A layer whose keys and values are stored as 8-bit codes with a float32 scale
+    per token and head; attention reads the codes in place, each view carrying its
+    scales (SCALE)."""
+
+    def __init__(self, dtype: str, capacity: int | None = None, step: int = 256):
+        super().__init__(capacity, step)
+        self.dtype = dtype
+
+    def _rows(self, key_states, value_states):
+        (k, ks), (v, vs) = _quantized(key_states, self.dtype), _quantized(value_states, self.dtype)
+        return {"k": k, "k_scale": ks, "v": v, "v_scale": vs}
+
+    def _views_of(self, stored):
+        k, v = stored["k"], stored["v"]
+        setattr(k, SCALE, stored["k_scale"])
+        setattr(v, SCALE, stored["v_scale"])
+        return k, v
 
 
 class Cache(_HFCache):
@@ -514,9 +587,52 @@ class Cache(_HFCache):
             raise ValueError(f"{FN}.Cache: capacity must be an int >= 0 or None, got {capacity!r}")
         if not isinstance(step, int) or step < 1:
             raise ValueError(f"{FN}.Cache: step must be an int >= 1, got {step!r}")
-        make = functools.partial(_Layer, capacity, step)
+        make = self._layer(capacity, step)
         if config is None:
             super().__init__(layer_class_to_replicate=make)
         else:
             n = config.get_text_config(decoder=True).num_hidden_layers
             super().__init__(layers=[make() for _ in range(n)])
+
+    def _layer(self, capacity: int | None, step: int) -> Any:
+        """What makes one layer's storage."""
+        return functools.partial(_Layer, capacity, step)
+
+
+class QuantizedCache(Cache):
+    """:class:`Cache`, its keys and values stored as 8-bit codes, read as stored.
+
+    Each new row is quantized as it is appended, with a float32 scale per
+    token and head (``npattn.quantize(x, dtype)`` of the row), and attention
+    reads the codes and scales in place: no dequantized copy is ever made
+    (transformers' own quantized caches dequantize every layer's whole cache at
+    every step). int8 takes a little over half the memory of a bfloat16 cache
+    (one byte an element and four a row of D). The model then computes with
+    the dequantized values: within int8's rounding of the keys and values
+    (about 0.4% of each row's largest magnitude), a different model, like any
+    quantized cache.
+
+    Parameters
+    ----------
+    dtype : {"int8", "float8_e4m3fn"}, default "int8"
+        The codes' format.
+    config, capacity, step
+        As for :class:`Cache`.
+
+    Examples
+    --------
+    >>> import torch, npattn.transformers
+    >>> cache = npattn.transformers.QuantizedCache()
+    >>> keys, values = cache.update(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8), 0)
+    >>> keys.dtype, keys.shape
+    (torch.int8, torch.Size([1, 2, 3, 8]))
+    """
+
+    def __init__(self, dtype: str = "int8", config: Any = None, *, capacity: int | None = None, step: int = 256):
+        if dtype not in _CODES:
+            raise ValueError(f"{FN}.QuantizedCache: dtype must be one of {', '.join(map(repr, _CODES))}, got {dtype!r}")
+        self.dtype = dtype
+        super().__init__(config, capacity=capacity, step=step)
+
+    def _layer(self, capacity: int | None, step: int) -> Any:
+        return functools.partial(_QuantizedLayer, self.dtype, capacity, step)
