@@ -66,6 +66,20 @@ def qkv_codes(rng, k_fmt, v_fmt=None, grouping="token", H_q=8, H_kv=2, L=1, S=30
     return q, ops[0], ops[1], kwargs
 
 
+@pytest.mark.parametrize("L", [1, 4])
+def test_a_zero_point_near_the_codes_costs_no_accuracy(rng, L):
+    """uint8 codes of 240 .. 255 with zero points about 248: the values are small
+    while the codes' own sums, which a scale a row takes before the zero point's
+    share, run large. Their difference stays within the float32 tolerance of the
+    values (its terms are at most 255 / 7 times the values' largest)."""
+    shape = (1, 2, 700, 64)
+    k, v = (rng.integers(240, 256, size=shape).astype(np.uint8) for _ in range(2))
+    zeros = {f"{x}_zero": rng.uniform(246, 250, size=(1, 2, 700, 1)).astype(np.float32) for x in "kv"}
+    scales = {f"{x}_scale": rng.uniform(0.5, 2.0, size=(1, 2, 700, 1)).astype(np.float32) for x in "kv"}
+    q = randn(rng, (1, 8, L, 64), np.float32) * 4
+    check(q, k, v, threads=1, **zeros, **scales)
+
+
 # ---- every format, grouping and table ----
 
 
@@ -83,19 +97,38 @@ def test_every_format_and_grouping_on_every_table(rng, table, L, S, fmt, groupin
 
 
 @pytest.mark.parametrize("table", TABLES)
-@pytest.mark.parametrize("grouping", ["tensor", "token", "channel", "group32"])
+@pytest.mark.parametrize("grouping", ["channel", "group32"])
 @pytest.mark.parametrize("fmt", ["int8", "uint8", "float8_e4m3fn", "float8_e5m2"])
-def test_streamed_codes_give_the_bits_of_their_values(rng, fmt, grouping, table):
-    """The decode stream converts each code to the float32 value it stands for, in
-    registers, then computes as for float32 K and V: the very bits of sdpa over
-    npattn.dequantize's values (Qwen3-4B's 4 rows a kv head, and 16 rows: an MQA
-    group, the rows in the lanes of the avx2 table), whatever the table."""
+def test_streamed_grouped_codes_give_the_bits_of_their_values(rng, fmt, grouping, table):
+    """Codes in groups along a row (per channel, q8_0's 32) are made into the float32
+    values they stand for in registers, then computed as float32 K and V are: the
+    very bits of sdpa over npattn.dequantize's values (Qwen3-4B's 4 rows a kv head,
+    and 16 rows: an MQA group, the rows in the lanes of the avx2 table)."""
     with kernels(table):
         for H_q in (32, 16):
             q, k, v, kwargs = qkv_codes(rng, fmt, fmt, grouping, H_q=H_q, H_kv=8 if H_q == 32 else 1, D=128, S=600)
             kv, vv, _ = split_codes(k, v, kwargs)
             got = npattn.sdpa(q, k, v, threads=1, **kwargs)
             np.testing.assert_array_equal(got, npattn.sdpa(q, kv, vv, threads=1))
+
+
+FORMATS_AND_ZEROS = [("int8", False), ("int8", True), ("uint8", False), ("uint8", True), ("float8_e4m3fn", False),
+                     ("float8_e5m2", False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("grouping", ["tensor", "head", "token"])
+@pytest.mark.parametrize("fmt, zero", FORMATS_AND_ZEROS)
+def test_streamed_codes_of_a_scale_a_row(rng, fmt, grouping, table, zero):
+    """With one scale (and zero point) a row the decode stream sums the codes' own
+    values and scales each sum once, s (q . c - z sum(q)), and weighs each value row
+    by p s: within npattn's float32 tolerance of the reference on the dequantized
+    values."""
+    with kernels(table):
+        for H_q in (32, 16):
+            q, k, v, kwargs = qkv_codes(rng, fmt, fmt, grouping, H_q=H_q, H_kv=8 if H_q == 32 else 1, D=128, S=600,
+                                        zero=zero or None)  # fmt: skip
+            check(q, k, v, threads=1, **kwargs)
 
 
 @pytest.mark.parametrize(

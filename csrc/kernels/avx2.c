@@ -90,7 +90,7 @@ VEC_FN void scores_lanes(enum npattn_dtype kt, const struct npattn_dequant *dq, 
             if (kt != NPATTN_DTYPE_F32) { /* the block's rows as floats, exactly (codes: their values) */
                 for (int64_t a = 0; a < nkb; a++) {
                     const void *row = npattn_stream_at(kt, spans[i].rows, (j + a) * ldk);
-                    if (!npattn_is_code(kt)) vec_row_f32(kt, row, D, kb + a * D);
+                    if (!dq) vec_row_f32(kt, row, D, kb + a * D);
                     else vec_values_f32(kt, dq, row, D, vec_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j + a),
                                         vec_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j + a), kb + a * D);
                 }

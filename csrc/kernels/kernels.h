@@ -92,8 +92,9 @@ struct npattn_kernels {
      * call's nk terms are one block (the streamed tiles' 256 keys at most),
      * so that o's rounding grows with the blocks, not the keys (many equal
      * weights round alike). The arithmetic is the same, in float, whatever
-     * the types and spans, except in the AVX-512 tables' scores of a
-     * bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: there
+     * the types and spans (but for codes with one scale a row, whose scale
+     * the SIMD tables apply to each sum: scalar.h's npattn_row_scaled),
+     * except in the AVX-512 tables' scores of a bfloat16 K against the rows npattn_bf16_keys_in_lanes admits: there
      * each score is one FMA per element, in element order (keys in lanes,
      * no reduction tree); in the avx2 and neon tables' scores of
      * the rows npattn_rows_in_lanes admits, whatever K's type, likewise

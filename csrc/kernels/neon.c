@@ -80,7 +80,7 @@ VEC_FN void scores_lanes(enum npattn_dtype kt, const struct npattn_dequant *dq, 
     float qt[LANES_ROWS * NPATTN_LANES_MAX_D] __attribute__((aligned(64)));
     float kb[LANES_KEYS * NPATTN_LANES_MAX_D] __attribute__((aligned(64))); /* codes' values */
     vec_transpose_rows(q, D, LANES_ROWS, D, qt, LANES_ROWS);
-    const int codes = npattn_is_code(kt);
+    const int codes = dq != NULL;
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n)
         for (int64_t j = 0, nkb; j < spans[i].n; j += nkb) {
             nkb = spans[i].n - j < LANES_KEYS ? spans[i].n - j : LANES_KEYS;

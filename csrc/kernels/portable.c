@@ -150,6 +150,12 @@ static const void *span_groups(const void *at, enum npattn_dtype t, int64_t row,
     return at ? npattn_stream_at(t, at, j * row) : NULL;
 }
 
+int64_t npattn_span_keys(const struct npattn_span *spans, int64_t n_span) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < n_span; i++) n += spans[i].n;
+    return n;
+}
+
 static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dtype kt, const struct npattn_dequant *dq,
                             const struct npattn_span *spans, int64_t n_span, int64_t ldk, const uint32_t *qb, float *st,
                             int64_t ldst) {

@@ -38,6 +38,25 @@ void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, const s
                                int64_t n_span, enum npattn_dtype vt, const struct npattn_dequant *dq, int64_t ldv,
                                int64_t Dv, int64_t e0, float *o);
 
+/* ---- codes with one scale a row ---- */
+
+/* Codes whose scale (and zero point) is one a row of width w (struct
+ * npattn_dequant's group the row's width: a scale per tensor, head or
+ * token) take the SIMD tables' streamed kernels as if they were floats of
+ * the codes' own values, the scale applied once to each sum: the scores
+ * s (q . c - z sum(q)), and P @ V as sum_j (p_j s_j) c_j less sum_j p_j s_j z_j
+ * in each column. Their sums round as float32 sums of the dequantized values
+ * do, within a few ulps (SPEC section 14 asks float32's tolerance), and a
+ * loaded vector is used as converted, with no multiply. At most
+ * NPATTN_SCALED_KEYS keys a call (accumulate's weights are copied, times the
+ * scales, NPATTN_SCALED_ROWS rows at a time). */
+enum { NPATTN_SCALED_ROWS = 16, NPATTN_SCALED_KEYS = 256 };
+
+static inline int npattn_row_scaled(const struct npattn_dequant *dq, int64_t w) { return dq && dq->group == w; }
+
+/* The keys of n_span spans. */
+int64_t npattn_span_keys(const struct npattn_span *spans, int64_t n_span);
+
 /* ---- conversions (convert.c) ---- */
 
 /* Whether x[0 .. n-1] are all finite. */

@@ -32,7 +32,7 @@ VEC_KERNEL void vec_f16_to_f32(const uint16_t *src, int64_t n, float *dst) { vec
  * elements one by one. */
 VEC_FN void vec_values_f32(enum npattn_dtype t, const struct npattn_dequant *dq, const void *src, int64_t n,
                            const void *scale, const void *zero, float *dst) {
-    if (!npattn_is_code(t)) {
+    if (!dq) {
         vec_row_f32(t, src, n, dst);
         return;
     }

@@ -71,6 +71,30 @@ VEC_FN void vec_store_lanes_scores(const vf *acc, int nkb, float *st, int64_t ld
         for (int a = 0; a < nkb; a++) st[r * ldst + a] = out[VEC_LANES * (G * a + r / VEC_LANES) + r % VEC_LANES];
 }
 
+/* vec_scores_block's columns d .. end (whole vectors) into acc: each key
+ * vector converted once (codes, a constant: made their values with the
+ * group's sk[a] and zk[a]) and used nr times. Returns end. */
+VEC_FN int64_t vec_scores_run(enum npattn_dtype kt, const int zero, const int codes, const float *qr, const int nr,
+                              int64_t D, const void *kr, int64_t ldk, const int nkb, int64_t d, int64_t end,
+                              const float *sk, const float *zk, const void *pf, vf *acc) {
+    enum { K = VEC_SCORE_KEYS };
+    const int64_t es = npattn_stream_size(kt);
+    for (; d < end; d += VEC_LANES) {
+        if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
+            for (int a = 0; a < nkb; a++) vprefetch(npattn_stream_at(kt, pf, a * ldk + d));
+        vf kv[VEC_SCORE_KEYS];
+        for (int a = 0; a < nkb; a++) {
+            const void *at = npattn_stream_at(kt, kr, a * ldk + d);
+            kv[a] = codes ? vec_code_at(kt, at, D - d, &sk[a], &zk[a], zero) : vec_row_at(kt, at, D - d);
+        }
+        for (int b = 0; b < nr; b++) { /* one query vector at a time: avx2's 16 registers hold no more */
+            const vf qv = vec_q_at(qr + b * D + d, D - d);
+            for (int a = 0; a < nkb; a++) acc[K * b + a] = vfma(kv[a], qv, acc[K * b + a]);
+        }
+    }
+    return end;
+}
+
 /* Scores of nr <= VEC_SCORE_ROWS rows of q (at qr) against nkb <=
  * VEC_SCORE_KEYS keys (rows of type kt at kr, ldk apart), into st (nr,
  * ldst): a small GEMM's microkernel, each key vector converted once and
@@ -87,30 +111,18 @@ VEC_FN void vec_scores_block(enum npattn_dtype kt, const int zero, const struct 
     enum { K = VEC_SCORE_KEYS };
     vf acc[VEC_SUMS]; /* acc[K * row + key] */
     for (int i = 0; i < VEC_SUMS; i++) acc[i] = vzero();
-    const int codes = npattn_is_code(kt);
-    const int64_t es = npattn_stream_size(kt), whole = VEC_MASKED_TAILS ? D : D / VEC_LANES * VEC_LANES;
-    const int64_t group = codes ? dq->group : D;
-    float sk[VEC_SCORE_KEYS], zk[VEC_SCORE_KEYS]; /* the keys' scales and zero points of the group */
+    const int codes = dq != NULL;
+    const int64_t whole = VEC_MASKED_TAILS ? D : D / VEC_LANES * VEC_LANES;
     int64_t d = 0;
-    for (int64_t g = 0; d < whole; g++) {
-        for (int a = 0; a < nkb && codes; a++) {
+    if (!codes) d = vec_scores_run(kt, 0, 0, qr, nr, D, kr, ldk, nkb, 0, whole, NULL, NULL, pf, acc);
+    for (int64_t g = 0; codes && d < whole; g++) { /* codes: a group at a time */
+        float sk[VEC_SCORE_KEYS], zk[VEC_SCORE_KEYS]; /* the keys' scales and zero points of the group */
+        for (int a = 0; a < nkb; a++) {
             sk[a] = vec_group_of(dq->scale_type, ks, dq->scale_row, dq->scale_col, a, g);
             zk[a] = zero ? vec_group_of(dq->zero_type, kz, dq->zero_row, dq->zero_col, a, g) : 0.0f;
         }
-        const int64_t end = (g + 1) * group < whole ? (g + 1) * group : whole;
-        for (; d < end; d += VEC_LANES) {
-            if (pf && (d * es) % 64 == 0) /* the rows ahead, one prefetch per cache line */
-                for (int a = 0; a < nkb; a++) vprefetch(npattn_stream_at(kt, pf, a * ldk + d));
-            vf kv[VEC_SCORE_KEYS];
-            for (int a = 0; a < nkb; a++) {
-                const void *at = npattn_stream_at(kt, kr, a * ldk + d);
-                kv[a] = codes ? vec_code_at(kt, at, D - d, &sk[a], &zk[a], zero) : vec_row_at(kt, at, D - d);
-            }
-            for (int b = 0; b < nr; b++) { /* one query vector at a time: avx2's 16 registers hold no more */
-                const vf qv = vec_q_at(qr + b * D + d, D - d);
-                for (int a = 0; a < nkb; a++) acc[K * b + a] = vfma(kv[a], qv, acc[K * b + a]);
-            }
-        }
+        const int64_t end = (g + 1) * dq->group < whole ? (g + 1) * dq->group : whole;
+        d = vec_scores_run(kt, zero, 1, qr, nr, D, kr, ldk, nkb, d, end, sk, zk, pf, acc);
     }
 #if VEC_MASKED_TAILS
     vstore_sums(acc, nr, nkb, st, ldst);
@@ -164,7 +176,7 @@ VEC_FN void vec_scores_of(enum npattn_dtype kt, const int zero, const struct npa
                           int64_t M, int64_t D, const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
                           int64_t ldst) {
     enum { K = VEC_SCORE_KEYS };
-    const int codes = npattn_is_code(kt);
+    const int codes = dq != NULL;
     for (int64_t i = 0, j0 = 0; i < n_span; j0 += spans[i++].n) {
         const void *k = spans[i].rows;
         const int64_t nk = spans[i].n;
@@ -199,12 +211,75 @@ VEC_FN void vec_scores_typed(enum npattn_dtype kt, const int zero, const struct 
     else vec_scores_of(kt, zero, dq, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
+/* ---- codes with one scale a row (scalar.h's npattn_row_scaled) ---- */
+
+/* The scales (s) and zero points (z: 0 without) of the spans' nk keys. */
+VEC_FN void vec_row_groups(const struct npattn_dequant *dq, const struct npattn_span *spans, int64_t n_span, float *s,
+                           float *z) {
+    for (int64_t i = 0, j = 0; i < n_span; i++)
+        for (int64_t a = 0; a < spans[i].n; a++, j++) {
+            s[j] = npattn_stream_elem(dq->scale_type, spans[i].scale, a * dq->scale_row);
+            z[j] = dq->zero ? npattn_stream_elem(dq->zero_type, spans[i].zero, a * dq->zero_row) : 0.0f;
+        }
+}
+
+/* st (M, ldst): the rows of q's (M, D) sums against the spans' nk codes
+ * made their scores, s_j (st - z_j sum(q_r)). */
+VEC_FN void vec_scale_scores(const struct npattn_dequant *dq, const float *q, int64_t M, int64_t D,
+                             const struct npattn_span *spans, int64_t n_span, int64_t nk, float *st, int64_t ldst) {
+    float s[NPATTN_SCALED_KEYS], z[NPATTN_SCALED_KEYS];
+    vec_row_groups(dq, spans, n_span, s, z);
+    for (int64_t r = 0; r < M; r++) {
+        vf sum = vzero(); /* q's row's sum, for the zero points */
+        for (int64_t d = 0; d < D && dq->zero; d += VEC_LANES)
+            sum = vadd(sum, D - d < VEC_LANES ? vload_part(q + r * D + d, D - d) : vload(q + r * D + d));
+        const vf qs = vset1(vreduce_add(sum));
+        float *sr = st + r * ldst;
+        for (int64_t j = 0; j < nk; j += VEC_LANES) {
+            const int64_t n = nk - j < VEC_LANES ? nk - j : VEC_LANES;
+            const vf x = vload_part(sr + j, n), zx = vmul(vload_part(z + j, n), qs);
+            vstore_part(sr + j, n, vmul(vload_part(s + j, n), dq->zero ? vsub(x, zx) : x));
+        }
+    }
+}
+
+/* w (M, NPATTN_SCALED_KEYS) = st (M, ldst) times each key's scale, and
+ * shift[r] = sum_j w[r, j] z_j (0 without zero points). */
+VEC_FN void vec_scale_weights(const struct npattn_dequant *dq, const float *st, int64_t ldst, int64_t M,
+                              const struct npattn_span *spans, int64_t n_span, float *w, float *shift) {
+    float s[NPATTN_SCALED_KEYS], z[NPATTN_SCALED_KEYS];
+    vec_row_groups(dq, spans, n_span, s, z);
+    const int64_t nk = npattn_span_keys(spans, n_span);
+    for (int64_t r = 0; r < M; r++) {
+        vf acc = vzero();
+        for (int64_t j = 0; j < nk; j += VEC_LANES) {
+            const int64_t n = nk - j < VEC_LANES ? nk - j : VEC_LANES;
+            const vf x = vmul(vload_part(st + r * ldst + j, n), vload_part(s + j, n));
+            vstore_part(w + r * NPATTN_SCALED_KEYS + j, n, x);
+            acc = vfma(x, vload_part(z + j, n), acc);
+        }
+        shift[r] = vreduce_add(acc);
+    }
+}
+
+/* o (M, Dv): each row's elements less its shift. */
+VEC_FN void vec_shift_rows(const float *shift, int64_t M, int64_t Dv, float *o) {
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t e = 0; e < Dv; e += VEC_LANES) {
+            const int64_t n = Dv - e < VEC_LANES ? Dv - e : VEC_LANES;
+            vstore_part(o + r * Dv + e, n, vsub(vload_part(o + r * Dv + e, n), vset1(shift[r])));
+        }
+}
+
 /* kernels.h's scores, without tiles (qb ignored): one copy of the loops per
  * key type (codes: with zero points and without), its conversion inlined. */
 static VEC_TARGET void vec_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt,
                                   const struct npattn_dequant *dq, const struct npattn_span *spans, int64_t n_span,
                                   int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     (void)qb;
+    const int64_t nk = npattn_span_keys(spans, n_span);
+    const struct npattn_dequant *rows = npattn_row_scaled(dq, D) && nk <= NPATTN_SCALED_KEYS ? dq : NULL;
+    if (rows) dq = NULL; /* the codes' own values, scaled after */
     const int zero = dq && dq->zero;
 #define TYPED(t, z) vec_scores_typed(t, z, dq, q, M, D, spans, n_span, ldk, st, ldst)
     switch (kt) {
@@ -217,6 +292,7 @@ static VEC_TARGET void vec_scores(const float *q, int64_t M, int64_t D, enum npa
     default: TYPED(NPATTN_DTYPE_F32, 0); break;
     }
 #undef TYPED
+    if (rows) vec_scale_scores(rows, q, M, D, spans, n_span, nk, st, ldst);
 }
 
 /* ---- accumulate: o (M, Dv) += P @ V, P given as st (M, ldst) ---- */
@@ -235,7 +311,7 @@ VEC_FN void vec_accumulate_block(enum npattn_dtype vt, const int zero, const str
                                  const struct npattn_span *spans, int64_t n_span, int64_t ldv, int64_t Dv, int64_t e0,
                                  float *o, const int pf_every, int pf_first) {
     const int64_t es = npattn_stream_size(vt);
-    const int codes = npattn_is_code(vt);
+    const int codes = dq != NULL;
     vm m[VEC_ACC_CHUNKS];
     int64_t g[VEC_ACC_CHUNKS]; /* codes: each vector's group, the last group for one past Dv */
     for (int c = 0; c < nc; c++) {
@@ -283,6 +359,17 @@ VEC_FN void vec_accumulate_block(enum npattn_dtype vt, const int zero, const str
 static VEC_TARGET void vec_accumulate(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
                                       int64_t n_span, enum npattn_dtype vt, const struct npattn_dequant *dq,
                                       int64_t ldv, int64_t Dv, float *o) {
+    float w[NPATTN_SCALED_ROWS * NPATTN_SCALED_KEYS]; /* a scale a row: the weights times the rows' scales */
+    if (npattn_row_scaled(dq, Dv) && npattn_span_keys(spans, n_span) <= NPATTN_SCALED_KEYS) {
+        for (int64_t r = 0; r < M; r += NPATTN_SCALED_ROWS) {
+            const int64_t nr = M - r < NPATTN_SCALED_ROWS ? M - r : NPATTN_SCALED_ROWS;
+            float shift[NPATTN_SCALED_ROWS];
+            vec_scale_weights(dq, st + r * ldst, ldst, nr, spans, n_span, w, shift);
+            vec_accumulate(w, NPATTN_SCALED_KEYS, nr, spans, n_span, vt, NULL, ldv, Dv, o + r * Dv);
+            if (dq->zero) vec_shift_rows(shift, nr, Dv, o + r * Dv);
+        }
+        return;
+    }
     int64_t done;
     const int zero = dq && dq->zero;
 #define TYPED(t, z) isa_accumulate_of(t, z, dq, st, ldst, M, spans, n_span, ldv, Dv, o)
