@@ -58,15 +58,35 @@ def test_shown_pngs_are_wide_enough(path):
     assert width >= MIN_WIDTH, f"{width} px wide"
 
 
+def shown_svgs():
+    """The SVG pictures the documentation's pages embed."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+\.svg)\)", page.read_text()):
+            yield pytest.param(page.parent / target, id=f"{page.name}: {target}")
+
+
+@pytest.mark.parametrize("path", list(shown_svgs()))
+def test_shown_svgs_are_wide_enough_and_set_no_small_text(path):
+    """At least 600 wide (in points, as matplotlib writes it: 800 CSS pixels), and no text
+    below 9 points (its user unit is a point) inside."""
+    if not path.exists():
+        pytest.skip(f"{path.name} is not in this tree")
+    svg = path.read_text()
+    width = re.search(r'<svg[^>]*\bwidth="([0-9.]+)(pt|px)?"', svg)
+    assert width and float(width.group(1)) >= MIN_WIDTH, width and width.group(0)
+    small = [size for size in re.findall(r"font-size:\s*([0-9.]+)", svg) if float(size) < MIN_POINTS]
+    assert not small, f"text of {small} points"
+
+
 def drawing_code():
     """(where, source) of each notebook's code cells and of the benchmark plots."""
     for path in NOTEBOOKS:
         for i, cell in enumerate(json.loads(path.read_text())["cells"]):
             if cell["cell_type"] == "code":
                 yield f"{path.name}:cell {i}", "".join(cell["source"])
-    plot = ROOT / "benchmarks" / "plot.py"
-    if plot.exists():
-        yield "benchmarks/plot.py", plot.read_text()
+    for plot in (ROOT / "benchmarks" / "plot.py", ROOT / "docs" / "quant_error.py"):
+        if plot.exists():
+            yield str(plot.relative_to(ROOT)), plot.read_text()
 
 
 SIZE = re.compile(r"(?:fontsize|labelsize)[\"']?\s*[=:]\s*(?:([0-9.]+)|[\"']([a-z-]+)[\"'])")

@@ -5,6 +5,8 @@ Tiny models built from configs with random weights (nothing is downloaded): the 
 greedy tokens as "eager" and logits within the float32 tolerance, for a batch of
 prompts left-padded to one length, with transformers' DynamicCache and with
 npattn.transformers.Cache; one training step's gradients; bfloat16; torch.compile.
+Through npattn.transformers.QuantizedCache, the logits of eager attention over the
+dequantized codes that cache holds, and one byte an element.
 The mask function's patterns against transformers' own, and the keywords a layer may
 pass that npattn cannot honour, each refused by name.
 """
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 import npattn
+from npattn import _interop
 
 pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 
@@ -323,3 +326,82 @@ def test_quantized_cache_stores_what_quantize_makes():
 def test_quantized_cache_refuses_an_unknown_format():
     with pytest.raises(ValueError, match="dtype"):
         nt.QuantizedCache("int4")
+
+
+# ---- the 8-bit cache in a model ----
+
+REPLAY = "eager-over-dequantized"  # an attention implementation of this file, registered below
+
+
+def _dequantized(stored, name, S, scaled=True):
+    """The first S rows of one of a QuantizedCache layer's stored codes (name "k" or "v"), as
+    the float32 values they stand for: npattn.dequantize(codes, scale) (with scale 1: the
+    codes themselves as numbers, when not scaled)."""
+    codes = _interop.asarray(stored[name][..., :S, :])  # torch's int8 or fp8 as NumPy's (ml_dtypes')
+    scale = stored[f"{name}_scale"][..., :S, :].numpy() if scaled else np.float32(1)
+    return torch.from_numpy(npattn.dequantize(codes, scale))
+
+
+def _replay(recorded, scaled=True):
+    """An attention function that computes the model's own eager attention over the keys and
+    values a recorded QuantizedCache holds for the layer, dequantized: the query is the
+    run's own; the keys and values it was passed (those of its own cache) are read for
+    their length only."""
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        eager = __import__(type(module).__module__, fromlist=["eager_attention_forward"]).eager_attention_forward
+        stored, S = recorded.layers[module.layer_idx]._store, key.shape[-2]
+        k, v = (_dequantized(stored, name, S, scaled) for name in ("k", "v"))
+        return eager(module, query, k, v, attention_mask, **kwargs)
+
+    return attention
+
+
+def _generate_over_recorded(m, recorded, scaled=True, **inputs):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(REPLAY, _replay(recorded, scaled))
+    AttentionMaskInterface.register(REPLAY, eager_mask)
+    return generate(m, REPLAY, DynamicCache(), new=8, **inputs)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float8_e4m3fn"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma2"])
+def test_quantized_cache_logits_equal_eager_over_its_dequantized_values(name, dtype):
+    """generate(8 tokens) through a QuantizedCache, three prompts left-padded by 0, 3 and 5:
+    every step's logits within LOGITS_ATOL of the model's eager attention over the very
+    codes that cache stored, dequantized with npattn.dequantize and fed as float32 K/V.
+
+    The tolerance is the float32 one of the float caches (LOGITS_ATOL): npattn computes
+    sdpa of exactly those float32 values (SPEC 14: scale * code, one rounding, as
+    dequantize makes them), so what remains is the order of float32 sums. The eager run
+    reads the recorded codes rather than quantizing its own keys: its keys differ from
+    npattn's run by float32 rounding, enough to round a code the other way (a step of
+    1/127 of the row) now and then. The cache holds one byte an element, plus a float32
+    scale a row of keys or values."""
+    m = model(name)
+    ids, mask = prompts()
+    cache = nt.QuantizedCache(dtype)
+    tokens, got = generate(m, "npattn", cache, new=8, input_ids=ids, attention_mask=mask)
+    want_tokens, want = _generate_over_recorded(m, cache, input_ids=ids, attention_mask=mask)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(got, want, rtol=0, atol=LOGITS_ATOL)
+    B, H_kv, D = 3, SMALL["num_key_value_heads"], SMALL["head_dim"]
+    for layer in cache.layers:
+        S = layer._store["k"].shape[-2]  # the rows allocated
+        for side in ("k", "v"):
+            assert layer._store[side].nbytes == B * H_kv * S * D  # one byte an element
+            assert layer._store[f"{side}_scale"].nbytes == B * H_kv * S * 4
+        assert layer.keys.nbytes == B * H_kv * layer.length * D
+
+
+def test_the_quantized_check_can_fail():
+    """The same comparison with the scales dropped from the dequantized values (the codes
+    read as numbers) differs by far more than LOGITS_ATOL: the check above sees scales."""
+    m = model("qwen3")
+    ids, mask = prompts()
+    cache = nt.QuantizedCache("int8")
+    _, got = generate(m, "npattn", cache, new=8, input_ids=ids, attention_mask=mask)
+    _, unscaled = _generate_over_recorded(m, cache, scaled=False, input_ids=ids, attention_mask=mask)
+    assert (got - unscaled).abs().max() > 1e3 * LOGITS_ATOL
