@@ -8,7 +8,7 @@
  * path: scores on the tiles (scores_bf16), the softmax that writes P's
  * pairs as A tiles (softmax_tiles_f32), O's rows rescaled where their max
  * grew, P @ V on the tiles (accumulate_tiles_bf16); the step, all four in
- * turn; and the table's pipelined step (step_tiles_bf16: the same on K's
+ * turn; and the table's pipelined step (prefill_tiles_bf16: the same on K's
  * pairs laid out as B tiles, the softmax by rows between the tiles'
  * products), which replaces them where the table has it. The ceilings:
  * fma_loop, bf16_loop (vdpbf16ps) and tile_loop (tdpbf16ps), in registers.
