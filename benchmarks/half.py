@@ -137,6 +137,8 @@ def main() -> None:
         "provenance": report.provenance(T),
         "read_bandwidth": measure.read_bandwidth(T),
         "fma_peak": measure.fma_peak(T),
+        "bf16_peak": measure.fma_peak(T, loop="bf16"),
+        "tile_peak": measure.fma_peak(T, loop="tile"),
         "decode": decode,
         "prefill": prefill,
         "backward": backward,
@@ -150,6 +152,9 @@ def markdown(data: dict) -> str:
         f"Read bandwidth {bw['gbs']:.1f} GB/s, float32 FMA peak {fma['gflops']:.0f} GFLOP/s "
         f"({fma['kernels']} kernels), on {bw['threads']} threads."
     ]
+    ceilings = [(data.get(k) or {}).get("gflops", 0) for k in ("bf16_peak", "tile_peak")]
+    if any(ceilings):  # records of earlier runs lack them
+        lines[0] += f" bfloat16 ceilings: vdpbf16ps {ceilings[0]:.0f}, AMX tiles {ceilings[1]:.0f} GFLOP/s."
 
     def read(s):
         return f"{s['ms']:.3g} ms, {s['gbs']:.0f} GB/s"

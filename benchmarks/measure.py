@@ -185,14 +185,18 @@ class OpenBLAS:
         return {"n": n, "threads": threads, "ms": t["ms"], "gflops": 2 * n**3 / (t["ms"] / 1e3) / 1e9}
 
 
-def fma_peak(threads: int, seconds: float = 0.2) -> dict:
+def fma_peak(threads: int, seconds: float = 0.2, loop: str = "fma") -> dict:
     """The float32 FMA peak of `threads` cores for npattn's kernel table in use: its
     register-only FMA loop (npattn._core.fma_peak), one per Python thread at once
-    (the GIL released), their GFLOP/s summed; median of 3."""
+    (the GIL released), their GFLOP/s summed; median of 3. `loop` "bf16" or "tile":
+    the bfloat16 ceilings instead (vdpbf16ps, the AMX tiles' tdpbf16ps; 0 where
+    the table has none)."""
     from npattn import _core
 
+    peak = getattr(_core, f"{loop}_peak")
+
     def one(out, i):
-        out[i] = _core.fma_peak(seconds)
+        out[i] = peak(seconds)
 
     runs = []
     for _ in range(3):

@@ -209,32 +209,46 @@ enum npattn_status npattn_narrow_f32(enum npattn_dtype dtype, const float *src, 
     return npattn_pool_run(narrow_block, &j, n_task, n_task < threads ? (int32_t)n_task : threads, &run);
 }
 
-static volatile float fma_sink;
+static volatile float peak_sink;
 
-double npattn_fma_peak(double seconds) {
-    const struct npattn_kernels *k = npattn_kernels();
+/* GFLOP/s of one of the table's register-only loops (fma_loop and its
+ * kin): the rounds doubled until one run takes a tenth of `seconds`, then
+ * the best of a few runs. */
+static double loop_peak(double (*loop)(int64_t n, float *sink), double seconds) {
     float sink = 0;
     int64_t n = 1 << 12;
-    for (;;) { /* double the rounds until one run takes a tenth of the time, then time the best of a few */
+    for (;;) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        double flops = k->fma_loop(n, &sink);
+        double flops = loop(n, &sink);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         if (dt > seconds / 10 || n > ((int64_t)1 << 40)) {
             double best = flops / dt;
             for (int i = 0; i < 5; i++) {
                 clock_gettime(CLOCK_MONOTONIC, &t0);
-                flops = k->fma_loop(n, &sink);
+                flops = loop(n, &sink);
                 clock_gettime(CLOCK_MONOTONIC, &t1);
                 dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
                 if (flops / dt > best) best = flops / dt;
             }
-            fma_sink = sink; /* the loop's result is used */
+            peak_sink = sink; /* the loop's result is used */
             return best / 1e9;
         }
         n *= 2;
     }
+}
+
+double npattn_fma_peak(double seconds) { return loop_peak(npattn_kernels()->fma_loop, seconds); }
+
+double npattn_bf16_peak(double seconds) {
+    const struct npattn_kernels *k = npattn_kernels();
+    return k->bf16_loop ? loop_peak(k->bf16_loop, seconds) : 0.0;
+}
+
+double npattn_tile_peak(double seconds) {
+    const struct npattn_kernels *k = npattn_kernels();
+    return k->tile_loop ? loop_peak(k->tile_loop, seconds) : 0.0;
 }
 
 const char *npattn_blas_config(void) { return npattn_blas_get_config(); }

@@ -60,6 +60,8 @@ enum pv_path {
     PV_PATH_BF16_TILES,  /* the same, P's pairs made as A tiles by the table's softmax (softmax_tiles_f32) */
     PV_PATH_SPLIT_F16,   /* "fast", float16 v after QK_PATH_SPLIT_F16: P and V split in two (split_tiles) */
     PV_PATH_EXACT_BF16,  /* "highest", bfloat16 v: each weight as three bfloat16 parts (exact_tiles) */
+    PV_PATH_BF16_STEP,   /* "fast", bfloat16 q, k, v: the whole step in the table's prefill_tiles_bf16 (QK^T by rows
+                            against K's pairs as B tiles, the softmax, P @ V), software-pipelined */
 };
 
 /* Whether scores stream (by rows, in L1) rather than fill a gemm's tile. */
@@ -67,7 +69,8 @@ static inline int qk_streams(enum qk_path qk) { return qk == QK_PATH_STREAM || q
 
 /* Whether P @ V takes the pairs of V's tiles (bfloat16 dot products on tiles). */
 static inline int pv_tiles(enum pv_path pv) {
-    return pv == PV_PATH_BF16 || pv == PV_PATH_BF16_TILES || pv == PV_PATH_SPLIT_F16 || pv == PV_PATH_EXACT_BF16;
+    return pv == PV_PATH_BF16 || pv == PV_PATH_BF16_TILES || pv == PV_PATH_SPLIT_F16 || pv == PV_PATH_EXACT_BF16 ||
+           pv == PV_PATH_BF16_STEP;
 }
 
 /* Byte offsets of one slot's scratch regions. */
@@ -107,8 +110,9 @@ struct fwd_plan {
      * (shared_tile) in one block of at most NPATTN_KEPT_MAX bytes (else
      * none): V's pairs for pv_tiles (its split rows for PV_PATH_SPLIT_F16),
      * K's split rows for QK_PATH_SPLIT_F16, K's and V's rows as float where
-     * the float gemms cannot read them in place */
-    struct shared_tiles v_tiles, k_split, k_rows, v_rows;
+     * the float gemms cannot read them in place, K's pairs as B tiles for
+     * PV_PATH_BF16_STEP */
+    struct shared_tiles v_tiles, k_split, k_rows, v_rows, k_tiles;
     char *shared;                 /* their block (npattn_alloc_kept), shared_bytes long; NULL: none */
     size_t shared_bytes;
     int64_t n_ktile;              /* then: key tiles per request and kv head */
@@ -401,8 +405,9 @@ static void tile_made(const struct shared_tiles *t, const char *copy) {
  * K's rows split (npattn_split_f16_row, 2w pairs apart); float16 V's rows
  * split as pv_split takes them (npattn_split_f16_twice: key j's rows 2j and
  * 2j + 1, ldv2 apart); bfloat16 V's pairs along the keys
- * (npattn_pairs_of_kv, ldv2 apart). */
-enum tile_form { FLOAT_ROWS, SPLIT_K, SPLIT_V, V_PAIRS };
+ * (npattn_pairs_of_kv, ldv2 apart); bfloat16 K's pairs as B tiles (the
+ * table's k_tiles). */
+enum tile_form { FLOAT_ROWS, SPLIT_K, SPLIT_V, V_PAIRS, K_TILES };
 
 /* tile.h's, for float (kv's rows as float, codes as their values). */
 static const void *kv_rows_f32(const struct npattn_tensor *t, const struct npattn_kv *kv, int64_t j0, int64_t nk,
@@ -419,6 +424,16 @@ static void make_tile(const struct fwd_plan *pl, enum tile_form form, const stru
         int64_t ld;
         int in_place;
         kv_rows_f32(t, kv, j0, n, w, 0, 0, out, &ld, &in_place);
+        return;
+    }
+    if (form == K_TILES) {
+        const uint16_t *rows[NPATTN_STEP_KEYS];
+        for (int64_t j = 0, run; j < n; j += run) {
+            const char *at = npattn_kv_row(kv, j0 + j, &run);
+            run = min64(run, n - j);
+            for (int64_t i = 0; i < run; i++) rows[j + i] = (const uint16_t *)(at + i * kv->row_bytes);
+        }
+        npattn_kernels()->k_tiles(rows, n, w, out);
         return;
     }
     for (int64_t j = 0, run; j < n; j += run) {
@@ -470,14 +485,19 @@ static struct layout layout_of(const struct fwd_plan *pl, size_t real, enum qk_p
     size_t at = 0;
     s.qt = npattn_take(&at, M * D * real);   /* Q^T (D, M) for the gemm, Q's rows when streaming */
     s.qrows = npattn_take(&at, stream ? 0 : M * D * real); /* Q's rows, before the transpose */
-    s.st = npattn_take(&at, bk * M * real);  /* scores^T (bk, M) */
-    s.ot = npattn_take(&at, M * Dv * real);  /* O's rows (M, D_v) */
+    /* scores^T (bk, M); the pipelined step's scratch */
+    const size_t step = pv == PV_PATH_BF16_STEP ? npattn_step_bytes((int64_t)ldv2) : 0;
+    s.st = npattn_take(&at, bk * M * real > step ? bk * M * real : step);
+    s.ot = npattn_take(&at, (pv == PV_PATH_BF16_STEP ? (M + 15) / 16 * 16 : M) * Dv * real); /* O's rows (M, D_v) */
     s.m = npattn_take(&at, M * real);        /* running max */
     s.l = npattn_take(&at, M * real);        /* running sum */
     s.alpha = npattn_take(&at, M * real);    /* rescale factors */
     s.row = npattn_take(&at, (size_t)max64(max64(p->n_embd_k, p->n_embd_v), pl->bk) * real); /* one row, converted */
     /* a K or V tile, converted (or gathered from pages for a gemm); split K: its rows split, 4 D bfloat16 values */
-    s.kt = npattn_take(&at, qk == QK_PATH_SPLIT_F16 ? bk * D * 8 : k_direct && !p->pages ? 0 : bk * D * real);
+    s.kt = npattn_take(&at, qk == QK_PATH_SPLIT_F16    ? bk * D * 8
+                            : pv == PV_PATH_BF16_STEP ? (bk + 31) / 32 * 32 * D * 4 /* K's B tiles, or its rows */
+                            : k_direct && !p->pages   ? 0
+                                                      : bk * D * real);
     s.vt = npattn_take(&at, v_direct && !p->pages ? 0 : bk * Dv * real);
     s.bias = npattn_take(&at, p->mask_kind != NPATTN_MASK_NONE ? bk * M * real : 0); /* the mask's tile */
     s.lo = npattn_take(&at, M * sizeof(int32_t)); /* the band's cut, per row */
@@ -664,6 +684,8 @@ static enum pv_path pv_path_of(const struct fwd_plan *pl, enum qk_path qk) {
         return bf16 && fast && kn->accumulate_pairs && pl->v_direct ? PV_PATH_STREAM_BF16 : PV_PATH_STREAM;
     if (qk == QK_PATH_SPLIT_F16)
         return fast && kn->split_tiles && p->v.dtype == NPATTN_DTYPE_F16 && v_ok ? PV_PATH_SPLIT_F16 : PV_PATH_GEMM;
+    if (bf16 && fast && kn->prefill_tiles_bf16 && p->n_embd_k % 32 == 0 && p->n_embd_v % 16 == 0 && !p->weights.data)
+        return PV_PATH_BF16_STEP;
     if (bf16 && fast && kn->accumulate_bf16) return kn->softmax_tiles_f32 ? PV_PATH_BF16_TILES : PV_PATH_BF16;
     if (bf16 && p->precision == NPATTN_PRECISION_HIGHEST && kn->exact_tiles) return PV_PATH_EXACT_BF16;
     return PV_PATH_GEMM;
@@ -810,19 +832,19 @@ static void group_kv_heads(struct fwd_plan *pl, const struct fwd_work *w) {
 static void plan_shared_tiles(struct fwd_plan *pl) {
     const struct npattn_problem *p = pl->p;
     const int64_t D = p->n_embd_k, Dv = p->n_embd_v;
-    const int v_pairs = pv_tiles(pl->pv), k_split = pl->qk == QK_PATH_SPLIT_F16;
+    const int v_pairs = pv_tiles(pl->pv), k_split = pl->qk == QK_PATH_SPLIT_F16, k_tiles = pl->pv == PV_PATH_BF16_STEP;
     const int k_rows = !pl->f64 && pl->qk == QK_PATH_GEMM && !pl->k_direct && D > 0;
     const int v_rows = !pl->f64 && pl->pv == PV_PATH_GEMM && !pl->v_direct && Dv > 0;
-    if (!(v_pairs || k_split || k_rows || v_rows) || pl->n_qblock * pl->n_hblock <= 1) return;
+    if (!(v_pairs || k_split || k_rows || v_rows || k_tiles) || pl->n_qblock * pl->n_hblock <= 1) return;
     pl->n_ktile = (p->n_key + pl->bk - 1) / pl->bk;
     const size_t n = (size_t)(pl->n_batch * p->n_head_kv) * (size_t)pl->n_ktile;
     const size_t v_pair_rows = pl->pv == PV_PATH_SPLIT_F16 ? 2 * (size_t)pl->bk : (size_t)(pl->bk + 1) / 2;
-    const size_t bytes[4] = {v_pair_rows * (size_t)pl->ldv2 * 4, (size_t)(pl->bk * D) * 8, (size_t)(pl->bk * D) * 4,
-                             (size_t)(pl->bk * Dv) * 4};
-    struct shared_tiles *const tiles[4] = {&pl->v_tiles, &pl->k_split, &pl->k_rows, &pl->v_rows};
-    const int used[4] = {v_pairs, k_split, k_rows, v_rows};
+    const size_t bytes[5] = {v_pair_rows * (size_t)pl->ldv2 * 4, (size_t)(pl->bk * D) * 8, (size_t)(pl->bk * D) * 4,
+                             (size_t)(pl->bk * Dv) * 4, (size_t)((pl->bk + 31) / 32 * 32 * D) * 2};
+    struct shared_tiles *const tiles[5] = {&pl->v_tiles, &pl->k_split, &pl->k_rows, &pl->v_rows, &pl->k_tiles};
+    const int used[5] = {v_pairs, k_split, k_rows, v_rows, k_tiles};
     size_t total = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         const size_t size = used[i] ? shared_size(n, bytes[i]) : 0;
         total = size > NPATTN_KEPT_MAX || total + size > NPATTN_KEPT_MAX ? NPATTN_KEPT_MAX + 1 : total + size;
     }
@@ -830,7 +852,7 @@ static void plan_shared_tiles(struct fwd_plan *pl) {
     pl->shared_bytes = total;
     pl->shared = npattn_alloc_kept(&pl->shared_bytes);
     char *at = pl->shared;
-    for (int i = 0; i < 4 && at; i++)
+    for (int i = 0; i < 5 && at; i++)
         if (used[i]) shared_place(tiles[i], n, bytes[i], &at);
 }
 

@@ -34,6 +34,13 @@ enum npattn_status npattn_narrow_f32(enum npattn_dtype dtype, const float *src, 
  * calls it. */
 double npattn_fma_peak(double seconds);
 
+/* The same for the bfloat16 dot products of the kernel table in use, 0
+ * where it has none: vdpbf16ps in registers (bf16), and the AMX tiles'
+ * tdpbf16ps on tiles that stay loaded (tile). The ceilings of the half
+ * precision prefill. */
+double npattn_bf16_peak(double seconds);
+double npattn_tile_peak(double seconds);
+
 /* ---- the tests' ---- */
 
 /* Forces the named kernel table, for the tests ("" restores the best this

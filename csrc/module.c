@@ -444,14 +444,29 @@ static PyObject *core_debug_pool_mode(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *core_fma_peak(PyObject *self, PyObject *arg) {
-    (void)self;
+/* One of the core's ceilings (npattn_fma_peak and its kin) over `seconds`, the GIL released. */
+static PyObject *peak_of(const char *fn, double (*peak)(double), PyObject *arg) {
     double seconds = PyFloat_AsDouble(arg);
     if (seconds == -1.0 && PyErr_Occurred()) return NULL;
-    if (!(seconds > 0 && seconds <= 60)) return PyErr_Format(PyExc_ValueError, "fma_peak: seconds must be in (0, 60]");
+    if (!(seconds > 0 && seconds <= 60)) return PyErr_Format(PyExc_ValueError, "%s: seconds must be in (0, 60]", fn);
     double gflops;
-    Py_BEGIN_ALLOW_THREADS gflops = npattn_fma_peak(seconds);
+    Py_BEGIN_ALLOW_THREADS gflops = peak(seconds);
     Py_END_ALLOW_THREADS return PyFloat_FromDouble(gflops);
+}
+
+static PyObject *core_fma_peak(PyObject *self, PyObject *arg) {
+    (void)self;
+    return peak_of("fma_peak", npattn_fma_peak, arg);
+}
+
+static PyObject *core_bf16_peak(PyObject *self, PyObject *arg) {
+    (void)self;
+    return peak_of("bf16_peak", npattn_bf16_peak, arg);
+}
+
+static PyObject *core_tile_peak(PyObject *self, PyObject *arg) {
+    (void)self;
+    return peak_of("tile_peak", npattn_tile_peak, arg);
 }
 
 static PyObject *core_simd(PyObject *self, PyObject *args) {
@@ -536,6 +551,12 @@ static PyMethodDef core_methods[] = {
     {"fma_peak", core_fma_peak, METH_O,
      "fma_peak(seconds)\n--\n\nThe float32 FMA peak of this thread's core in GFLOP/s (the kernel table in use), for "
      "benchmarks."},
+    {"bf16_peak", core_bf16_peak, METH_O,
+     "bf16_peak(seconds)\n--\n\nThe bfloat16 dot products' peak (vdpbf16ps) of this thread's core in GFLOP/s, 0 where "
+     "the kernel table in use has none, for benchmarks."},
+    {"tile_peak", core_tile_peak, METH_O,
+     "tile_peak(seconds)\n--\n\nThe AMX tiles' peak (tdpbf16ps on loaded tiles) of this thread's core in GFLOP/s, 0 "
+     "unless the kernel table in use is amx, for benchmarks."},
     {"simd", core_simd, METH_NOARGS, "simd()\n--\n\nThe kernel table in use: amx, avx512bf16, avx512, avx2, neon or portable."},
     {"get_num_threads", core_get_num_threads, METH_NOARGS,
      "get_num_threads()\n--\n\nThe default thread count: the CPUs available, capped by set_num_threads."},

@@ -1163,6 +1163,114 @@ static void test_bf16_kernels(void) {
     npattn_kernels_deny_amx(0);
 }
 
+/* The pipelined step (prefill_tiles_bf16, where a table has it) against
+ * the same step in its stages (scores_bf16, softmax_tiles_f32, O's rows
+ * rescaled, accumulate_tiles_bf16): the same products in the same order,
+ * so O, m and alpha bit for bit and l within its terms' roundings (its sum
+ * in another order), on plain tiles and with a band, softcap and bias (-inf
+ * in places, by rows for the step, by columns for the stages); with a band
+ * alone, which the step takes as a plain row's range of keys (the exp's
+ * argument one FMA of the raw score, not two roundings), P within a
+ * rounding of bfloat16 and O within those; rows and keys that leave blocks
+ * and pairs cut short. A NaN, +inf or -inf score (huge values whose
+ * products overflow) returns 1. */
+static void test_step_tiles(void) {
+    enum { MAX_M = 70, MAX_N = 256, MAX_D = 128, MAX_M16 = 80 };
+    static const int64_t rows[] = {1, 16, 17, 32, 33, 70}, keys[] = {1, 31, 33, 100, 256};
+    static const int64_t widths[] = {32, 64, 128}, vwidths[] = {16, 48, 128};
+    static uint16_t qa[MAX_M16 * MAX_D], kh[MAX_N * MAX_D];
+    static const uint16_t *krows[MAX_N];
+    static uint32_t qp[MAX_D / 2 * MAX_M16], vp[MAX_N / 2 * MAX_D], kb[MAX_N * MAX_D / 2], pa[MAX_M16 * (MAX_N / 2 + 16)];
+    static float st[MAX_N * MAX_M], o1[MAX_M16 * MAX_D], o2[MAX_M16 * MAX_D], bias_c[MAX_N * MAX_M], bias_r[MAX_M * MAX_N];
+    static char scratch[200000] __attribute__((aligned(64)));
+    char msg[200];
+    for (int t = 0; t < N_KERNEL_TABLES; t++) {
+        if (npattn_kernels_force(kernel_tables[t]) != 0) continue;
+        const struct npattn_kernels *kt = npattn_kernels();
+        if (!kt->prefill_tiles_bf16) continue;
+        int bad = 0, cases = 0;
+        for (size_t ci = 0; ci < 40; ci++) {
+            const int64_t M = rows[ci % 6], nk = keys[(ci / 2) % 5], D = widths[ci % 3], Dv = vwidths[(ci / 3) % 3];
+            const int64_t ldq = (M + 15) / 16 * 16, np = (nk + 1) / 2, ldpa = (nk + 31) / 32 * 16;
+            const int kind = (int)(ci / 5) % 3; /* plain; band, softcap and bias; band */
+            for (int64_t i = 0; i < ldq * D; i++) qa[i] = i < M * D ? npattn_f32_to_bf16((float)(uniform() * 2)) : 0;
+            for (int64_t i = 0; i < nk * D; i++) kh[i] = npattn_f32_to_bf16((float)(uniform() * 2));
+            for (int64_t j = 0; j < nk; j++) krows[j] = kh + j * D;
+            for (int64_t pi = 0; pi < D / 2; pi++)
+                for (int64_t r = 0; r < ldq; r++) qp[pi * ldq + r] = qa[r * D + 2 * pi] | (uint32_t)qa[r * D + 2 * pi + 1] << 16;
+            for (int64_t pi = 0; pi < np; pi++) /* V: K's first Dv values */
+                for (int64_t e = 0; e < Dv; e++)
+                    vp[pi * Dv + e] = kh[2 * pi * D + e % D] | (2 * pi + 1 < nk ? (uint32_t)kh[(2 * pi + 1) * D + e % D] << 16 : 0);
+            float m1[MAX_M], l1[MAX_M], a1[MAX_M], m2[MAX_M], l2[MAX_M], a2[MAX_M], l0[MAX_M];
+            int32_t lo[MAX_M], hi[MAX_M];
+            for (int64_t r = 0; r < M; r++) {
+                m1[r] = m2[r] = r % 3 == 0 ? -INFINITY : (float)(uniform() * 4);
+                l0[r] = l1[r] = l2[r] = (float)fabs(uniform());
+                lo[r] = (int32_t)(r % 5), hi[r] = (int32_t)(nk - 1 - r % 3);
+                for (int64_t j = 0; j < nk; j++)
+                    bias_c[j * M + r] = bias_r[r * nk + j] = (r + j) % 7 == 3 ? -INFINITY : (float)uniform();
+            }
+            for (int64_t i = 0; i < ldq * Dv; i++) o1[i] = o2[i] = i < M * Dv ? (float)uniform() : 0.0f;
+            struct npattn_score_tile tc = {.nk = nk, .M = M, .ld = M, .scale = 0.3f}, tr = tc;
+            tr.ld = nk;
+            if (kind) tc.lo = tr.lo = lo, tc.hi = tr.hi = hi;
+            if (kind == 1) tc.softcap = tr.softcap = 5.0f, tc.bias = bias_c, tr.bias = bias_r;
+            /* the stages */
+            kt->scores_bf16(qp, ldq, M, D / 2, kh, D, nk, st, M);
+            int r1 = kt->softmax_tiles_f32(st, &tc, m1, l1, a1, pa, ldpa);
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t e = 0; e < Dv && a1[r] != 1.0f; e++) o1[r * Dv + e] *= a1[r];
+            kt->accumulate_tiles_bf16(pa, ldpa, M, np, vp, Dv, Dv, o1);
+            /* the step */
+            kt->k_tiles(krows, nk, D, kb);
+            int r2 = kt->prefill_tiles_bf16(qa, D, kb, vp, Dv, Dv, &tr, m2, l2, a2, o2, scratch);
+            int ok = r1 == 0 && r2 == 0;
+            if (kind < 2) ok &= memcmp(o1, o2, (size_t)(M * Dv) * 4) == 0;
+            for (int64_t r = 0; r < M; r++) {
+                double terms = fabs((double)l0[r] * a1[r]) + 2 * nk; /* the old sum rescaled, and P (at most 1 each) */
+                ok &= memcmp(&m1[r], &m2[r], 4) == 0 && memcmp(&a1[r], &a2[r], 4) == 0 &&
+                      fabs((double)l2[r] - l1[r]) <= (kind < 2 ? 0x1p-22 : 0x1p-18) * terms;
+                for (int64_t e = 0; e < Dv && kind == 2; e++) { /* each weight within a rounding: O within 2^-7 of its terms */
+                    double size = fabs(o1[r * Dv + e]);
+                    for (int64_t j = 0; j < nk; j++) {
+                        const uint32_t w = pa[r * ldpa + j / 2], x = vp[j / 2 * Dv + e];
+                        size += npattn_bf16_to_f32((uint16_t)(w >> 16 * (j % 2))) * fabs(npattn_bf16_to_f32((uint16_t)(x >> 16 * (j % 2))));
+                    }
+                    ok &= fabs((double)o2[r * Dv + e] - o1[r * Dv + e]) <= 0x1p-7 * size;
+                }
+            }
+            if (!ok) printf("  M=%lld nk=%lld D=%lld Dv=%lld %s\n", (long long)M, (long long)nk, (long long)D, (long long)Dv,
+                            kind == 1 ? "band, softcap, bias" : kind == 2 ? "band" : "plain");
+            bad += !ok, cases++;
+        }
+        snprintf(msg, sizeof msg, "%s prefill_tiles_bf16 against its stages, %d cases", kernel_tables[t], cases);
+        expect(bad == 0, msg);
+        /* extremes: a NaN value, an infinite one, products past float's range of either sign */
+        for (int x = 0; x < 4; x++) {
+            const int64_t M = 20, nk = 40, D = 32, Dv = 16;
+            for (int64_t i = 0; i < 32 * D; i++) qa[i] = i < M * D ? npattn_f32_to_bf16((float)uniform()) : 0;
+            for (int64_t i = 0; i < nk * D; i++) kh[i] = npattn_f32_to_bf16((float)uniform());
+            for (int64_t j = 0; j < nk; j++) krows[j] = kh + j * D;
+            for (int64_t i = 0; i < nk / 2 * Dv; i++) vp[i] = 0x3f803f80;
+            /* value 0 of each row of q and k 0 but row 9's (2^64) and key 11's (+-2^64): their product overflows,
+             * the other scores moderate (a score of 2^64 would make the fast exp's argument overflow too) */
+            for (int64_t r = 0; r < M; r++) qa[r * D] = r == 9 ? 0x5f80 : 0, qa[r * D + 2] &= 0x7fff;
+            for (int64_t j = 0; j < nk; j++) kh[j * D] = j != 11 ? 0 : x == 2 ? 0x5f80 : 0xdf80;
+            if (x == 0) qa[5 * D + 3] = 0x7fc0; /* NaN */
+            if (x == 1) kh[7 * D + 2] = 0xff80; /* -inf, against values 2 of q, not negative: -inf scores only */
+            if (x < 2) kh[11 * D] = 0;
+            float m[32], l[32], a[32];
+            for (int64_t r = 0; r < M; r++) m[r] = -INFINITY, l[r] = 0;
+            const struct npattn_score_tile tile = {.nk = nk, .M = M, .ld = nk, .scale = 0.5f};
+            kt->k_tiles(krows, nk, D, kb);
+            snprintf(msg, sizeof msg, "%s prefill_tiles_bf16 returns 1 on a %s score", kernel_tables[t],
+                     x == 0 ? "NaN" : x == 1 ? "-inf" : x == 2 ? "+inf (overflow)" : "-inf (overflow)");
+            expect(kt->prefill_tiles_bf16(qa, D, kb, vp, Dv, Dv, &tile, m, l, a, o2, scratch) == 1, msg);
+        }
+    }
+    npattn_kernels_force("");
+}
+
 /* A bfloat16 prefill through the forward pass, every table: q, k and v in
  * bfloat16, so that the tables with bfloat16 dot products run QK^T on them
  * (and, under "fast", P @ V with the weights rounded to bfloat16); the
@@ -1170,13 +1278,15 @@ static void test_bf16_kernels(void) {
  * float32's sums under "highest", the weights' rounding (2^-9) under "fast". */
 /* Prefill tiles of half q, K and V: bfloat16's dot products, and float16's
  * split into two bfloat16 values each (D 64 and 40; 38 is no multiple of
- * the tiles' step and takes the float32 gemms). */
+ * the tiles' step and takes the float32 gemms); bfloat16 "fast" with D 64
+ * takes the amx table's pipelined step, causal and with a window. */
 static void test_half_prefill(void) {
     const int64_t U = NPATTN_UNBOUNDED, BR = INT64_MIN;
     static const struct case_ cases[] = {
         {1, 4, 2, 70, 70, 64, 64, 1, U, U, BR, 0, MASK_NONE, 0, 0, 2},
         {2, 3, 1, 33, 90, 38, 20, 0, 17, 3, BR, 0, MASK_NONE, 0, 1, 1},
         {1, 8, 2, 90, 100, 40, 24, 1, U, U, BR, 0, MASK_NONE, 2.0, 0, 3},
+        {1, 4, 2, 70, 100, 64, 32, 1, 9, 0, BR, 0, MASK_NONE, 0, 0, 2}, /* a window: rows whose band starts past 0 */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
         for (int t = 0; t < 2; t++)
@@ -1350,6 +1460,7 @@ int main(void) {
     test_stream_kernels();
     test_half_cache();
     test_bf16_kernels();
+    test_step_tiles();
     test_half_prefill();
     test_split();
     test_conversions();

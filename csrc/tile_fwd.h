@@ -78,6 +78,23 @@ static void CAT(task_begin_, SFX)(const struct fwd_plan *pl, int64_t task, int32
 }
 
 #if !IS_F64
+/* Q's stacked rows as bfloat16 words for PV_PATH_BF16_STEP: qa (rows of D,
+ * zeros from M to a multiple of 16), the bfloat16 q's words as stored.
+ * Returns 0 where a value is subnormal (a tile would read it as 0). */
+static int CAT(step_rows_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s) {
+    const struct npattn_problem *p = pl->p;
+    const struct unit *u = &s->u;
+    const int64_t D = p->n_embd_k, M = u->M, cs = p->q.col_stride;
+    uint16_t *qa = (uint16_t *)s->qp;
+    for (int64_t r = 0; r < M; r++) {
+        const uint16_t *row = (const uint16_t *)npattn_elem(&p->q, 2, u->off_q, u->h0 + r / u->nq, u->i0 + r % u->nq);
+        for (int64_t d = 0; d < D; d++) qa[r * D + d] = row[d * cs];
+        if (npattn_kernels()->pair_bf16(qa + r * D, NULL, D, NULL)) return 0;
+    }
+    memset(qa + M * D, 0, (size_t)(((M + 15) / 16 * 16 - M) * D) * sizeof *qa);
+    return 1;
+}
+
 /* A float task's paths: the plan's, or the gemms' where the unit sees no
  * key, or where a value is subnormal (a bfloat16 pair would read it as 0:
  * K's and V's rows of the request, found once per call; Q's, as its pairs
@@ -89,7 +106,12 @@ static void CAT(task_paths_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX
     const int64_t D = p->n_embd_k, M = u->M, state = u->b * p->n_head_kv + u->g; /* the kv head's states */
     if ((s->qk == QK_PATH_BF16 || s->qk == QK_PATH_SPLIT_F16) && s->n_ktile == 0) s->qk = QK_PATH_GEMM;
     if (s->qk == QK_PATH_BF16 && !rows_normal(&pl->k_normal[state], &s->kk, u, D)) s->qk = QK_PATH_GEMM;
-    if (s->qk == QK_PATH_SPLIT_F16) {
+    if (s->pv == PV_PATH_BF16_STEP &&
+        (s->qk != QK_PATH_BF16 || !rows_normal(&pl->v_normal[state], &s->vv, u, p->n_embd_v)))
+        s->pv = PV_PATH_GEMM;
+    if (s->pv == PV_PATH_BF16_STEP) {
+        if (!CAT(step_rows_, SFX)(pl, s)) s->qk = QK_PATH_GEMM, s->pv = PV_PATH_GEMM;
+    } else if (s->qk == QK_PATH_SPLIT_F16) {
         CAT(stacked_rows_, SFX)(&p->q, u->off_q, u->h0, u->i0, u->nq, M, D, s->qrows);
         npattn_split_across(s->qrows, M, D, D, s->qp, pl->ldq2);
     } else if (s->qk == QK_PATH_BF16 &&
@@ -102,6 +124,8 @@ static void CAT(task_paths_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX
     else if ((s->pv == PV_PATH_BF16 || s->pv == PV_PATH_BF16_TILES || s->pv == PV_PATH_EXACT_BF16) &&
              !rows_normal(&pl->v_normal[state], &s->vv, u, p->n_embd_v))
         s->pv = PV_PATH_GEMM;
+    if (s->pv == PV_PATH_BF16_STEP) /* the step's scores, and the mask's tile, by rows */
+        s->sld = s->tile.ld = pl->bk, s->sj = 1, s->sr = pl->bk;
 }
 #endif
 
@@ -134,7 +158,8 @@ static void CAT(task_start_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX
         s->lt[r] = sink == -INFINITY ? (REAL)0 : (REAL)1;
     }
     const int o_by_gemm = s->pv == PV_PATH_GEMM && s->t_end > s->t_begin;
-    if (!o_by_gemm) memset(s->ot, 0, (size_t)(M * p->n_embd_v) * sizeof(REAL));
+    const int64_t o_rows = s->pv == PV_PATH_BF16_STEP ? (M + 15) / 16 * 16 : M; /* the step's tiles: whole ones */
+    if (!o_by_gemm) memset(s->ot, 0, (size_t)(o_rows * p->n_embd_v) * sizeof(REAL));
 }
 
 #if !IS_F64
@@ -308,6 +333,24 @@ static int CAT(pv_dots_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s
 }
 #endif
 
+#if !IS_F64
+/* The whole step of key tile [j0, j0 + nk) on PV_PATH_BF16_STEP: K's pairs
+ * as B tiles and V's pairs (the call's copies where it has them), the mask
+ * and the band by rows, then the table's pipelined step, which rescales
+ * O's rows and adds P @ V. Returns 1 when the tile met an extreme. */
+static int CAT(step_tiles_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
+    const struct npattn_problem *p = pl->p;
+    const struct unit *u = &s->u;
+    const int64_t D = p->n_embd_k, Dv = p->n_embd_v;
+    const uint32_t *kb = tile_of(pl, &pl->k_tiles, K_TILES, &p->k, u, &s->kk, D, j0, nk, 1, s->kt);
+    const int whole_ok = nk % 2 == 0 || nk == min64(pl->bk, u->k1 - j0); /* as pv_dots_ */
+    const uint32_t *vp = tile_of(pl, &pl->v_tiles, V_PAIRS, &p->v, u, &s->vv, Dv, j0, nk, whole_ok, s->vp);
+    if (CAT(band_and_bias_, SFX)(pl, s, j0, nk)) return 1;
+    return npattn_kernels()->prefill_tiles_bf16((const uint16_t *)s->qp, D, kb, vp, pl->ldv2, Dv, &s->tile, s->mt,
+                                                s->lt, s->at, s->ot, s->st);
+}
+#endif
+
 /* Streamed O += P @ V of V's rows in place, as stored: the tile's spans (a
  * page each), a round of keys at a time, kv head after kv head. */
 static void CAT(pv_spans_, SFX)(struct fwd_plan *pl, struct CAT(fwd_task_, SFX) *s, int64_t j0, int64_t nk) {
@@ -473,6 +516,12 @@ static int CAT(tile_fwd_, SFX)(void *plan, int64_t task, int32_t slot, char *scr
     for (int64_t t = s.t_begin; t < s.t_end; t++) {
         if (npattn_run_stopped(&pl->run, slot)) return 0;
         const int64_t j0 = s.u.j0 + t * pl->bk, nk = min64(s.u.j1 - j0, pl->bk);
+#if !IS_F64
+        if (s.pv == PV_PATH_BF16_STEP) {
+            if (CAT(step_tiles_, SFX)(pl, &s, j0, nk)) return 1;
+            continue;
+        }
+#endif
         if (CAT(softmax_step_, SFX)(pl, &s, j0, nk, p_tiles)) return 1;
         if (t > s.t_begin)
             for (int64_t r = 0; r < M; r++)

@@ -98,3 +98,23 @@ def test_fma_peak_runs_on_every_kernel_table(name):
     assert 0.01 < rate < 1e5, rate
     with pytest.raises(ValueError, match="seconds"):
         npattn._core.fma_peak(0.0)
+
+
+@pytest.mark.parametrize("name", runnable_kernels())
+def test_bfloat16_ceilings_where_the_table_has_them(name):
+    """The benchmarks' bfloat16 ceilings: vdpbf16ps's on the tables with
+    bfloat16 dot products in registers, the AMX tiles' on amx alone, 0 elsewhere;
+    each names its function on a bad duration."""
+    with kernels(name):
+        bf16, tile = npattn._core.bf16_peak(0.02), npattn._core.tile_peak(0.02)
+    if name in ("avx512bf16", "amx"):
+        assert 0.01 < bf16 < 1e6, bf16
+    else:
+        assert bf16 == 0.0
+    if name == "amx":
+        assert 0.01 < tile < 1e7, tile
+    else:
+        assert tile == 0.0
+    for fn in ("bf16_peak", "tile_peak"):
+        with pytest.raises(ValueError, match=f"{fn}: seconds"):
+            getattr(npattn._core, fn)(61.0)

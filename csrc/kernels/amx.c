@@ -19,8 +19,11 @@
 
 #include "avx512.h"
 #include "kernels.h"
+#include "vec_avx512.h"
+#include "vec_math.h"
+#include "vec_softmax.h"
 
-#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 /* The tile intrinsics do not tell the compiler that a tile load reads memory:
  * stores to a buffer must be done before one. */
 #define BEFORE_TILE_LOAD() __asm__ __volatile__("" ::: "memory")
@@ -385,6 +388,34 @@ AMX void npattn_amx_exact_tiles(const float *st, int64_t nk, int64_t M, int64_t 
         }
 }
 
+/* kernels.h's tile_loop: four accumulators, each tdpbf16ps 16 x 16 x 32
+ * products (16384 flops), against A and B tiles loaded once. */
+AMX double npattn_amx_tile_loop(int64_t n, float *sink) {
+    uint16_t a[16 * 32] __attribute__((aligned(64))), b[16 * 32] __attribute__((aligned(64)));
+    float c[256] __attribute__((aligned(64)));
+    for (int i = 0; i < 16 * 32; i++) a[i] = 0x3F80, b[i] = 0x3380; /* 1 and 2^-24: the sums grow slowly */
+    _tile_loadconfig(&config);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    BEFORE_TILE_LOAD();
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b, 64);
+    for (int64_t r = 0; r < n; r++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(3, c, 64);
+    _tile_release();
+    *sink = c[0];
+    return 4 * 16384.0 * (double)n;
+}
+
 AMX void npattn_amx_accumulate_tiles_bf16(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
                                           int64_t ldv, int64_t Dv, float *o) {
     const int64_t n16 = (np + 15) / 16 * 16;
@@ -392,5 +423,317 @@ AMX void npattn_amx_accumulate_tiles_bf16(const uint32_t *pa, int64_t ldpa, int6
     for (int64_t r = 0; r < M; r += 32)
         accumulate_rows(pa + r * ldpa, ldpa, M - r < 32 ? M - r : 32, np, n16, vp, ldv, Dv, o + r * Dv);
     _tile_release();
+}
+
+/* ---- K's pairs as B tiles (kernels.h's k_tiles) ---- */
+
+AMX void npattn_amx_k_tiles(const uint16_t *const *rows, int64_t n, int64_t D, uint32_t *kb) {
+    for (int64_t g = 0; g < (n + 31) / 32 * 2; g++)
+        for (int64_t c = 0; c < D; c += 32) {
+            __m512i x[16];
+            for (int i = 0; i < 16; i++)
+                x[i] = 16 * g + i < n ? _mm512_loadu_si512(rows[16 * g + i] + c) : _mm512_setzero_si512();
+            transpose16(x); /* x[p]: pair c / 2 + p of the 16 keys */
+            for (int p = 0; p < 16; p++) _mm512_store_si512(kb + g * 8 * D + (c / 2 + p) * 16, x[p]);
+        }
+}
+
+/* ---- the pipelined step (kernels.h's prefill_tiles_bf16) ----
+ * Blocks of PIPE_ROWS rows in three stages: the scores of block R + 1 (C
+ * tiles 0-3 = rows 0-15, 16-31 x keys 0-15, 16-31 of a block of 32 keys;
+ * A 4, 5 from Q's rows, B 6, 7 from K's pairs), block R's softmax by rows
+ * on the vector units, and P @ V of block R - 1 (C 0-3 = O's rows 0-15,
+ * 16-31 x 32 columns; A 4, 5 from P's rows, B 6, 7 from V's pairs). The
+ * tiles' work comes in units of four products, issued between the softmax's
+ * rows, so that the TMUL runs while the vector units work: the out-of-order
+ * core holds a few units and a row or two at once. */
+
+#define PIPE_ROWS 32
+#define PASS2_WORK 6 /* a row's pass 2 against its pass 1, in vector instructions */
+
+struct pipe {
+    const char *qa;                /* Q's rows, lda bytes apart */
+    int64_t lda, D, ks, nkb;       /* steps of 32 values; blocks of 32 keys */
+    const uint32_t *kb;            /* K's pairs as B tiles: per 16 keys, 8 D words */
+    const uint32_t *vp, *vlast;    /* V's pairs (ldv apart), its last 16 copied where the tile's end cuts them */
+    int64_t ldv, Dv, ncb, nps;     /* column blocks of 32; steps of 16 pairs */
+    float *o;                      /* O's rows, Dv apart */
+    int64_t M, nblk;
+    float *s[2];                   /* a block's scores, sld apart */
+    uint32_t *pa[2];               /* its P's pairs, pld apart */
+    int64_t sld, pld;
+};
+
+/* Unit u of block R's scores: step u % ks of the key block u / ks. */
+AMX static inline void scores_unit(const struct pipe *pp, int64_t R, int64_t u) {
+    const int64_t b = u / pp->ks, st = u % pp->ks;
+    const int two = pp->M - PIPE_ROWS * R > 16;
+    BEFORE_TILE_LOAD();
+    if (st == 0) {
+        _tile_zero(0);
+        _tile_zero(1);
+        if (two) {
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+    }
+    const char *q = pp->qa + PIPE_ROWS * R * pp->lda + 64 * st;
+    const uint32_t *k = pp->kb + 2 * b * 8 * pp->D + 256 * st;
+    _tile_loadd(4, q, pp->lda);
+    _tile_stream_loadd(6, k, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_stream_loadd(7, k + 8 * pp->D, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    if (two) {
+        _tile_loadd(5, q + 16 * pp->lda, pp->lda);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    if (st == pp->ks - 1) {
+        float *c = pp->s[R % 2] + 32 * b;
+        const int64_t ldc = pp->sld * 4;
+        _tile_stored(0, c, ldc);
+        _tile_stored(1, c + 16, ldc);
+        if (two) {
+            _tile_stored(2, c + 16 * pp->sld, ldc);
+            _tile_stored(3, c + 16 * pp->sld + 16, ldc);
+        }
+    }
+    BEFORE_TILE_LOAD();
+}
+
+/* Unit u of block R's P @ V: step u % nps of the column block u / nps, O's
+ * block loaded at the first step and stored at the last. */
+AMX static inline void pv_unit(const struct pipe *pp, int64_t R, int64_t u) {
+    const int64_t cb = u / pp->nps, ps = u % pp->nps;
+    const int two = pp->M - PIPE_ROWS * R > 16, wide = pp->Dv - 32 * cb > 16;
+    float *o = pp->o + PIPE_ROWS * R * pp->Dv + 32 * cb;
+    const int64_t ldo = pp->Dv * 4;
+    BEFORE_TILE_LOAD();
+    if (ps == 0) {
+        _tile_loadd(0, o, ldo);
+        if (wide) _tile_loadd(1, o + 16, ldo);
+        if (two) _tile_loadd(2, o + 16 * pp->Dv, ldo);
+        if (two && wide) _tile_loadd(3, o + 16 * pp->Dv + 16, ldo);
+    }
+    const uint32_t *a = pp->pa[R % 2] + 16 * ps;
+    const int last = ps == pp->nps - 1 && pp->vlast;
+    const uint32_t *v = (last ? pp->vlast : pp->vp + 16 * ps * pp->ldv) + 32 * cb;
+    const int64_t ldv = pp->ldv * 4, lda = pp->pld * 4;
+    _tile_loadd(4, a, lda);
+    _tile_stream_loadd(6, v, ldv);
+    _tile_dpbf16ps(0, 4, 6);
+    if (wide) {
+        _tile_stream_loadd(7, v + 16, ldv);
+        _tile_dpbf16ps(1, 4, 7);
+    }
+    if (two) {
+        _tile_loadd(5, a + 16 * pp->pld, lda);
+        _tile_dpbf16ps(2, 5, 6);
+        if (wide) _tile_dpbf16ps(3, 5, 7);
+    }
+    if (ps == pp->nps - 1) {
+        _tile_stored(0, o, ldo);
+        if (wide) _tile_stored(1, o + 16, ldo);
+        if (two) _tile_stored(2, o + 16 * pp->Dv, ldo);
+        if (two && wide) _tile_stored(3, o + 16 * pp->Dv + 16, ldo);
+    }
+    BEFORE_TILE_LOAD();
+}
+
+/* 2^y for y <= 0 as vexp2_nonpos(y, 1) (the fast polynomial of y's
+ * fraction f = y - round(y), vreduceps's), but unmasked: below 2^-126 it may
+ * be subnormal where that is 0 (the bfloat16 pairs read both as 0), and a
+ * NaN y gives NaN, which the row's sum shows (-inf gives 0: pass 1 finds
+ * it). On a Sapphire Rapids core vreduceps runs beside the tiles' products
+ * where vrndscaleps waits for them: the softmax between them took 0.91x the
+ * time. */
+AMX static inline __m512 exp2_plain(__m512 y) {
+    const __m512 f = _mm512_reduce_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(NPATTN_EXP2_FAST_C4);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(NPATTN_EXP2_FAST_C0));
+    return _mm512_scalef_ps(p, _mm512_sub_ps(y, f));
+}
+
+/* The keys of row r that a tile without bias and softcap lets it see:
+ * [*a, *b), the band's where it has one, else all nk. */
+AMX static inline void row_keys(const struct npattn_score_tile *t, int64_t r, int64_t *a, int64_t *b) {
+    *a = 0, *b = t->nk;
+    if (!t->lo) return;
+    *a = t->lo[r] > 0 ? t->lo[r] : 0;
+    *b = t->hi[r] + 1 < t->nk ? t->hi[r] + 1 : t->nk;
+    if (*b < *a) *b = *a;
+}
+
+/* The lanes of keys j .. j + 15 within [a, b). */
+AMX static inline __mmask16 keys_within(int64_t j, int64_t a, int64_t b) {
+    return (__mmask16)(lanes(b - j, 0) & ~lanes(a - j, 0));
+}
+
+/* Pass 1 of row r of a tile without bias and softcap (scores at row, the
+ * keys it sees [a, b)): their raw max times scale, against the running
+ * max, as *mx and pass 2's shift (0 for a row that has seen nothing).
+ * Returns 1 where a score it sees is infinite, or the max times scale or
+ * the running max is not finite; a NaN score is left to pass 2. */
+AMX static inline int row_max_range(const float *row, int64_t a, int64_t b, float scale, const float *m, int64_t r,
+                                    float *mx, float *shift) {
+    const float old = m[r];
+    if (old != -INFINITY && old - old != 0.0f) return 1;
+    if (a >= b) { /* nothing seen here */
+        *mx = old;
+        *shift = old == -INFINITY ? 0.0f : old;
+        return 0;
+    }
+    __m512 hi0 = _mm512_set1_ps(-FLT_MAX), hi1 = hi0, lo0 = _mm512_set1_ps(FLT_MAX), lo1 = lo0;
+    int64_t j = a;
+    for (; j + 32 <= b; j += 32) {
+        const __m512 x0 = _mm512_loadu_ps(row + j), x1 = _mm512_loadu_ps(row + j + 16);
+        hi0 = _mm512_max_ps(hi0, x0), hi1 = _mm512_max_ps(hi1, x1);
+        lo0 = _mm512_min_ps(lo0, x0), lo1 = _mm512_min_ps(lo1, x1);
+    }
+    for (; j < b; j += 16) {
+        const __mmask16 live = lanes(b - j, 0);
+        const __m512 x = _mm512_maskz_loadu_ps(live, row + j);
+        hi0 = _mm512_mask_max_ps(hi0, live, hi0, x), lo0 = _mm512_mask_min_ps(lo0, live, lo0, x);
+    }
+    const float x = _mm512_reduce_max_ps(_mm512_max_ps(hi0, hi1)) * scale;
+    const float lo = _mm512_reduce_min_ps(_mm512_min_ps(lo0, lo1)) * scale;
+    if (x - x != 0.0f || lo - lo != 0.0f) return 1;
+    *mx = old > x ? old : x;
+    *shift = *mx;
+    return 0;
+}
+
+/* 2^(x to2 + from) of the 16 scores at x in lanes `live`, 0 elsewhere: by
+ * exp2_plain (plain), else by the masked exp. */
+AMX static inline __m512 keys_exp(const float *x, __mmask16 live, __m512 to2, __m512 from, int plain) {
+    const __m512 y = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, x), to2, from);
+    return _mm512_maskz_mov_ps(live, plain ? exp2_plain(y) : vexp2_nonpos(y, 1));
+}
+
+/* Pass 2 of a row (its scores at row, pass 1's shift): the probabilities,
+ * by the fast exp as softmax_tiles_avx512's, to prow as an A tile's row of
+ * n16 pairs, rounded to nearest even bfloat16: consecutive keys are a pair,
+ * so that no transpose is needed. Returns their sum. Without bias and
+ * softcap (`range`), the keys [a, b) (zeros elsewhere), raw scores times
+ * scale by exp2_plain, whose NaN the sum carries; else the final scores of
+ * the keys below nk, -inf where hidden, by the masked exp. */
+AMX static inline float row_pairs(const float *row, const struct npattn_score_tile *t, int range, int64_t a, int64_t b,
+                                  float shift, uint32_t *prow, int64_t n16) {
+    const __m512 to2 = _mm512_set1_ps((float)((range ? (double)t->scale : 1.0) * 1.4426950408889634));
+    const __m512 from = _mm512_mul_ps(_mm512_set1_ps(shift), _mm512_set1_ps(-NPATTN_LOG2E));
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    if (!range) a = 0, b = t->nk;
+    for (int64_t j = 0; j < 2 * n16; j += 32) {
+        const __mmask16 m0 = keys_within(j, a, b), m1 = keys_within(j + 16, a, b);
+        __m512 p0, p1;
+        if (range && (m0 & m1) == 0xFFFF) {
+            p0 = exp2_plain(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), to2, from));
+            p1 = exp2_plain(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), to2, from));
+        } else if ((m0 | m1) == 0) {
+            p0 = p1 = _mm512_setzero_ps();
+        } else {
+            p0 = keys_exp(row + j, m0, to2, from, range);
+            p1 = keys_exp(row + j + 16, m1, to2, from, range);
+        }
+        sum0 = _mm512_add_ps(sum0, p0);
+        sum1 = _mm512_add_ps(sum1, p1);
+        _mm512_store_si512(prow + j / 2, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+/* The rows r0 .. r0 + n - 1's new sums, maxima and factors, 16 at a time,
+ * after pass 2 left their sums: as vec_columns_done. */
+AMX static inline void block_done(float *m, float *l, float *alpha, int64_t r0, int64_t n, const float *mx,
+                                  const float *shift, const float *sum) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = lanes(n - i, 0);
+        const __m512 old = _mm512_maskz_loadu_ps(live, m + r0 + i), sh = _mm512_maskz_loadu_ps(live, shift + i);
+        const __m512 a = vexp_nonpos(_mm512_sub_ps(old, sh)), s = _mm512_maskz_loadu_ps(live, sum + i);
+        _mm512_mask_storeu_ps(l + r0 + i, live, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l + r0 + i), a, s));
+        _mm512_mask_storeu_ps(m + r0 + i, live, _mm512_maskz_loadu_ps(live, mx + i));
+        _mm512_mask_storeu_ps(alpha + r0 + i, live, a);
+    }
+}
+
+/* O's rows of block R times their factors, where not 1. */
+AMX static void rescale_block(const struct pipe *pp, int64_t R, const float *alpha) {
+    for (int64_t r = PIPE_ROWS * R; r < pp->M && r < PIPE_ROWS * (R + 1); r++)
+        if (alpha[r] != 1.0f) {
+            const __m512 a = _mm512_set1_ps(alpha[r]);
+            float *o = pp->o + r * pp->Dv;
+            for (int64_t e = 0; e < pp->Dv; e += 16) _mm512_storeu_ps(o + e, _mm512_mul_ps(_mm512_loadu_ps(o + e), a));
+        }
+}
+
+AMX int npattn_amx_prefill_tiles_bf16(const uint16_t *qa, int64_t D, const uint32_t *kb, const uint32_t *vp,
+                                      int64_t ldv, int64_t Dv, const struct npattn_score_tile *t, float *m, float *l,
+                                      float *alpha, float *o, void *scratch) {
+    const int64_t M = t->M, nk = t->nk, np = (nk + 1) / 2, n16 = (np + 15) / 16 * 16;
+    struct pipe pp = {.qa = (const char *)qa, .lda = 2 * D, .D = D, .ks = D / 32, .nkb = (nk + 31) / 32, .kb = kb,
+                      .vp = vp, .ldv = ldv, .Dv = Dv, .ncb = (Dv + 31) / 32, .nps = n16 / 16, .o = o, .M = M,
+                      .nblk = (M + PIPE_ROWS - 1) / PIPE_ROWS, .sld = NPATTN_STEP_KEYS + 16,
+                      .pld = NPATTN_STEP_KEYS / 2 + 16};
+    float *s = scratch;
+    pp.s[0] = s, pp.s[1] = s + PIPE_ROWS * pp.sld;
+    pp.pa[0] = (uint32_t *)(s + 2 * PIPE_ROWS * pp.sld), pp.pa[1] = pp.pa[0] + PIPE_ROWS * pp.pld;
+    uint32_t *vlast = pp.pa[1] + PIPE_ROWS * pp.pld; /* 16 rows of ldv */
+    if (np % 16) { /* V's last pairs past the tile's: zeros (the weights' 0 against them must not meet a NaN) */
+        const int64_t p0 = n16 - 16;
+        memcpy(vlast, vp + p0 * ldv, (size_t)((np - p0) * ldv) * sizeof *vp);
+        memset(vlast + (np - p0) * ldv, 0, (size_t)((n16 - np) * ldv) * sizeof *vp);
+        pp.vlast = vlast;
+    }
+    /* the rows of P past M in the last block: zeros */
+    const int64_t last = M - PIPE_ROWS * (pp.nblk - 1), pad = (last + 15) / 16 * 16;
+    if (last < pad) memset(pp.pa[(pp.nblk - 1) % 2] + last * pp.pld, 0, (size_t)((pad - last) * pp.pld) * 4);
+    const struct vec_tile c = vec_tile_of(t);
+    const int range = !t->bias && t->softcap <= 0 && t->scale > 0; /* plain, or a band's range of keys per row */
+    const int64_t us = pp.nkb * pp.ks, up = pp.ncb * pp.nps;
+    float mx[PIPE_ROWS], shift[PIPE_ROWS], sum[PIPE_ROWS];
+    _tile_loadconfig(&config);
+    for (int64_t u = 0; u < us; u++) scores_unit(&pp, 0, u);
+    for (int64_t R = 0; R < pp.nblk; R++) {
+        const int64_t n_s = R + 1 < pp.nblk ? us : 0, n_p = R > 0 ? up : 0, units = n_s + n_p;
+        const int64_t r0 = PIPE_ROWS * R, rows = M - r0 < PIPE_ROWS ? M - r0 : PIPE_ROWS;
+        if (R > 0) rescale_block(&pp, R - 1, alpha);
+        /* the block's passes, row by row, the units spread over them as
+         * their work: a row's pass 2 about PASS2_WORK times its pass 1 */
+        const int64_t work = rows * (1 + PASS2_WORK);
+        int64_t done = 0, at = 0;
+        for (int64_t i = 0; i < 2 * rows; i++) {
+            const int second = i >= rows;
+            const int64_t row = second ? i - rows : i, r = r0 + row;
+            float *srow = pp.s[R % 2] + row * pp.sld;
+            int64_t a, b;
+            row_keys(t, r, &a, &b);
+            if (second) {
+                sum[row] = row_pairs(srow, t, range, a, b, shift[row], pp.pa[R % 2] + row * pp.pld, n16);
+                if (sum[row] - sum[row] != 0.0f) {
+                    _tile_release();
+                    return 1;
+                }
+            } else if (range ? row_max_range(srow, a, b, t->scale, m, r, mx + row, shift + row)
+                             : vec_row_max(srow, t->bias ? t->bias + r * t->ld : NULL, t, &c, m, r, mx + row,
+                                           shift + row)) {
+                _tile_release();
+                return 1;
+            }
+            /* then the units whose share of the work is done: units * at / work of them (issued before
+             * the row, they ran 1.08-1.10x slower) */
+            for (at += (second ? PASS2_WORK : 1) * units; at >= work; at -= work, done++)
+                if (done < n_s) scores_unit(&pp, R + 1, done);
+                else pv_unit(&pp, R - 1, done - n_s);
+        }
+        block_done(m, l, alpha, r0, rows, mx, shift, sum);
+    }
+    rescale_block(&pp, pp.nblk - 1, alpha);
+    for (int64_t u = 0; u < up; u++) pv_unit(&pp, pp.nblk - 1, u);
+    _tile_release();
+    return 0;
 }
 #endif

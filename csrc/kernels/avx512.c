@@ -643,12 +643,28 @@ AVX512BF16 static int accumulate_pairs_avx512(const uint16_t *pb, int64_t ldp, i
 }
 #undef PAIRS_BLOCK
 
+/* kernels.h's bf16_loop: VEC_FMA_CHAINS chains of vdpbf16ps, 64 flops
+ * each (16 lanes, two products a lane). */
+AVX512BF16 static double bf16_loop_avx512(int64_t n, float *sink) {
+    __m512 acc[VEC_FMA_CHAINS];
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x33D633D6); /* 1, 1e-7 */
+    for (int i = 0; i < VEC_FMA_CHAINS; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (int64_t r = 0; r < n; r++)
+        for (int i = 0; i < VEC_FMA_CHAINS; i++) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+    __m512 s = acc[0];
+    for (int i = 1; i < VEC_FMA_CHAINS; i++) s = _mm512_add_ps(s, acc[i]);
+    *sink = _mm512_reduce_add_ps(s);
+    return 64.0 * VEC_FMA_CHAINS * (double)n;
+}
+
 /* The float32 kernels but scores, and the bfloat16 pairs, shared by the
  * AVX-512 tables. */
 #define AVX512_F32_KERNELS                                                                                           \
     VEC_TABLE_KERNELS, .accumulate_ahead = accumulate_ahead_avx512, .transpose_f32 = npattn_transpose_f32_avx2,       \
     .finish_rows = vec_finish_rows
-#define AVX512_BF16_PAIRS .pair_f32 = pair_f32_avx512, .bf16_f32 = bf16_f32_avx512, .pair_bf16 = pair_bf16_avx512
+#define AVX512_BF16_PAIRS                                                                                            \
+    .pair_f32 = pair_f32_avx512, .bf16_f32 = bf16_f32_avx512, .pair_bf16 = pair_bf16_avx512,                           \
+    .bf16_loop = bf16_loop_avx512
 
 const struct npattn_kernels npattn_kernels_avx512bf16 = {
     .name = "avx512bf16",
@@ -675,6 +691,8 @@ const struct npattn_kernels npattn_kernels_amx = {
     .scores_bf16 = npattn_amx_scores_bf16, .accumulate_bf16 = npattn_amx_accumulate_bf16, /* the tiles */
     .softmax_tiles_f32 = softmax_tiles_avx512, .accumulate_tiles_bf16 = npattn_amx_accumulate_tiles_bf16,
     .split_tiles = npattn_amx_split_tiles, .exact_tiles = npattn_amx_exact_tiles,
+    .k_tiles = npattn_amx_k_tiles, .prefill_tiles_bf16 = npattn_amx_prefill_tiles_bf16,
+    .tile_loop = npattn_amx_tile_loop,
 };
 #endif
 

@@ -201,6 +201,27 @@ struct npattn_kernels {
      * most ldpa). */
     void (*exact_tiles)(const float *st, int64_t nk, int64_t M, int64_t ldst, uint32_t *pa, int64_t ldpa,
                         int64_t rows);
+    /* The amx table's (NULL elsewhere): a key tile's whole step of the
+     * "fast" bfloat16 prefill, its products on the tiles by rows and
+     * software-pipelined with the softmax (k_tiles, prefill_tiles_bf16).
+     * k_tiles: the n <= NPATTN_STEP_KEYS keys' rows (rows[i], D
+     * bfloat16 values each, D a multiple of 32) as B tiles of K^T's pairs:
+     * per 16 keys g, kb[g * 8 D + p * 16 + i] = (values 2p, 2p + 1 of key
+     * 16 g + i), zeros for the keys from n to a multiple of 32.
+     * prefill_tiles_bf16: the scores (M, nk) = qa kb of the tile t (t->M
+     * rows, t->nk keys; t->bias and the band by rows, t->ld apart), qa Q's
+     * rows of D bfloat16 values (2 D bytes apart, zeros past M to a
+     * multiple of 16); the step of softmax_tiles_f32 by rows (the same
+     * probabilities, their sum in another order); O's rows (o: M rows of Dv
+     * floats, Dv a multiple of 16, room for rows to a multiple of 16) times
+     * alpha, where not 1, plus P @ V as accumulate_tiles_bf16 (vp: V's np =
+     * (nk + 1) / 2 pairs, ldv apart). scratch: npattn_step_bytes(ldv)
+     * bytes, 64-byte aligned. Returns 1 as the softmax does (o, m, l and
+     * alpha then unspecified). */
+    void (*k_tiles)(const uint16_t *const *rows, int64_t n, int64_t D, uint32_t *kb);
+    int (*prefill_tiles_bf16)(const uint16_t *qa, int64_t D, const uint32_t *kb, const uint32_t *vp, int64_t ldv,
+                              int64_t Dv, const struct npattn_score_tile *t, float *m, float *l, float *alpha,
+                              float *o, void *scratch);
 
     /* The tiles' float products, where a table has them (NULL elsewhere:
      * OpenBLAS's sgemm): c (m, n) = alpha * a @ b + beta * c (beta 0: c
@@ -237,7 +258,22 @@ struct npattn_kernels {
      * ISA's FMA units need to stay busy; returns the flops done (and a sum
      * that keeps the compiler from dropping the loop in *sink). */
     double (*fma_loop)(int64_t n, float *sink);
+    /* The same for the bfloat16 dot products, where a table has them (NULL
+     * elsewhere), two flops a pair product: bf16_loop, vdpbf16ps in
+     * registers only, as many chains as fma_loop; tile_loop, the amx
+     * table's tdpbf16ps on tiles that stay loaded, four accumulators
+     * against two A and two B tiles. */
+    double (*bf16_loop)(int64_t n, float *sink);
+    double (*tile_loop)(int64_t n, float *sink);
 };
+
+/* The most keys of prefill_tiles_bf16's tile, and the bytes of its
+ * scratch: two blocks of 32 rows of scores and of P's pairs (rows padded by
+ * 16 lanes), and V's last 16 pairs (ldv apart). */
+#define NPATTN_STEP_KEYS 256
+static inline size_t npattn_step_bytes(int64_t ldv) {
+    return (size_t)(2 * 32 * (NPATTN_STEP_KEYS + 16) + 2 * 32 * (NPATTN_STEP_KEYS / 2 + 16) + 16 * ldv) * 4;
+}
 
 /* The tables; dispatch.c chooses among those this CPU can run. */
 extern const struct npattn_kernels npattn_kernels_portable;
@@ -263,6 +299,11 @@ void npattn_amx_accumulate_bf16(const uint32_t *pp, int64_t ldp, int64_t M, int6
                                 int64_t ldv, int64_t Dv, float *o);
 void npattn_amx_accumulate_tiles_bf16(const uint32_t *pa, int64_t ldpa, int64_t M, int64_t np, const uint32_t *vp,
                                       int64_t ldv, int64_t Dv, float *o);
+double npattn_amx_tile_loop(int64_t n, float *sink);
+void npattn_amx_k_tiles(const uint16_t *const *rows, int64_t n, int64_t D, uint32_t *kb);
+int npattn_amx_prefill_tiles_bf16(const uint16_t *qa, int64_t D, const uint32_t *kb, const uint32_t *vp, int64_t ldv,
+                                  int64_t Dv, const struct npattn_score_tile *t, float *m, float *l, float *alpha,
+                                  float *o, void *scratch);
 /* Asks the OS for the tile data state (once per process is enough);
  * returns whether it was granted. */
 int npattn_amx_request_permission(void);

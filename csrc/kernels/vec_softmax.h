@@ -123,8 +123,8 @@ VEC_FN int vec_softmax_block(float *st, const struct npattn_score_tile *t, float
 
 /* kernels.h's softmax_f32: whole vectors of columns, then the columns left
  * as a masked vector or, in layers without cheap masks, by the portable code. */
-static VEC_TARGET int vec_softmax_columns(float *st, const struct npattn_score_tile *t, float *m, float *l,
-                                          float *alpha) {
+static VEC_TARGET __attribute__((unused)) int vec_softmax_columns(float *st, const struct npattn_score_tile *t,
+                                                                  float *m, float *l, float *alpha) {
     int64_t r = 0;
     for (; r + VEC_LANES <= t->M; r += VEC_LANES)
         if (vec_softmax_block(st, t, m, l, alpha, r, vall())) return 1;
@@ -177,34 +177,51 @@ VEC_FN float vec_row_exp(float *row, int64_t nk, vf by, vf shift) {
     return vreduce_add(vadd(sums[0], sums[1]));
 }
 
+/* Pass 1 of row r's step (its scores at row, bias row brow or NULL): the
+ * row's max (plain: raw scores times scale; else the final scores, written
+ * back) and its running max, as *mx and pass 2's shift (0 for a row that
+ * has seen nothing). Returns 1 where a score or the running max is NaN or
+ * infinite. */
+VEC_FN int vec_row_max(float *row, const float *brow, const struct npattn_score_tile *t, const struct vec_tile *c,
+                       const float *m, int64_t r, float *mx_out, float *shift_out) {
+    if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
+    const vi lo = viset1(t->lo ? t->lo[r] : 0), hi = viset1(t->lo ? t->hi[r] : 0);
+    vf vmx = vset1(-INFINITY), nf = vzero();
+    if (c->plain) vmx = vec_row_raw_max(row, t->nk, t->scale, &nf);
+    for (int64_t j = 0; j < t->nk && !c->plain; j += VEC_LANES) {
+        const int64_t n = t->nk - j;
+        const vf x = vec_scores_final(vload_part(row + j, n), c, t, vlanes(n), lo, hi, viota_plus(j),
+                                      brow ? brow + j : NULL, n, &nf);
+        vstore_part(row + j, n, x);
+        vmx = vmax(vmx, x);
+    }
+    if (vany(vne(nf, vzero()))) return 1;
+    float mx = vreduce_max(vmx);
+    mx = m[r] > mx ? m[r] : mx;
+    *mx_out = mx;
+    *shift_out = mx == -INFINITY ? 0.0f : mx;
+    return 0;
+}
+
+/* Row r's new sum, max and factor, after pass 2 summed its probabilities. */
+VEC_FN void vec_row_done(float *m, float *l, float *alpha, int64_t r, float mx, float shift, float sum) {
+    const float a = vfirst(vexp_nonpos(vsub(vset1(m[r]), vset1(shift))));
+    l[r] = l[r] * a + sum;
+    m[r] = mx;
+    alpha[r] = a;
+}
+
 /* kernels.h's softmax_rows_f32. */
-static VEC_TARGET int vec_softmax_rows(float *st, const struct npattn_score_tile *t, float *m, float *l, float *alpha) {
+static VEC_TARGET __attribute__((unused)) int vec_softmax_rows(float *st, const struct npattn_score_tile *t, float *m,
+                                                               float *l, float *alpha) {
     const struct vec_tile c = vec_tile_of(t);
     for (int64_t r = 0; r < t->M; r++) {
         float *row = st + r * t->ld;
-        const float *brow = t->bias ? t->bias + r * t->ld : NULL;
-        if (m[r] != -INFINITY && m[r] - m[r] != 0.0f) return 1; /* a NaN or +inf sink */
-        const vi lo = viset1(t->lo ? t->lo[r] : 0), hi = viset1(t->lo ? t->hi[r] : 0);
-        vf vmx = vset1(-INFINITY), nf = vzero();
-        if (c.plain) vmx = vec_row_raw_max(row, t->nk, t->scale, &nf);
-        /* pass 1: final scores written back, the row's max */
-        for (int64_t j = 0; j < t->nk && !c.plain; j += VEC_LANES) {
-            const int64_t n = t->nk - j;
-            const vf x = vec_scores_final(vload_part(row + j, n), &c, t, vlanes(n), lo, hi, viota_plus(j),
-                                          brow ? brow + j : NULL, n, &nf);
-            vstore_part(row + j, n, x);
-            vmx = vmax(vmx, x);
-        }
-        if (vany(vne(nf, vzero()))) return 1;
-        float mx = vreduce_max(vmx);
-        mx = m[r] > mx ? m[r] : mx;
+        float mx, shift;
+        if (vec_row_max(row, t->bias ? t->bias + r * t->ld : NULL, t, &c, m, r, &mx, &shift)) return 1;
         /* pass 2: probabilities against the new max (0 for a row that saw nothing) */
-        const vf shift = vset1(mx == -INFINITY ? 0.0f : mx);
-        const float sum = vec_row_exp(row, t->nk, c.plain ? c.scale : vset1(1.0f), shift);
-        const float a = vfirst(vexp_nonpos(vsub(vset1(m[r]), shift)));
-        l[r] = l[r] * a + sum;
-        m[r] = mx;
-        alpha[r] = a;
+        const float sum = vec_row_exp(row, t->nk, c.plain ? c.scale : vset1(1.0f), vset1(shift));
+        vec_row_done(m, l, alpha, r, mx, shift, sum);
     }
     return 0;
 }
