@@ -11,7 +11,8 @@ the systems alternating in rounds; the figure is the median step.
 
 Systems: transformers' ``"sdpa"`` and ``"eager"`` attention with its default
 ``DynamicCache``; ``"npattn"`` with ``npattn.transformers.Cache`` (and with
-``DynamicCache``, to tell the cache's share from the kernel's). For each, the
+``DynamicCache``, to tell the cache's share from the kernel's, and with
+``npattn.transformers.QuantizedCache``'s int8 codes). For each, the
 share of the step spent in attention calls (timed inside the model), and, for
 npattn, the same attention calls alone (``npattn.sdpa`` on the cache's
 arrays, outside the model) and the step with no context: a step within
@@ -77,7 +78,12 @@ def filled(system: str, model, context: int, dtype):
     import npattn.transformers
 
     cfg = model.config
-    cache = npattn.transformers.Cache(cfg, capacity=context + 256) if system == "npattn" else DynamicCache()
+    if system == "npattn":
+        cache = npattn.transformers.Cache(cfg, capacity=context + 256)
+    elif system == "int8":
+        cache = npattn.transformers.QuantizedCache("int8", cfg, capacity=context + 256)
+    else:
+        cache = DynamicCache()
     g = torch.Generator().manual_seed(1)
     shape = (1, cfg.num_key_value_heads, context, cfg.head_dim)
     for layer in range(cfg.num_hidden_layers):
@@ -140,13 +146,14 @@ def run(config: dict, dtype_name: str, contexts: list[int], threads: int, rounds
         "eager": ("eager", "dynamic"),
         "npattn, DynamicCache": ("npattn", "dynamic"),
         "npattn": ("npattn", "npattn"),
+        "npattn, int8 cache": ("npattn", "int8"),
     }
     rows = []
     try:
         for context in contexts:
             row = {"dtype": dtype_name, "context": context, "systems": {}}
             for name, (implementation, kind) in systems.items():
-                cache = filled("npattn" if kind == "npattn" else "dynamic", model, context, dtype)
+                cache = filled(kind, model, context, dtype)
                 model.set_attn_implementation(implementation)
                 step = decode_step(model, cache)
                 timer = timers.get(implementation)

@@ -436,3 +436,19 @@ def test_torch_and_lists_of_codes_are_read(rng):
     got = npattn.sdpa(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
                       **{key: torch.from_numpy(val) for key, val in kwargs.items()})  # fmt: skip
     np.testing.assert_array_equal(got, want)
+
+
+def test_testing_takes_the_scales(rng):
+    """npattn.testing checks a result over codes against the values they stand for:
+    assert_attention_close passes npattn's own result and fails one computed with
+    a scale 5% off; tolerance is that of the dequantized values."""
+    from npattn.testing import assert_attention_close, tolerance
+
+    q, k, v, kwargs = qkv_codes(rng, "uint8", "int8", "token", L=3, S=80, zero=True)
+    kv, vv, _ = split_codes(k, v, kwargs)
+    got = npattn.sdpa(q, k, v, **kwargs)
+    assert_attention_close(got, q, k, v, **kwargs)
+    assert tolerance(q, k, v, **kwargs) == tolerance(q, kv, vv)
+    off = npattn.sdpa(q, k, v, **dict(kwargs, v_scale=kwargs["v_scale"] * 1.05))
+    with pytest.raises(AssertionError, match="differs from the float64 reference"):
+        assert_attention_close(off, q, k, v, **kwargs)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import npattn
+import npattn.testing
 from helpers import assert_raises_naming, dtype_of, failing_allocations, kernels
 
 Q_SHAPE, K_SHAPE, V_SHAPE = (1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 6)
@@ -595,6 +596,14 @@ def dask_codes(**kwargs):
     return dask.sdpa(arr(Q_SHAPE), codes(K_SHAPE), arr(V_SHAPE), **kwargs)
 
 
+def checks_of_codes(fn=None, **kwargs):
+    """npattn.testing's checks of int8 k, with keywords replaced."""
+    if fn is None:
+        return npattn.testing.assert_attention_close(arr(Q_SHAPE[:-1] + V_SHAPE[-1:]), arr(Q_SHAPE), codes(K_SHAPE),
+                                                     arr(V_SHAPE), **kwargs)  # fmt: skip
+    return fn(arr(Q_SHAPE), codes(K_SHAPE), arr(V_SHAPE), k_scale=scales(()), **kwargs)
+
+
 CODE_CALL_ROWS = [
     ("paged codes without k_scale", paged_codes(), TypeError, "k_scale", ("key_pages holds int8",), "paged_attention"),
     (
@@ -639,6 +648,22 @@ CODE_CALL_ROWS = [
     ),
     ("sdpa_backward of v codes", backward_of_codes("v"), TypeError, "v", ("no gradient",), "sdpa_backward"),
     ("dask codes without k_scale", lambda: dask_codes(), TypeError, "k_scale", (), "sdpa"),
+    (
+        "assert_attention_close codes without k_scale",
+        lambda: checks_of_codes(),
+        TypeError,
+        "k_scale",
+        (),
+        "assert_attention_close",
+    ),
+    (
+        "tolerance v_scale of float v",
+        lambda: checks_of_codes(npattn.testing.tolerance, v_scale=scales(())),
+        ValueError,
+        "v_scale",
+        (),
+        "tolerance",
+    ),
     (
         "dask k_scale of groups dividing no D",
         lambda: dask_codes(k_scale=scales((3,))),

@@ -120,6 +120,14 @@ PRECISIONS = ("highest", "fast")
 FAST_HALF_ULPS = 2
 
 
+def _values(fn: str, k: _Any, v: _Any, k_scale: _Any, v_scale: _Any, k_zero: _Any, v_zero: _Any) -> tuple:
+    """K and V as values: codes as the float32 values their scales say they stand
+    for (reference._values' rules: codes need a scale, floats take none)."""
+    arrays = [None if x is None else _interop.asarray(x) for x in (k, v, k_scale, v_scale, k_zero, v_zero)]
+    k, v, k_scale, v_scale, k_zero, v_zero = arrays
+    return reference._values(fn, "k", k, k_scale, k_zero), reference._values(fn, "v", v, v_scale, v_zero)
+
+
 def _f64(x: _Any) -> _Any:
     """A float64 NumPy copy of an array of any library; None, strings and bool masks as they are."""
     if x is None or isinstance(x, str):
@@ -262,6 +270,10 @@ def tolerance(
     k_offset: int = 0,
     k_start: _Any = None,
     k_lengths: _Any = None,
+    k_scale: _Any = None,
+    v_scale: _Any = None,
+    k_zero: _Any = None,
+    v_zero: _Any = None,
     dtype: _Any = None,
     ulps: float | None = None,
     precision: str = "highest",
@@ -278,13 +290,17 @@ def tolerance(
     (sums flushed to 0). ``mask``, ``window`` and
     the offsets and key ranges say which keys a row sees, as in :func:`npattn.sdpa` (``mask``
     defaults to None here: every key). ``dtype`` defaults to the inputs'
-    result dtype, ``ulps`` to ``ULPS[dtype]``.
+    result dtype, ``ulps`` to ``ULPS[dtype]``. K or V of 8-bit codes take
+    their ``k_scale`` / ``v_scale`` (and ``k_zero`` / ``v_zero``) as in
+    :func:`npattn.sdpa`: the tolerance is that of the float32 values they
+    stand for (:func:`npattn.dequantize`).
 
     Returns the largest ``atol_i`` (a bound for every row), or with
     ``rows=True`` the array of them, shaped ``(*B, H_q, L, 1)`` to broadcast
     against the output.
     """
     precision = _check_precision("tolerance", precision)
+    k, v = _values("tolerance", k, v, k_scale, v_scale, k_zero, v_zero)
     if dtype is None:
         dtype = _args.result_dtype(*(_interop.asarray(x).dtype for x in (q, k, v)))
     name = _np.dtype(dtype).name
@@ -631,6 +647,10 @@ def assert_attention_close(
     k_offset: int = 0,
     k_start: _Any = None,
     k_lengths: _Any = None,
+    k_scale: _Any = None,
+    v_scale: _Any = None,
+    k_zero: _Any = None,
+    v_zero: _Any = None,
     peer: str | None = None,
     rtol: float | None = None,
     atol: float | None = None,
@@ -647,6 +667,11 @@ def assert_attention_close(
         What ``actual`` is meant to compute, with :func:`npattn.sdpa`'s
         meaning; note that ``mask`` defaults to ``"causal"`` (bottom-right)
         as in npattn, where MLX and PyTorch default to no mask.
+    k_scale, v_scale, k_zero, v_zero : array_like, optional
+        K or V of 8-bit codes and their scales (and zero points), as in
+        :func:`npattn.sdpa`: checked against attention over the float32
+        values they stand for (:func:`npattn.dequantize`), with their
+        tolerance.
     peer : {"mlx", "torch"}, optional
         Where ``actual`` comes from, to explain a known difference in the
         message (MLX's CPU path on rows that see no key).
@@ -694,6 +719,7 @@ def assert_attention_close(
     got = _interop.asarray(actual, "actual")
     if not _args.is_float(got.dtype):
         raise AssertionError(f"actual must be an array of floats, got dtype {got.dtype}")
+    k, v = _values("assert_attention_close", k, v, k_scale, v_scale, k_zero, v_zero)
     q64, k64, v64 = (_f64(x) for x in (q, k, v))
     mask64, sinks64 = _f64(mask), _f64(sinks)
     if scale is not None:
