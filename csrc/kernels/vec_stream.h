@@ -211,6 +211,27 @@ VEC_FN void vec_scores_typed(enum npattn_dtype kt, const int zero, const struct 
     else vec_scores_of(kt, zero, dq, q, M, D, spans, n_span, ldk, st, ldst);
 }
 
+/* The switch over K's or V's type of vec_scores and vec_accumulate: CALL(t,
+ * z, d) for type t, z whether zero points are given, and d the codes' dq, a
+ * literal NULL for floats and for codes summed as their own values (raw),
+ * so that each inlined copy is of one kind, with no branch for the others. */
+#define VEC_BY_TYPE(type, raw, zero, dq, CALL)                                                                       \
+    switch (type) {                                                                                                  \
+    case NPATTN_DTYPE_F16: CALL(NPATTN_DTYPE_F16, 0, NULL); break;                                                   \
+    case NPATTN_DTYPE_BF16: CALL(NPATTN_DTYPE_BF16, 0, NULL); break;                                                 \
+    case NPATTN_DTYPE_I8: VEC_CODES(NPATTN_DTYPE_I8, raw, zero, dq, CALL); break;                                    \
+    case NPATTN_DTYPE_U8: VEC_CODES(NPATTN_DTYPE_U8, raw, zero, dq, CALL); break;                                    \
+    case NPATTN_DTYPE_F8E4M3: VEC_CODES(NPATTN_DTYPE_F8E4M3, raw, 0, dq, CALL); break;                               \
+    case NPATTN_DTYPE_F8E5M2: VEC_CODES(NPATTN_DTYPE_F8E5M2, raw, 0, dq, CALL); break;                               \
+    default: CALL(NPATTN_DTYPE_F32, 0, NULL); break;                                                                 \
+    }
+#define VEC_CODES(t, raw, zero, dq, CALL)                                                                            \
+    do {                                                                                                             \
+        if (raw) CALL(t, 0, NULL);                                                                                   \
+        else if (zero) CALL(t, 1, dq);                                                                               \
+        else CALL(t, 0, dq);                                                                                         \
+    } while (0)
+
 /* ---- codes with one scale a row (scalar.h's npattn_row_scaled) ---- */
 
 /* The scales (s) and zero points (z: 0 without) of the spans' nk keys. */
@@ -272,27 +293,19 @@ VEC_FN void vec_shift_rows(const float *shift, int64_t M, int64_t Dv, float *o) 
 }
 
 /* kernels.h's scores, without tiles (qb ignored): one copy of the loops per
- * key type (codes: with zero points and without), its conversion inlined. */
+ * key type (VEC_BY_TYPE), its conversion inlined; codes of a scale a row
+ * summed as their own values, then scaled. */
 static VEC_TARGET void vec_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt,
                                   const struct npattn_dequant *dq, const struct npattn_span *spans, int64_t n_span,
                                   int64_t ldk, const uint32_t *qb, float *st, int64_t ldst) {
     (void)qb;
     const int64_t nk = npattn_span_keys(spans, n_span);
-    const struct npattn_dequant *rows = npattn_row_scaled(dq, D) && nk <= NPATTN_SCALED_KEYS ? dq : NULL;
-    if (rows) dq = NULL; /* the codes' own values, scaled after */
+    const int raw = npattn_row_scaled(dq, D) && nk <= NPATTN_SCALED_KEYS; /* the codes' own values, scaled after */
     const int zero = dq && dq->zero;
-#define TYPED(t, z) vec_scores_typed(t, z, dq, q, M, D, spans, n_span, ldk, st, ldst)
-    switch (kt) {
-    case NPATTN_DTYPE_F16: TYPED(NPATTN_DTYPE_F16, 0); break;
-    case NPATTN_DTYPE_BF16: TYPED(NPATTN_DTYPE_BF16, 0); break;
-    case NPATTN_DTYPE_I8: if (zero) TYPED(NPATTN_DTYPE_I8, 1); else TYPED(NPATTN_DTYPE_I8, 0); break;
-    case NPATTN_DTYPE_U8: if (zero) TYPED(NPATTN_DTYPE_U8, 1); else TYPED(NPATTN_DTYPE_U8, 0); break;
-    case NPATTN_DTYPE_F8E4M3: TYPED(NPATTN_DTYPE_F8E4M3, 0); break;
-    case NPATTN_DTYPE_F8E5M2: TYPED(NPATTN_DTYPE_F8E5M2, 0); break;
-    default: TYPED(NPATTN_DTYPE_F32, 0); break;
-    }
+#define TYPED(t, z, d) vec_scores_typed(t, z, d, q, M, D, spans, n_span, ldk, st, ldst)
+    VEC_BY_TYPE(kt, raw, zero, dq, TYPED);
 #undef TYPED
-    if (rows) vec_scale_scores(rows, q, M, D, spans, n_span, nk, st, ldst);
+    if (raw) vec_scale_scores(dq, q, M, D, spans, n_span, nk, st, ldst);
 }
 
 /* ---- accumulate: o (M, Dv) += P @ V, P given as st (M, ldst) ---- */
@@ -353,37 +366,37 @@ VEC_FN void vec_accumulate_block(enum npattn_dtype vt, const int zero, const str
         }
 }
 
+/* accumulate's blocks for the type, then the columns they leave by the
+ * portable code (raw: codes summed as their own values, dq unused). */
+VEC_FN void vec_accumulate_of(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
+                              int64_t n_span, enum npattn_dtype vt, const int raw, const struct npattn_dequant *dq,
+                              int64_t ldv, int64_t Dv, float *o) {
+    int64_t done = Dv;
+    const int zero = dq && dq->zero;
+#define TYPED(t, z, d) done = isa_accumulate_of(t, z, d, st, ldst, M, spans, n_span, ldv, Dv, o)
+    VEC_BY_TYPE(vt, raw, zero, dq, TYPED);
+#undef TYPED
+    if (done < Dv) npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, raw ? NULL : dq, ldv, Dv, done, o);
+}
+
 /* kernels.h's accumulate: one copy of the ISA's blocks per value type
- * (codes: with zero points and without), its conversion inlined; the
- * columns they leave by the portable code. */
+ * (VEC_BY_TYPE), codes of a scale a row summed as their own values with
+ * the weights times the rows' scales. */
 static VEC_TARGET void vec_accumulate(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
                                       int64_t n_span, enum npattn_dtype vt, const struct npattn_dequant *dq,
                                       int64_t ldv, int64_t Dv, float *o) {
-    float w[NPATTN_SCALED_ROWS * NPATTN_SCALED_KEYS]; /* a scale a row: the weights times the rows' scales */
-    if (npattn_row_scaled(dq, Dv) && npattn_span_keys(spans, n_span) <= NPATTN_SCALED_KEYS) {
-        for (int64_t r = 0; r < M; r += NPATTN_SCALED_ROWS) {
-            const int64_t nr = M - r < NPATTN_SCALED_ROWS ? M - r : NPATTN_SCALED_ROWS;
-            float shift[NPATTN_SCALED_ROWS];
-            vec_scale_weights(dq, st + r * ldst, ldst, nr, spans, n_span, w, shift);
-            vec_accumulate(w, NPATTN_SCALED_KEYS, nr, spans, n_span, vt, NULL, ldv, Dv, o + r * Dv);
-            if (dq->zero) vec_shift_rows(shift, nr, Dv, o + r * Dv);
-        }
+    if (!npattn_row_scaled(dq, Dv) || npattn_span_keys(spans, n_span) > NPATTN_SCALED_KEYS) {
+        vec_accumulate_of(st, ldst, M, spans, n_span, vt, 0, dq, ldv, Dv, o);
         return;
     }
-    int64_t done;
-    const int zero = dq && dq->zero;
-#define TYPED(t, z) isa_accumulate_of(t, z, dq, st, ldst, M, spans, n_span, ldv, Dv, o)
-    switch (vt) {
-    case NPATTN_DTYPE_F16: done = TYPED(NPATTN_DTYPE_F16, 0); break;
-    case NPATTN_DTYPE_BF16: done = TYPED(NPATTN_DTYPE_BF16, 0); break;
-    case NPATTN_DTYPE_I8: done = zero ? TYPED(NPATTN_DTYPE_I8, 1) : TYPED(NPATTN_DTYPE_I8, 0); break;
-    case NPATTN_DTYPE_U8: done = zero ? TYPED(NPATTN_DTYPE_U8, 1) : TYPED(NPATTN_DTYPE_U8, 0); break;
-    case NPATTN_DTYPE_F8E4M3: done = TYPED(NPATTN_DTYPE_F8E4M3, 0); break;
-    case NPATTN_DTYPE_F8E5M2: done = TYPED(NPATTN_DTYPE_F8E5M2, 0); break;
-    default: done = TYPED(NPATTN_DTYPE_F32, 0); break;
+    float w[NPATTN_SCALED_ROWS * NPATTN_SCALED_KEYS]; /* the weights times the rows' scales */
+    for (int64_t r = 0; r < M; r += NPATTN_SCALED_ROWS) {
+        const int64_t nr = M - r < NPATTN_SCALED_ROWS ? M - r : NPATTN_SCALED_ROWS;
+        float shift[NPATTN_SCALED_ROWS];
+        vec_scale_weights(dq, st + r * ldst, ldst, nr, spans, n_span, w, shift);
+        vec_accumulate_of(w, NPATTN_SCALED_KEYS, nr, spans, n_span, vt, 1, dq, ldv, Dv, o + r * Dv);
+        if (dq->zero) vec_shift_rows(shift, nr, Dv, o + r * Dv);
     }
-#undef TYPED
-    if (done < Dv) npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, dq, ldv, Dv, done, o);
 }
 
 #endif

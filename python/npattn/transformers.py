@@ -5,7 +5,7 @@
     import npattn.transformers
     npattn.transformers.register()
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="npattn")
-    out = model.generate(**inputs, past_key_values=npattn.transformers.Cache())
+    out = model.generate(**inputs, cache=npattn.transformers.Cache())
 
 :func:`register` adds an attention function and its mask function to
 transformers' ``AttentionInterface`` and ``AttentionMaskInterface`` under the
