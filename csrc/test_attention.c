@@ -1178,10 +1178,14 @@ static void test_step_tiles(void) {
     enum { MAX_M = 70, MAX_N = 256, MAX_D = 128, MAX_M16 = 80 };
     static const int64_t rows[] = {1, 16, 17, 32, 33, 70}, keys[] = {1, 31, 33, 100, 256};
     static const int64_t widths[] = {32, 64, 128}, vwidths[] = {16, 48, 128};
-    static uint16_t qa[MAX_M16 * MAX_D], kh[MAX_N * MAX_D];
+#define ALIGNED __attribute__((aligned(64))) /* as the core's buffers are */
+    static ALIGNED uint16_t qa[MAX_M16 * MAX_D], kh[MAX_N * MAX_D];
     static const uint16_t *krows[MAX_N];
-    static uint32_t qp[MAX_D / 2 * MAX_M16], vp[MAX_N / 2 * MAX_D], kb[MAX_N * MAX_D / 2], pa[MAX_M16 * (MAX_N / 2 + 16)];
-    static float st[MAX_N * MAX_M], o1[MAX_M16 * MAX_D], o2[MAX_M16 * MAX_D], bias_c[MAX_N * MAX_M], bias_r[MAX_M * MAX_N];
+    static ALIGNED uint32_t qp[MAX_D / 2 * MAX_M16], vp[MAX_N / 2 * MAX_D], kb[MAX_N * MAX_D / 2],
+        pa[MAX_M16 * (MAX_N / 2 + 16)];
+    static ALIGNED float st[MAX_N * MAX_M], o1[MAX_M16 * MAX_D], o2[MAX_M16 * MAX_D], bias_c[MAX_N * MAX_M],
+        bias_r[MAX_M * MAX_N];
+#undef ALIGNED
     static char scratch[200000] __attribute__((aligned(64)));
     char msg[200];
     for (int t = 0; t < N_KERNEL_TABLES; t++) {

@@ -434,7 +434,7 @@ AMX void npattn_amx_k_tiles(const uint16_t *const *rows, int64_t n, int64_t D, u
             for (int i = 0; i < 16; i++)
                 x[i] = 16 * g + i < n ? _mm512_loadu_si512(rows[16 * g + i] + c) : _mm512_setzero_si512();
             transpose16(x); /* x[p]: pair c / 2 + p of the 16 keys */
-            for (int p = 0; p < 16; p++) _mm512_store_si512(kb + g * 8 * D + (c / 2 + p) * 16, x[p]);
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512(kb + g * 8 * D + (c / 2 + p) * 16, x[p]);
         }
 }
 
