@@ -91,8 +91,8 @@ VEC_FN void scores_lanes(enum npattn_dtype kt, const struct npattn_dequant *dq, 
                 for (int64_t a = 0; a < nkb; a++) {
                     const void *row = npattn_stream_at(kt, spans[i].rows, (j + a) * ldk);
                     if (!dq) vec_row_f32(kt, row, D, kb + a * D);
-                    else vec_values_f32(kt, dq, row, D, vec_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j + a),
-                                        vec_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j + a), kb + a * D);
+                    else vec_values_f32(kt, dq, row, D, npattn_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j + a),
+                                        npattn_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j + a), kb + a * D);
                 }
                 kr = kb, ld = D;
             }

@@ -90,8 +90,8 @@ VEC_FN void scores_lanes(enum npattn_dtype kt, const struct npattn_dequant *dq, 
             if (codes) {
                 for (int64_t a = 0; a < nkb; a++)
                     vec_values_f32(kt, dq, npattn_stream_at(kt, spans[i].rows, (j + a) * ldk), D,
-                                   vec_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j + a),
-                                   vec_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j + a), kb + a * D);
+                                   npattn_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j + a),
+                                   npattn_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j + a), kb + a * D);
                 scores_lanes_keys(NPATTN_DTYPE_F32, qt, D, kb, D, (int)nkb, sj, ldst, NULL);
             } else {
                 scores_lanes_keys(kt, qt, D, kr, ldk, (int)nkb, sj, ldst, pf);

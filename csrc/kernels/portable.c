@@ -145,11 +145,6 @@ static int softmax_rows_portable(float *st, const struct npattn_score_tile *t, f
     return 0;
 }
 
-/* Row j of span s's scales (or zero points, at `at`: NULL for none), type t, row elements apart. */
-static const void *span_groups(const void *at, enum npattn_dtype t, int64_t row, int64_t j) {
-    return at ? npattn_stream_at(t, at, j * row) : NULL;
-}
-
 int64_t npattn_span_keys(const struct npattn_span *spans, int64_t n_span) {
     int64_t n = 0;
     for (int64_t i = 0; i < n_span; i++) n += spans[i].n;
@@ -164,8 +159,8 @@ static void scores_portable(const float *q, int64_t M, int64_t D, enum npattn_dt
         for (int64_t r = 0; r < M; r++)
             for (int64_t j = 0; j < spans[i].n; j++) {
                 const void *kr = npattn_stream_at(kt, spans[i].rows, j * ldk);
-                const void *ks = dq ? span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j) : NULL;
-                const void *kz = dq ? span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j) : NULL;
+                const void *ks = dq ? npattn_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j) : NULL;
+                const void *kz = dq ? npattn_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j) : NULL;
                 float acc = 0.0f;
                 for (int64_t d = 0; d < D; d++) acc += q[r * D + d] * npattn_value_elem(kt, dq, kr, d, ks, kz);
                 st[r * ldst + j0 + j] = acc;
@@ -184,8 +179,8 @@ void npattn_accumulate_columns(const float *st, int64_t ldst, int64_t M, const s
                 for (int64_t j = 0; j < spans[i].n; j++) {
                     float p = st[r * ldst + j0 + j];
                     const void *vr = npattn_stream_at(vt, spans[i].rows, j * ldv);
-                    const void *vs = dq ? span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j) : NULL;
-                    const void *vz = dq ? span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j) : NULL;
+                    const void *vs = dq ? npattn_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j) : NULL;
+                    const void *vz = dq ? npattn_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j) : NULL;
                     for (int64_t e = 0; e < n; e++) acc[e] += p * npattn_value_elem(vt, dq, vr, c0 + e, vs, vz);
                 }
             for (int64_t e = 0; e < n; e++) o[r * Dv + c0 + e] += acc[e];

@@ -169,6 +169,12 @@ static inline const void *npattn_stream_at(enum npattn_dtype t, const void *row,
     return (const char *)row + i * npattn_stream_size(t);
 }
 
+/* Row i's scales (or zero points) of a span whose first row's are at `at`,
+ * type t, row elements apart: NULL where there are none. */
+static inline const void *npattn_span_groups(const void *at, enum npattn_dtype t, int64_t row, int64_t i) {
+    return at ? npattn_stream_at(t, at, i * row) : NULL;
+}
+
 /* A dense span's rows ahead: this many rows further on, about 8 KiB, more
  * than a DRAM latency's worth of the stream, so that decode over a long
  * context runs near the memory's bandwidth (1.7x with it, measured on

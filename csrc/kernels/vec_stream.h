@@ -163,12 +163,6 @@ VEC_FN void vec_scores_keys(enum npattn_dtype kt, const int zero, const struct n
 #undef BLOCK
 }
 
-/* The scales (or zero points) of row i of a span, type t, row elements
- * apart: NULL where there are none. */
-VEC_FN const void *vec_span_groups(const void *at, enum npattn_dtype t, int64_t row, int64_t i) {
-    return at ? npattn_stream_at(t, at, i * row) : NULL;
-}
-
 /* The spans' keys against every row of q, VEC_SCORE_KEYS keys at a time
  * (those prefetch their rows ahead), a span's last keys a block of their
  * own count. */
@@ -184,8 +178,8 @@ VEC_FN void vec_scores_of(enum npattn_dtype kt, const int zero, const struct npa
         int64_t j = 0;
 #define KEYS(n, j, pf)                                                                                                 \
     vec_scores_keys(kt, zero, dq, q, M, D, npattn_stream_at(kt, k, (j) * ldk),                                       \
-                    codes ? vec_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j) : NULL,                \
-                    codes && zero ? vec_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j) : NULL, ldk, n,   \
+                    codes ? npattn_span_groups(spans[i].scale, dq->scale_type, dq->scale_row, j) : NULL,                \
+                    codes && zero ? npattn_span_groups(spans[i].zero, dq->zero_type, dq->zero_row, j) : NULL, ldk, n,   \
                     sj + (j), ldst, pf)
         for (; j + K <= nk; j += K) KEYS(K, j, npattn_stream_at(kt, spans[i].ahead, j * ldk));
         switch (nk - j) {
