@@ -22,6 +22,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import types
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -70,13 +72,46 @@ def system_blas_flags():
     return include_dirs, library_dirs, libraries, other
 
 
+def compile_side_by_side(
+    self,
+    sources,
+    output_dir=None,
+    macros=None,
+    include_dirs=None,
+    debug=0,
+    extra_preargs=None,
+    extra_postargs=None,
+    depends=None,
+):
+    """CCompiler.compile with the sources compiled side by side, one per CPU,
+    the largest first (the kernel tables take most of the time)."""
+    macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
+        output_dir, macros, include_dirs, sources, depends, extra_postargs
+    )
+    cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
+
+    def compile_one(obj):
+        src, ext = build[obj]
+        self._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+    largest_first = sorted(objects, key=lambda obj: -os.path.getsize(build[obj][0]))
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(compile_one, largest_first))  # list(): a failed compile raises here
+    return objects
+
+
 class BuildExt(build_ext):
-    """build_ext that wires in the chosen OpenBLAS and vendors the wheel's library."""
+    """build_ext that wires in the chosen OpenBLAS, compiles the sources side
+    by side and vendors the wheel's library."""
 
     def finalize_options(self):
         super().finalize_options()
         # Object files from the other BLAS mode must never be reused: always rebuild.
         self.force = True
+
+    def build_extension(self, ext):
+        self.compiler.compile = types.MethodType(compile_side_by_side, self.compiler)
+        super().build_extension(ext)
 
     def run(self):
         import numpy  # a build requirement; imported here so metadata needs no numpy

@@ -12,9 +12,14 @@
  *     o): o's rows cut into register blocks of vec_accumulate_block,
  *     returning the first column it left to the portable code (Dv: none).
  * It puts vec_scores and vec_accumulate in its table, and VEC_LANES as its
- * code_step. */
+ * code_step; it may define VEC_ACC_D64 as 1 first, for a copy of
+ * accumulate with Dv = 64 as a constant. */
 #ifndef NPATTN_KERNELS_VEC_STREAM_H
 #define NPATTN_KERNELS_VEC_STREAM_H
+
+#ifndef VEC_ACC_D64
+#define VEC_ACC_D64 0
+#endif
 
 VEC_FN int64_t isa_scores_own(enum npattn_dtype kt, const struct npattn_dequant *dq, const float *q, int64_t M,
                               int64_t D, const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,
@@ -192,39 +197,71 @@ VEC_FN void vec_scores_of(enum npattn_dtype kt, const int zero, const struct npa
     }
 }
 
-/* The rows the ISA's own layout leaves, D = 64 as a constant so that the
- * loops over it unroll (1.08-1.27x in cache on avx2, 0.98-1.28x on avx512;
- * D = 128 so unrolled ran faster alone but no faster in a decode). */
-VEC_FN void vec_scores_typed(enum npattn_dtype kt, const int zero, const struct npattn_dequant *dq, const float *q,
-                             int64_t M, int64_t D, const struct npattn_span *spans, int64_t n_span, int64_t ldk,
-                             float *st, int64_t ldst) {
-    const int64_t own = isa_scores_own(kt, dq, q, M, D, spans, n_span, ldk, st, ldst);
-    if (own == M) return;
-    q += own * D, st += own * ldst, M -= own;
-    if (D == 64) vec_scores_of(kt, zero, dq, q, M, 64, spans, n_span, ldk, st, ldst);
-    else vec_scores_of(kt, zero, dq, q, M, D, spans, n_span, ldk, st, ldst);
+/* The kinds of K or V rows that vec_scores and vec_accumulate keep a copy
+ * of their loops for, X(name, type, zero, codes): floats of each type;
+ * codes summed as their own values (a scale a row, applied after: no dq);
+ * and codes made into their values with their groups' scales, with or
+ * without zero points (fp8 has none). Each kind's copy is a function of its
+ * own, not inlined into its caller, so that its conversion and constants
+ * are inlined with no branch for the other kinds while no one function
+ * holds every copy (one that did took the compiler minutes). */
+#define VEC_KINDS(X)                                                                                                 \
+    X(f32, NPATTN_DTYPE_F32, 0, 0)                                                                                   \
+    X(f16, NPATTN_DTYPE_F16, 0, 0)                                                                                   \
+    X(bf16, NPATTN_DTYPE_BF16, 0, 0)                                                                                 \
+    X(i8, NPATTN_DTYPE_I8, 0, 0)                                                                                     \
+    X(i8_scaled, NPATTN_DTYPE_I8, 0, 1)                                                                              \
+    X(i8_zero, NPATTN_DTYPE_I8, 1, 1)                                                                                \
+    X(u8, NPATTN_DTYPE_U8, 0, 0)                                                                                     \
+    X(u8_scaled, NPATTN_DTYPE_U8, 0, 1)                                                                              \
+    X(u8_zero, NPATTN_DTYPE_U8, 1, 1)                                                                                \
+    X(e4m3, NPATTN_DTYPE_F8E4M3, 0, 0)                                                                               \
+    X(e4m3_scaled, NPATTN_DTYPE_F8E4M3, 0, 1)                                                                        \
+    X(e5m2, NPATTN_DTYPE_F8E5M2, 0, 0)                                                                               \
+    X(e5m2_scaled, NPATTN_DTYPE_F8E5M2, 0, 1)
+
+#define VEC_KIND_ENUM(name, t, z, c) VEC_KIND_##name,
+enum vec_kind { VEC_KINDS(VEC_KIND_ENUM) VEC_N_KINDS };
+#undef VEC_KIND_ENUM
+
+/* The kind of rows of type t: codes with dq made their values unless raw
+ * (summed as their own values). */
+static inline enum vec_kind vec_kind_of(enum npattn_dtype t, const int raw, const struct npattn_dequant *dq) {
+    const int scaled = dq && !raw, zero = scaled && dq->zero;
+    switch (t) {
+    case NPATTN_DTYPE_F16: return VEC_KIND_f16;
+    case NPATTN_DTYPE_BF16: return VEC_KIND_bf16;
+    case NPATTN_DTYPE_I8: return zero ? VEC_KIND_i8_zero : scaled ? VEC_KIND_i8_scaled : VEC_KIND_i8;
+    case NPATTN_DTYPE_U8: return zero ? VEC_KIND_u8_zero : scaled ? VEC_KIND_u8_scaled : VEC_KIND_u8;
+    case NPATTN_DTYPE_F8E4M3: return scaled ? VEC_KIND_e4m3_scaled : VEC_KIND_e4m3;
+    case NPATTN_DTYPE_F8E5M2: return scaled ? VEC_KIND_e5m2_scaled : VEC_KIND_e5m2;
+    default: return VEC_KIND_f32;
+    }
 }
 
-/* The switch over K's or V's type of vec_scores and vec_accumulate: CALL(t,
- * z, d) for type t, z whether zero points are given, and d the codes' dq, a
- * literal NULL for floats and for codes summed as their own values (raw),
- * so that each inlined copy is of one kind, with no branch for the others. */
-#define VEC_BY_TYPE(type, raw, zero, dq, CALL)                                                                       \
-    switch (type) {                                                                                                  \
-    case NPATTN_DTYPE_F16: CALL(NPATTN_DTYPE_F16, 0, NULL); break;                                                   \
-    case NPATTN_DTYPE_BF16: CALL(NPATTN_DTYPE_BF16, 0, NULL); break;                                                 \
-    case NPATTN_DTYPE_I8: VEC_CODES(NPATTN_DTYPE_I8, raw, zero, dq, CALL); break;                                    \
-    case NPATTN_DTYPE_U8: VEC_CODES(NPATTN_DTYPE_U8, raw, zero, dq, CALL); break;                                    \
-    case NPATTN_DTYPE_F8E4M3: VEC_CODES(NPATTN_DTYPE_F8E4M3, raw, 0, dq, CALL); break;                               \
-    case NPATTN_DTYPE_F8E5M2: VEC_CODES(NPATTN_DTYPE_F8E5M2, raw, 0, dq, CALL); break;                               \
-    default: CALL(NPATTN_DTYPE_F32, 0, NULL); break;                                                                 \
+/* A kind's copy: not inlined (see VEC_KINDS); (c) ? dq : NULL a constant NULL for floats and raw codes. */
+#define VEC_KIND_FN static __attribute__((noinline)) VEC_TARGET
+
+/* D = 64 as a constant for floats and raw codes, so that the loops over it
+ * unroll (1.08-1.27x in cache on avx2, 0.98-1.28x on avx512; D = 128 so
+ * unrolled ran faster alone but no faster in a decode); codes with grouped
+ * scales, whose copies are the largest, take no such copy. */
+#define VEC_SCORES_KIND(name, t, z, c)                                                                               \
+    VEC_KIND_FN void vec_scores_##name(const struct npattn_dequant *dq, const float *q, int64_t M, int64_t D,        \
+                                       const struct npattn_span *spans, int64_t n_span, int64_t ldk, float *st,      \
+                                       int64_t ldst) {                                                               \
+        if (!(c) && D == 64) vec_scores_of(t, z, NULL, q, M, 64, spans, n_span, ldk, st, ldst);                      \
+        else vec_scores_of(t, z, (c) ? dq : NULL, q, M, D, spans, n_span, ldk, st, ldst);                            \
     }
-#define VEC_CODES(t, raw, zero, dq, CALL)                                                                            \
-    do {                                                                                                             \
-        if (raw) CALL(t, 0, NULL);                                                                                   \
-        else if (zero) CALL(t, 1, dq);                                                                               \
-        else CALL(t, 0, dq);                                                                                         \
-    } while (0)
+VEC_KINDS(VEC_SCORES_KIND)
+#undef VEC_SCORES_KIND
+
+#define VEC_KIND_PTR(prefix, name) prefix##name,
+#define VEC_SCORES_PTR(name, t, z, c) VEC_KIND_PTR(vec_scores_, name)
+static void (*const vec_scores_kinds[VEC_N_KINDS])(const struct npattn_dequant *, const float *, int64_t, int64_t,
+                                                    const struct npattn_span *, int64_t, int64_t, float *,
+                                                    int64_t) = {VEC_KINDS(VEC_SCORES_PTR)};
+#undef VEC_SCORES_PTR
 
 /* ---- codes with one scale a row (scalar.h's npattn_row_scaled) ---- */
 
@@ -286,8 +323,9 @@ VEC_FN void vec_shift_rows(const float *shift, int64_t M, int64_t Dv, float *o) 
         }
 }
 
-/* kernels.h's scores, without tiles (qb ignored): one copy of the loops per
- * key type (VEC_BY_TYPE), its conversion inlined; codes of a scale a row
+/* kernels.h's scores, without tiles (qb ignored): the rows the ISA's own
+ * layout takes (one copy, the keys' type read as it goes), then the copy of
+ * the loops for the keys' kind (VEC_KINDS), its conversion inlined; codes of a scale a row
  * summed as their own values, then scaled. */
 static VEC_TARGET void vec_scores(const float *q, int64_t M, int64_t D, enum npattn_dtype kt,
                                   const struct npattn_dequant *dq, const struct npattn_span *spans, int64_t n_span,
@@ -295,10 +333,11 @@ static VEC_TARGET void vec_scores(const float *q, int64_t M, int64_t D, enum npa
     (void)qb;
     const int64_t nk = npattn_span_keys(spans, n_span);
     const int raw = npattn_row_scaled(dq, D) && nk <= NPATTN_SCALED_KEYS; /* the codes' own values, scaled after */
-    const int zero = dq && dq->zero;
-#define TYPED(t, z, d) vec_scores_typed(t, z, d, q, M, D, spans, n_span, ldk, st, ldst)
-    VEC_BY_TYPE(kt, raw, zero, dq, TYPED);
-#undef TYPED
+    const struct npattn_dequant *values = raw ? NULL : dq; /* the codes' values: dq, unless raw */
+    const int64_t own = isa_scores_own(kt, values, q, M, D, spans, n_span, ldk, st, ldst);
+    if (own < M)
+        vec_scores_kinds[vec_kind_of(kt, raw, dq)](dq, q + own * D, M - own, D, spans, n_span, ldk, st + own * ldst,
+                                                    ldst);
     if (raw) vec_scale_scores(dq, q, M, D, spans, n_span, nk, st, ldst);
 }
 
@@ -360,21 +399,35 @@ VEC_FN void vec_accumulate_block(enum npattn_dtype vt, const int zero, const str
         }
 }
 
-/* accumulate's blocks for the type, then the columns they leave by the
+/* Dv = 64 as a constant likewise where the ISA asks for it (VEC_ACC_D64). */
+#define VEC_ACCUMULATE_KIND(name, t, z, c)                                                                           \
+    VEC_KIND_FN int64_t vec_accumulate_##name(const struct npattn_dequant *dq, const float *st, int64_t ldst,        \
+                                              int64_t M, const struct npattn_span *spans, int64_t n_span,            \
+                                              int64_t ldv, int64_t Dv, float *o) {                                   \
+        if (!(c) && VEC_ACC_D64 && Dv == 64)                                                                         \
+            return isa_accumulate_of(t, z, NULL, st, ldst, M, spans, n_span, ldv, 64, o);                            \
+        return isa_accumulate_of(t, z, (c) ? dq : NULL, st, ldst, M, spans, n_span, ldv, Dv, o);                     \
+    }
+VEC_KINDS(VEC_ACCUMULATE_KIND)
+#undef VEC_ACCUMULATE_KIND
+
+#define VEC_ACCUMULATE_PTR(name, t, z, c) VEC_KIND_PTR(vec_accumulate_, name)
+static int64_t (*const vec_accumulate_kinds[VEC_N_KINDS])(const struct npattn_dequant *, const float *, int64_t,
+                                                          int64_t, const struct npattn_span *, int64_t, int64_t,
+                                                          int64_t, float *) = {VEC_KINDS(VEC_ACCUMULATE_PTR)};
+#undef VEC_ACCUMULATE_PTR
+
+/* accumulate's blocks for the kind, then the columns they leave by the
  * portable code (raw: codes summed as their own values, dq unused). */
 VEC_FN void vec_accumulate_of(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
                               int64_t n_span, enum npattn_dtype vt, const int raw, const struct npattn_dequant *dq,
                               int64_t ldv, int64_t Dv, float *o) {
-    int64_t done = Dv;
-    const int zero = dq && dq->zero;
-#define TYPED(t, z, d) done = isa_accumulate_of(t, z, d, st, ldst, M, spans, n_span, ldv, Dv, o)
-    VEC_BY_TYPE(vt, raw, zero, dq, TYPED);
-#undef TYPED
+    const int64_t done = vec_accumulate_kinds[vec_kind_of(vt, raw, dq)](dq, st, ldst, M, spans, n_span, ldv, Dv, o);
     if (done < Dv) npattn_accumulate_columns(st, ldst, M, spans, n_span, vt, raw ? NULL : dq, ldv, Dv, done, o);
 }
 
-/* kernels.h's accumulate: one copy of the ISA's blocks per value type
- * (VEC_BY_TYPE), codes of a scale a row summed as their own values with
+/* kernels.h's accumulate: the copy of the ISA's blocks for the values'
+ * kind (VEC_KINDS), codes of a scale a row summed as their own values with
  * the weights times the rows' scales. */
 static VEC_TARGET void vec_accumulate(const float *st, int64_t ldst, int64_t M, const struct npattn_span *spans,
                                       int64_t n_span, enum npattn_dtype vt, const struct npattn_dequant *dq,
